@@ -1,0 +1,1 @@
+"""CLI commands, one module each; `autoshard.cli` discovers every module here."""
