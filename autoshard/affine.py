@@ -61,6 +61,15 @@ class AffineExpr:
             high += max(0, top)
         return low, high
 
+    def range_over(self, starts: Sequence[int], sizes: Sequence[int]) -> tuple[int, int]:
+        """Smallest and largest value over the block `[starts, starts + sizes)` of the loops."""
+        low = high = self.evaluate(starts)
+        for loop, c in self.terms:
+            top = c * (sizes[loop] - 1)
+            low += min(0, top)
+            high += max(0, top)
+        return low, high
+
     def __str__(self) -> str:
         parts: list[str] = []
         for loop, c in sorted(self.terms, key=lambda t: t[0]):

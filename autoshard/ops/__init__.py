@@ -1,0 +1,8 @@
+"""The op table (`OP_KINDS`), loop nests and payloads."""
+
+from autoshard.ops import contraction, elementwise, generic, nn, reduction, structural  # noqa: F401  (rows register)
+from autoshard.ops.loops import INVALID, PARALLEL, REDUCTION, Block, LoopNest
+from autoshard.ops.table import OP_KINDS, Context, OpError, OpKind, evaluate, evaluate_block
+
+__all__ = ["OP_KINDS", "OpKind", "OpError", "LoopNest", "Block", "Context", "evaluate", "evaluate_block",
+           "PARALLEL", "REDUCTION", "INVALID"]

@@ -1,0 +1,115 @@
+"""The op table: one row per op kind.
+
+A row is data plus small functions: how the op's loop nest follows from its input shapes and
+attributes, what it computes on a block of its iteration space (numpy), FLOPs, output dtypes.
+Result shapes, legal shardings, partial results and local computation are all derived from the
+loop nest, so adding an op is one row here and one test graph.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from autoshard.ops.loops import Block, LoopNest, map_extent
+
+Shape = tuple[int, ...]
+Attrs = Mapping[str, Any]
+
+
+class OpError(ValueError):
+    """An op's inputs or attributes do not fit its kind; `field` names the attribute if any."""
+
+    def __init__(self, message: str, field: str = ""):
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What a compute function may know about the block it evaluates."""
+
+    nest: LoopNest
+    block: Block
+    attrs: Attrs
+    out_shapes: tuple[Shape, ...]
+
+
+def _flops_per_point(k: float) -> Callable[[LoopNest, Attrs], float]:
+    return lambda nest, attrs: k * nest.points()
+
+
+def _same_dtype(in_dtypes: Sequence[str], attrs: Attrs) -> tuple[str, ...]:
+    return (in_dtypes[0],)
+
+
+@dataclass(frozen=True)
+class OpKind:
+    name: str
+    num_inputs: tuple[int, int | None]  # least and most inputs (None: any number)
+    loops: Callable[[Sequence[Shape], Attrs], LoopNest]
+    compute: Callable[[list[np.ndarray], Context], list[np.ndarray]]
+    flops: Callable[[LoopNest, Attrs], float] = field(default=_flops_per_point(1.0))
+    out_dtypes: Callable[[Sequence[str], Attrs], tuple[str | None, ...]] = field(default=_same_dtype)  # None: as declared
+    attrs: tuple[str, ...] = ()  # attribute names the kind accepts
+    # Scalar body for emitting `linalg.generic` (a payload name), when the op has one.
+    payload: str | None = None
+    doc: str = ""
+
+
+OP_KINDS: dict[str, OpKind] = {}
+
+
+def register(kind: OpKind) -> OpKind:
+    assert kind.name not in OP_KINDS, kind.name
+    OP_KINDS[kind.name] = kind
+    return kind
+
+
+def evaluate_block(kind: OpKind, nest: LoopNest, attrs: Attrs, inputs: Sequence[np.ndarray],
+                   block: Block) -> list[np.ndarray]:
+    """Run the op on `block`, given each input already cut to the range the block reads.
+
+    With reduction loops only partly covered, the results are partial: combining the blocks'
+    results with the op's reduction kind gives the whole op's results.
+    """
+    out_shapes = tuple(map_extent(m, block.sizes) for m in nest.output_maps)
+    return kind.compute(list(inputs), Context(nest, block, attrs, out_shapes))
+
+
+def evaluate(kind: OpKind, nest: LoopNest, attrs: Attrs, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Run the whole op on full inputs."""
+    block = Block.whole(nest.extents)
+    cut = [x[nest.operand_range(m, block, x.shape)] for x, m in zip(inputs, nest.input_maps)]
+    return evaluate_block(kind, nest, attrs, cut, block)
+
+
+def shape_error(expected: str, shapes: Sequence[Shape]) -> OpError:
+    return OpError(f"expected {expected}, got input shapes {[list(s) for s in shapes]}")
+
+
+def int_attr(attrs: Attrs, name: str, default: int | None = None) -> int:
+    value = attrs.get(name, default)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise OpError(f"attribute {name!r} must be an integer, got {value!r}", name)
+    return value
+
+
+def int_list_attr(attrs: Attrs, name: str, default: Sequence[int] | None = None) -> tuple[int, ...]:
+    value = attrs.get(name, default)
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise OpError(f"attribute {name!r} must be a list of integers, got {value!r}", name)
+    return tuple(value)
+
+
+def normalize_axis(axis: int, rank: int, name: str = "axis") -> int:
+    if not -rank <= axis < rank:
+        raise OpError(f"attribute {name!r} = {axis} is out of range for rank {rank}", name)
+    return axis % rank
+
+
+def prod(values: Sequence[int]) -> int:
+    return math.prod(values)
