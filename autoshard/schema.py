@@ -171,6 +171,8 @@ def _build_op(i: int, m: OpModel, tensors: dict[str, Tensor], producer: dict[str
     if len(problems) > count:
         return None
     shapes = [tensors[t].shape for t in m.inputs]
+    if kind.reads_output_shapes:
+        shapes += [tensors[t].shape for t in m.outputs]
     try:
         nest = kind.loops(shapes, attrs)
         out_dtypes = kind.out_dtypes([tensors[t].dtype for t in m.inputs], attrs)

@@ -55,7 +55,10 @@ def combiner_form(attrs: Attrs, num_inputs: int, has_reduction: bool) -> bool:
     return has_reduction and payload.arity == num_inputs + 1
 
 
-def _generic_loops(shapes: Sequence[Shape], attrs: Attrs) -> LoopNest:
+def _generic_loops(operand_shapes: Sequence[Shape], attrs: Attrs) -> LoopNest:
+    """`operand_shapes` are the inputs' then the declared output's: as in linalg, every operand
+    (the output too) may fix loop extents."""
+    shapes = operand_shapes[:-1]
     iterators, reduction = generic_iterators(attrs)
     maps = _parse_maps(attrs)
     name = attrs.get("payload")
@@ -82,7 +85,7 @@ def _generic_loops(shapes: Sequence[Shape], attrs: Attrs) -> LoopNest:
             raise OpError(f"reduction loop d{loop} must not index the output", "indexing_maps")
         if kind == PARALLEL and not any(loop in e.loops for e in out_map.results):
             raise OpError(f"parallel loop d{loop} does not index the output", "indexing_maps")
-    extents = infer_extents(maps[:-1], shapes, len(iterators))
+    extents = infer_extents(maps, operand_shapes, len(iterators))
     return LoopNest(extents, iterators, tuple(maps[:-1]), (out_map,), reduction or "sum")
 
 
@@ -91,17 +94,17 @@ def infer_extents(maps: Sequence[AffineMap], shapes: Sequence[Shape], num_loops:
     extents: list[int | None] = [None] * num_loops
     for i, (m, shape) in enumerate(zip(maps, shapes)):
         if m.rank != len(shape):
-            raise OpError(f"map {i} has {m.rank} results but input {i} has rank {len(shape)}", f"indexing_maps/{i}")
+            raise OpError(f"map {i} has {m.rank} results but operand {i} has rank {len(shape)}", f"indexing_maps/{i}")
         for expr, size in zip(m.results, shape):
             loop = expr.single_loop()
             if loop is None:
                 continue
             if extents[loop] is not None and extents[loop] != size:
-                raise OpError(f"loop d{loop} has extent {extents[loop]} from one input and {size} from input {i}", f"indexing_maps/{i}")
+                raise OpError(f"loop d{loop} has extent {extents[loop]} from one operand and {size} from operand {i}", f"indexing_maps/{i}")
             extents[loop] = size
     missing = [f"d{l}" for l, e in enumerate(extents) if e is None]
     if missing:
-        raise OpError(f"the extent of {', '.join(missing)} is not fixed by any input dim indexed by that loop alone", "indexing_maps")
+        raise OpError(f"the extent of {', '.join(missing)} is not fixed by any operand dim indexed by that loop alone", "indexing_maps")
     return tuple(e for e in extents if e is not None)
 
 
@@ -123,7 +126,7 @@ def _declared_dtype(in_dtypes: Sequence[str], attrs: Attrs) -> tuple[None]:
 
 
 register(OpKind(
-    "generic", (0, None), _generic_loops, _generic_compute, _generic_flops, _declared_dtype,
+    "generic", (0, None), _generic_loops, _generic_compute, _generic_flops, _declared_dtype, reads_output_shapes=True,
     attrs=("iterator_types", "indexing_maps", "payload"),
     doc="Any loop nest: iterator_types, indexing_maps (inputs then output), a payload from the payload table.",
 ))

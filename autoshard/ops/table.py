@@ -57,6 +57,9 @@ class OpKind:
     attrs: tuple[str, ...] = ()  # attribute names the kind accepts
     # Scalar body for emitting `linalg.generic` (a payload name), when the op has one.
     payload: str | None = None
+    # True when `loops` takes the declared output shapes after the input shapes (generic ops,
+    # whose loop extents may only be fixed by the output).
+    reads_output_shapes: bool = False
     doc: str = ""
 
 

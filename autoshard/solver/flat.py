@@ -1,0 +1,172 @@
+"""The solvers' working form of a Problem: flat numpy arrays, cleaned of what cannot matter.
+
+- Forbidden strategies (cost >= FORBIDDEN_COST, or with every entry of some incident edge row
+  forbidden) are dropped, unless that would leave a node with none; `orig` maps back.
+- Parallel edges are summed into one, all-zero edges dropped; each edge is stored (u, v) with
+  u < v, its matrix row-major over the kept strategies, as float64 (exact below 2**53; the exact
+  integer cost of any answer is always recomputed from the Problem).
+- Memory: usages never go negative, so a time step whose live set is contained in another
+  step's live set can never be the binding one. Only the steps whose live set is maximal are kept
+  ("rows"; for intervals these are the steps where some interval starts and some interval ends
+  right after). A node is live on a contiguous range of rows `[r0, r1)`. Each node's smallest
+  usage is moved into the rows' base load, so `use` holds only the part a choice can change and
+  `cap[r] = usage_limit - base[r]`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoshard.solver.problem import FORBIDDEN_COST, Problem
+
+FORBIDDEN = float(FORBIDDEN_COST)
+
+
+@dataclass(frozen=True, eq=False)
+class FlatProblem:
+    n: int
+    soff: np.ndarray      # int64[n+1]: strategies of node v are soff[v]:soff[v+1]
+    orig: np.ndarray      # int64[S]: original strategy index of each kept strategy
+    cost: np.ndarray      # float64[S]
+    use: np.ndarray       # int64[S]: usage above the node's smallest usage
+    eu: np.ndarray        # int64[m]
+    ev: np.ndarray        # int64[m]
+    moff: np.ndarray      # int64[m+1]: edge e's matrix is mat[moff[e]:moff[e+1]], |S_u| x |S_v| row-major
+    mat: np.ndarray       # float64[M]
+    aoff: np.ndarray      # int64[n+1]: adjacency of v is aoff[v]:aoff[v+1]
+    anbr: np.ndarray      # int64[2m]: the neighbour
+    aedge: np.ndarray     # int64[2m]: the edge
+    arow: np.ndarray      # int8[2m]: 1 if v is the edge's row node (eu), 0 if its column node
+    r0: np.ndarray        # int64[n]: first memory row of v
+    r1: np.ndarray        # int64[n]: one past the last memory row of v (r0 == r1: v never binds)
+    cap: np.ndarray       # int64[R]: usage_limit minus the rows' base load
+    row_steps: np.ndarray  # int64[R]: the time step of each row
+
+    @property
+    def m(self) -> int:
+        return len(self.eu)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.cap)
+
+    def sizes(self) -> np.ndarray:
+        return np.diff(self.soff)
+
+    def to_original(self, x: np.ndarray) -> np.ndarray:
+        """Original strategy indices of a solution in kept-strategy indices."""
+        return self.orig[self.soff[:-1] + np.asarray(x, dtype=np.int64)]
+
+    def from_original(self, solution: np.ndarray) -> np.ndarray:
+        """Kept-strategy indices of an original solution; a dropped strategy maps to the node's first."""
+        x = np.zeros(self.n, dtype=np.int64)
+        for v, s in enumerate(np.asarray(solution, dtype=np.int64).tolist()):
+            hits = np.flatnonzero(self.orig[self.soff[v]:self.soff[v + 1]] == s)
+            x[v] = hits[0] if len(hits) else 0
+        return x
+
+    def objective(self, x: np.ndarray) -> float:
+        """Cost of a solution (kept-strategy indices) in float arithmetic."""
+        x = np.asarray(x, dtype=np.int64)
+        total = float(self.cost[self.soff[:-1] + x].sum())
+        sizes = self.sizes()
+        if self.m:
+            total += float(self.mat[self.moff[:-1] + x[self.eu] * sizes[self.ev] + x[self.ev]].sum())
+        return total
+
+    def row_load(self, x: np.ndarray) -> np.ndarray:
+        """Variable memory load of each row under solution x."""
+        x = np.asarray(x, dtype=np.int64)
+        delta = np.zeros(self.num_rows + 1, dtype=np.int64)
+        use = self.use[self.soff[:-1] + x]
+        np.add.at(delta, self.r0, use)
+        np.add.at(delta, self.r1, -use)
+        return np.cumsum(delta[:-1])
+
+    def fits(self, x: np.ndarray) -> bool:
+        return bool(np.all(self.row_load(x) <= self.cap))
+
+
+def _maximal_steps(intervals: np.ndarray) -> np.ndarray:
+    live = intervals[:, 0] < intervals[:, 1]
+    starts = np.unique(intervals[live, 0])
+    ends_before = np.unique(intervals[live, 1] - 1)
+    return np.intersect1d(starts, ends_before)
+
+
+def _keep_masks(problem: Problem) -> list[np.ndarray]:
+    """Per node, the strategies worth keeping: not forbidden alone nor by a fully forbidden edge row."""
+    keep = [c < FORBIDDEN_COST for c in problem.node_costs]
+    keep = [k if k.any() else np.ones_like(k) for k in keep]
+    changed = True
+    while changed:
+        changed = False
+        for (u, v), matrix in zip(problem.edges.tolist(), problem.edge_costs):
+            allowed = matrix < FORBIDDEN_COST
+            row_ok = (allowed & keep[v][None, :]).any(axis=1)
+            col_ok = (allowed & keep[u][:, None]).any(axis=0)
+            for node, ok in ((u, row_ok), (v, col_ok)):
+                new = keep[node] & ok
+                if new.any() and not np.array_equal(new, keep[node]):
+                    keep[node] = new
+                    changed = True
+    return keep
+
+
+def flatten(problem: Problem) -> FlatProblem:
+    """The working form of `problem` (see the module docstring)."""
+    n = problem.num_nodes
+    keep = _keep_masks(problem)
+    kept = [np.flatnonzero(k) for k in keep]
+    sizes = np.fromiter((len(k) for k in kept), dtype=np.int64, count=n)
+    soff = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(sizes, out=soff[1:])
+    orig = np.concatenate(kept) if n else np.zeros(0, dtype=np.int64)
+    cost = np.concatenate([c[k] for c, k in zip(problem.node_costs, kept)]).astype(np.float64) if n else np.zeros(0)
+    usage = [u[k] for u, k in zip(problem.node_usages, kept)]
+    base_use = np.fromiter((u.min() for u in usage), dtype=np.int64, count=n)
+    use = (np.concatenate([u - u.min() for u in usage]) if n else np.zeros(0)).astype(np.int64)
+
+    merged: dict[tuple[int, int], np.ndarray] = {}
+    for (u, v), matrix in zip(problem.edges.tolist(), problem.edge_costs):
+        sub = matrix[np.ix_(kept[u], kept[v])].astype(np.float64)
+        if u > v:
+            u, v, sub = v, u, sub.T
+        if (u, v) in merged:
+            sub = np.minimum(merged[(u, v)] + sub, FORBIDDEN)
+        merged[(u, v)] = sub
+    pairs = sorted(key for key, sub in merged.items() if sub.any())
+    eu = np.array([p[0] for p in pairs], dtype=np.int64)
+    ev = np.array([p[1] for p in pairs], dtype=np.int64)
+    moff = np.zeros(len(pairs) + 1, dtype=np.int64)
+    np.cumsum([merged[p].size for p in pairs], out=moff[1:])
+    mat = np.concatenate([merged[p].ravel() for p in pairs]) if pairs else np.zeros(0)
+
+    ends = np.concatenate([eu, ev])
+    order = np.argsort(ends, kind="stable")
+    aoff = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(ends, minlength=n), out=aoff[1:])
+    edge_ids = np.concatenate([np.arange(len(pairs)), np.arange(len(pairs))])
+    anbr = np.concatenate([ev, eu])[order]
+    aedge = edge_ids[order]
+    arow = np.concatenate([np.ones(len(pairs), np.int8), np.zeros(len(pairs), np.int8)])[order]
+
+    if problem.usage_limit is None or n == 0:
+        steps = np.zeros(0, dtype=np.int64)
+    else:
+        steps = _maximal_steps(problem.intervals)
+    r0 = np.searchsorted(steps, problem.intervals[:, 0]).astype(np.int64)
+    r1 = np.maximum(np.searchsorted(steps, problem.intervals[:, 1]).astype(np.int64), r0)
+    delta = np.zeros(len(steps) + 1, dtype=np.int64)
+    np.add.at(delta, r0, base_use)
+    np.add.at(delta, r1, -base_use)
+    base = np.cumsum(delta[:-1])
+    cap = (problem.usage_limit - base) if len(steps) else np.zeros(0, dtype=np.int64)
+    # A node whose usage cannot change never binds: give it an empty row range.
+    spread = np.fromiter((u.max() - u.min() for u in usage), dtype=np.int64, count=n)
+    r1 = np.where(spread > 0, r1, r0)
+    return FlatProblem(n=n, soff=soff, orig=orig, cost=cost, use=use, eu=eu, ev=ev, moff=moff, mat=mat,
+                       aoff=aoff, anbr=anbr, aedge=aedge, arow=arow, r0=r0, r1=r1,
+                       cap=np.asarray(cap, dtype=np.int64), row_steps=steps)

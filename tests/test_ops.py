@@ -1,0 +1,245 @@
+"""Each op kind: its numpy semantics against a direct formula, its maps against its semantics.
+
+Two checks tie the maps to the numpy semantics:
+- for kinds with a scalar payload, the loop-nest interpreter (reading every operand through
+  its map at every point) reproduces the op's result;
+- for every kind, splitting any splittable loop into blocks and evaluating each block on the
+  operand slices its maps name reassembles the full result: concatenated along a parallel
+  loop, combined with the reduction kind along a reduction loop. This is exactly what a
+  sharded execution relies on.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autoshard.ops import OP_KINDS, Block, evaluate, evaluate_block
+from autoshard.ops.interpret import interpret
+from autoshard.ops.loops import INVALID, PARALLEL, REDUCTION
+from autoshard.ops.payloads import PAIRWISE, PAYLOADS
+
+rng = np.random.default_rng(7)
+
+
+def gelu(x):
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def sigmoid(x):
+    return 1 / (1 + np.exp(-x))
+
+
+def softmax(x, axis=-1):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def attention(q, k, v, causal):
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if causal:
+        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+    return softmax(s) @ v
+
+
+def conv_nhwc(x, w, stride, pad):
+    x = np.pad(x, ((0, 0), pad[0], pad[1], (0, 0)))
+    kh, kw, _, f = w.shape
+    oh = (x.shape[1] - kh) // stride[0] + 1
+    ow = (x.shape[2] - kw) // stride[1] + 1
+    out = np.zeros((x.shape[0], oh, ow, f))
+    for i in range(oh):
+        for j in range(ow):
+            patch = x[:, i * stride[0]:i * stride[0] + kh, j * stride[1]:j * stride[1] + kw, :]
+            out[:, i, j, :] = np.einsum("nhwc,hwcf->nf", patch, w)
+    return out
+
+
+# (kind, input shapes, attrs, direct numpy formula)
+CASES = [
+    ("matmul", [(3, 5, 4), (4, 6)], {}, lambda a, b: a @ b),
+    ("batch_matmul", [(2, 3, 4), (2, 4, 5)], {}, lambda a, b: a @ b),
+    ("dot_general", [(2, 3, 4), (4, 2, 5)], {"lhs_batch_dims": [0], "rhs_batch_dims": [1], "lhs_contracting_dims": [2],
+                                             "rhs_contracting_dims": [0]}, lambda a, b: np.einsum("bmk,kbn->bmn", a, b)),
+    ("add", [(4, 1, 3), (5, 3)], {}, np.add),
+    ("sub", [(4, 3), (4, 3)], {}, np.subtract),
+    ("mul", [(3,), (2, 3)], {}, np.multiply),
+    ("div", [(2, 3), (2, 1)], {}, np.divide),
+    ("max", [(2, 3), (2, 3)], {}, np.maximum),
+    ("min", [(2, 3), (1, 3)], {}, np.minimum),
+    ("neg", [(3, 4)], {}, np.negative),
+    ("exp", [(3, 4)], {}, np.exp),
+    ("tanh", [(3, 4)], {}, np.tanh),
+    ("relu", [(3, 4)], {}, lambda x: np.maximum(x, 0)),
+    ("gelu", [(3, 4)], {}, gelu),
+    ("silu", [(3, 4)], {}, lambda x: x * sigmoid(x)),
+    ("sigmoid", [(3, 4)], {}, sigmoid),
+    ("cast", [(3, 4)], {"dtype": "f16"}, lambda x: x.astype(np.float16)),
+    ("reduce_sum", [(3, 4, 5)], {"dims": [1]}, lambda x: x.sum(1)),
+    ("reduce_max", [(3, 4, 5)], {"dims": [0, 2], "keepdims": True}, lambda x: x.max((0, 2), keepdims=True)),
+    ("reduce_min", [(3, 4)], {"dims": [-1]}, lambda x: x.min(-1)),
+    ("reduce_mean", [(3, 4, 5)], {"dims": [2]}, lambda x: x.mean(2)),
+    ("softmax", [(3, 6)], {}, softmax),
+    ("softmax", [(4, 3)], {"axis": 0}, lambda x: softmax(x, 0)),
+    ("layer_norm", [(3, 8), (8,), (8,)], {"eps": 1e-5},
+     lambda x, g, b: (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * g + b),
+    ("rms_norm", [(3, 8), (8,)], {}, lambda x, g: x / np.sqrt((x ** 2).mean(-1, keepdims=True) + 1e-6) * g),
+    ("transpose", [(2, 3, 4)], {"perm": [2, 0, 1]}, lambda x: x.transpose(2, 0, 1)),
+    ("reshape", [(2, 12)], {"shape": [2, 3, 4]}, lambda x: x.reshape(2, 3, 4)),
+    ("reshape", [(4, 3, 2)], {"shape": [12, 2]}, lambda x: x.reshape(12, 2)),
+    ("broadcast_in_dim", [(3,)], {"shape": [2, 3, 4], "broadcast_dimensions": [1]},
+     lambda x: np.broadcast_to(x[None, :, None], (2, 3, 4))),
+    ("concat", [(2, 3), (2, 5)], {"axis": 1}, lambda a, b: np.concatenate([a, b], 1)),
+    ("slice", [(6, 5)], {"starts": [1, 0], "limits": [6, 5], "strides": [2, 1]}, lambda x: x[1:6:2, :]),
+    ("embedding", [(2, 3), (7, 4)], {}, lambda ids, t: t[ids]),
+    ("attention", [(1, 2, 4, 3), (1, 2, 5, 3), (1, 2, 5, 2)], {}, lambda q, k, v: attention(q, k, v, False)),
+    ("attention", [(1, 2, 4, 3), (1, 2, 4, 3), (1, 2, 4, 2)], {"causal": True}, lambda q, k, v: attention(q, k, v, True)),
+    ("conv2d", [(2, 5, 6, 3), (3, 2, 3, 4)], {"strides": [2, 1], "padding": [[1, 1], [0, 1]]},
+     lambda x, w: conv_nhwc(x, w, (2, 1), ((1, 1), (0, 1)))),
+    ("generic", [(3, 4)], {"iterator_types": ["parallel", "reduction"], "indexing_maps": ["(d0, d1) -> (d0, d1)", "(d0, d1) -> (d0)"],
+                           "payload": "add"}, lambda x: x.sum(1)),
+    ("generic", [(3, 4), (4, 5)], {"iterator_types": ["parallel", "parallel", "reduction_max"],
+                                   "indexing_maps": ["(d0, d1, d2) -> (d0, d2)", "(d0, d1, d2) -> (d2, d1)", "(d0, d1, d2) -> (d0, d1)"],
+                                   "payload": "add"}, lambda a, b: (a[:, :, None] + b[None]).max(1)),
+    ("generic", [(6,)], {"iterator_types": ["parallel", "parallel"], "indexing_maps": ["(d0, d1) -> (d0 * 3 + d1)", "(d0, d1) -> (d1, d0)"],
+                         "payload": "exp"}, lambda x: np.exp(x.reshape(2, 3).T)),
+]
+# generic ops also read their declared output shape to fix loop extents
+OUTPUT_SHAPES = {id(CASES[-1]): [(3, 2)], id(CASES[-2]): [(3, 5)], id(CASES[-3]): [(3,)]}
+
+
+def nest_of(case):
+    kind_name, shapes, attrs, _ = case
+    kind = OP_KINDS[kind_name]
+    return kind.loops(list(shapes) + OUTPUT_SHAPES.get(id(case), []), attrs)
+
+
+def make_inputs(kind: str, shapes):
+    if kind == "embedding":
+        return [rng.integers(0, shapes[1][0], shapes[0]), rng.uniform(-1, 1, shapes[1])]
+    if kind == "div":
+        return [rng.uniform(-1, 1, shapes[0]), rng.uniform(0.5, 2, shapes[1])]
+    return [rng.uniform(-1, 1, s) for s in shapes]
+
+
+def ids(case):
+    return f"{case[0]}-{'x'.join(str(len(s)) for s in case[1])}-{sorted(case[2])}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[ids(c) for c in CASES])
+def test_numpy_semantics_match_direct_formula(case):
+    kind_name, shapes, attrs, formula = case
+    kind = OP_KINDS[kind_name]
+    nest = nest_of(case)
+    inputs = make_inputs(kind_name, shapes)
+    (result,) = evaluate(kind, nest, attrs, inputs)
+    expected = formula(*inputs)
+    assert result.shape == nest.output_shapes()[0] == expected.shape
+    np.testing.assert_allclose(result, expected, rtol=1e-3 if kind_name == "cast" else 1e-6, atol=1e-6)
+
+
+PAYLOAD_CASES = [c for c in CASES if (OP_KINDS[c[0]].payload or c[0] == "generic") and c[0] != "reduce_mean"]
+
+
+@pytest.mark.parametrize("case", PAYLOAD_CASES, ids=[ids(c) for c in PAYLOAD_CASES])
+def test_maps_read_every_element_the_payload_uses(case):
+    """Interpreting the maps point by point with the payload equals the op's numpy result."""
+    kind_name, shapes, attrs, _ = case
+    kind = OP_KINDS[kind_name]
+    nest = nest_of(case)
+    inputs = make_inputs(kind_name, shapes)
+    (expected,) = evaluate(kind, nest, attrs, inputs)
+    payload = PAYLOADS[attrs["payload"] if kind_name == "generic" else kind.payload]
+    combiner = payload.arity == len(inputs) + 1 and bool(nest.reduction_loops)
+    result = interpret(nest, payload, inputs, Block.whole(nest.extents), [(0,) * x.ndim for x in inputs], combiner)
+    np.testing.assert_allclose(result, expected.astype(result.dtype), rtol=1e-3, atol=1e-6)
+
+
+def split_blocks(nest, loop):
+    extent = nest.extents[loop]
+    cut = max(1, extent // 2)
+    for start, size in ((0, cut), (cut, extent - cut)):
+        starts = tuple(start if l == loop else 0 for l in range(nest.num_loops))
+        sizes = tuple(size if l == loop else e for l, e in enumerate(nest.extents))
+        yield Block(starts, sizes, nest.extents)
+
+
+def evaluate_split(kind, nest, attrs, inputs, loop):
+    """Evaluate block by block along `loop` and reassemble per its iterator type."""
+    (full,) = evaluate(kind, nest, attrs, inputs)
+    out = None
+    for block in split_blocks(nest, loop):
+        cut = [x[nest.operand_range(m, block, x.shape)] for x, m in zip(inputs, nest.input_maps)]
+        (part,) = evaluate_block(kind, nest, attrs, cut, block)
+        if nest.iterator_types[loop] == REDUCTION:
+            out = part if out is None else PAIRWISE[nest.reduction_kind](out, part)
+        else:
+            region = nest.operand_range(nest.output_maps[0], block, full.shape)
+            out = np.zeros_like(full) if out is None else out
+            out[region] = part
+    return full, out
+
+
+@pytest.mark.parametrize("case", CASES, ids=[ids(c) for c in CASES])
+def test_split_loops_reassemble_the_result(case):
+    kind_name, shapes, attrs, _ = case
+    kind = OP_KINDS[kind_name]
+    nest = nest_of(case)
+    inputs = make_inputs(kind_name, shapes)
+    splittable = nest.splittable_loops()
+    assert splittable, "every kind has at least one loop that can be split"
+    for loop in splittable:
+        if nest.extents[loop] < 2:
+            continue
+        full, reassembled = evaluate_split(kind, nest, attrs, inputs, loop)
+        np.testing.assert_allclose(reassembled, full, rtol=1e-5, atol=1e-6, err_msg=f"loop d{loop}")
+
+
+@pytest.mark.parametrize("kind_name, shapes, attrs, loop", [
+    ("softmax", [(3, 6)], {}, 1),
+    ("layer_norm", [(3, 8)], {}, 1),
+    ("rms_norm", [(3, 8)], {}, 1),
+    ("attention", [(1, 2, 4, 3), (1, 2, 6, 3), (1, 2, 6, 2)], {}, 4),  # keys
+    ("attention", [(1, 2, 4, 4), (1, 2, 6, 4), (1, 2, 6, 2)], {}, 5),  # query features
+])
+def test_invalid_loops_are_the_ones_a_split_would_break(kind_name, shapes, attrs, loop):
+    """The loops marked invalid really change the result when split, treated either way."""
+    kind = OP_KINDS[kind_name]
+    nest = kind.loops(shapes, attrs)
+    assert nest.iterator_types[loop] == INVALID
+    inputs = make_inputs(kind_name, shapes)
+    # A loop indexing the result could only be a parallel split; one that does not, a reduction.
+    indexes_result = any(loop in e.loops for e in nest.output_maps[0].results)
+    types = list(nest.iterator_types)
+    types[loop] = PARALLEL if indexes_result else REDUCTION
+    pretend = type(nest)(nest.extents, tuple(types), nest.input_maps, nest.output_maps, nest.reduction_kind)
+    full, reassembled = evaluate_split(kind, pretend, attrs, inputs, loop)
+    assert not np.allclose(reassembled, full), f"splitting d{loop} should break {kind_name}"
+
+
+def test_every_registered_kind_has_a_test_case():
+    tested = {c[0] for c in CASES}
+    untested = set(OP_KINDS) - tested - {"abs", "log", "sqrt", "rsqrt", "square", "pow"}
+    assert not untested, f"add a case for {sorted(untested)}"
+
+
+@pytest.mark.parametrize("name", ["abs", "log", "sqrt", "rsqrt", "square", "pow"])
+def test_remaining_elementwise_kinds(name):
+    kind = OP_KINDS[name]
+    shapes = [(3, 4)] * PAYLOADS[name].arity
+    nest = kind.loops(shapes, {})
+    inputs = [rng.uniform(0.5, 2, s) for s in shapes]
+    direct = {"abs": np.abs, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: x ** -0.5, "square": np.square,
+              "pow": np.power}[name]
+    np.testing.assert_allclose(evaluate(kind, nest, {}, inputs)[0], direct(*inputs))
+
+
+def test_flops_of_a_matmul_are_two_per_multiply_add():
+    nest = OP_KINDS["matmul"].loops([(8, 16), (16, 32)], {})
+    assert OP_KINDS["matmul"].flops(nest, {}) == 2 * 8 * 16 * 32
+
+
+def test_reshape_that_is_not_split_or_merge_is_refused():
+    from autoshard.ops import OpError
+    with pytest.raises(OpError, match="not a split/merge"):
+        OP_KINDS["reshape"].loops([(6, 4)], {"shape": [4, 6]})
