@@ -168,9 +168,12 @@ def _parse_term(text: str, pos: int, name: str | None, number: str | None,
     match = _TOKEN.match(text, pos)
     if match and match.group(3) == "*":
         right_match = _TOKEN.match(text, match.end())
+        negate = bool(right_match and right_match.group(3) == "-")  # MLIR prints `d0 * -2`
+        if negate:
+            right_match = _TOKEN.match(text, right_match.end())
         if not right_match or right_match.group(3):
             raise InputError(f"expected a factor after * in {text!r}", where)
-        right = atom(right_match.group(1), right_match.group(2))
+        right = atom(right_match.group(1), right_match.group(2)) * (-1 if negate else 1)
         if left.terms and right.terms:
             raise InputError(f"product of two loops is not affine in {text!r}", where)
         product = left * right.const if left.terms else right * left.const
