@@ -21,6 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="autoshard", description="Plan how a model is sharded over a device mesh.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
         importlib.import_module(f"{commands.__name__}.{info.name}").register(sub)
     return parser
 

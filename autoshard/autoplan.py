@@ -1,0 +1,87 @@
+"""Plan a graph: formulate, solve with a certified bound, decode, price, explain infeasibility."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from autoshard.costs import Hardware
+from autoshard.errors import InfeasibleError
+from autoshard.formulation import PICOSECONDS, Formulation, Weights, formulate
+from autoshard.graph import Graph, topological_order
+from autoshard.mesh import Mesh
+from autoshard.plan import Plan
+from autoshard.report import Report, estimate
+from autoshard.solver import solve
+from autoshard.summary import size
+
+
+@dataclass(frozen=True)
+class SolveSettings:
+    time_limit_s: float = 30.0
+    workers: int = 2
+    seed: int = 0
+    memory_budget_bytes: float | None = None  # None: the chip's HBM
+    weights: Weights = Weights()
+    deterministic: bool = False
+
+
+@dataclass
+class PlanResult:
+    plan: Plan
+    report: Report
+    solver: dict[str, Any]
+
+
+def make_plan(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = SolveSettings(),
+              progress: Callable[[dict[str, Any]], None] | None = None) -> PlanResult:
+    started = time.perf_counter()
+    budget = settings.memory_budget_bytes if settings.memory_budget_bytes is not None else hw.hbm_bytes
+    formulation = formulate(graph, mesh, hw, memory_budget=budget, weights=settings.weights)
+    built = time.perf_counter()
+    hint = formulation.hint if any(h >= 0 for h in formulation.hint) else None
+    result = solve(formulation.problem, time_limit_s=settings.time_limit_s, workers=settings.workers,
+                   seed=settings.seed, hint=hint, progress=progress, deterministic=settings.deterministic)
+    if not result.feasible:
+        raise InfeasibleError(explain_infeasible(formulation, budget))
+    plan = formulation.plan(result.solution)
+    report = estimate(plan, hw)
+    problem = formulation.problem
+    solver = {
+        "status": result.status,
+        "objective_ps": int(result.cost),
+        "objective_s": result.cost / PICOSECONDS,
+        "lower_bound_ps": int(result.lower_bound),
+        "gap": result.gap,
+        "formulate_s": built - started,
+        "solve_s": time.perf_counter() - built,
+        "problem": {"nodes": problem.num_nodes, "edges": problem.num_edges,
+                    "strategies": int(np.sum(problem.num_strategies))},
+        "memory_budget_bytes": budget,
+    }
+    return PlanResult(plan, report, solver)
+
+
+def explain_infeasible(formulation: Formulation, budget: float) -> str:
+    """Say which budget or pin makes every plan infeasible, with the numbers."""
+    problem = formulation.problem
+    steps = int(problem.intervals[:, 1].max()) if problem.num_nodes else 0
+    least = np.zeros(max(steps, 1), dtype=np.int64)
+    for i, usage in enumerate(problem.node_usages):
+        start, end = problem.intervals[i]
+        least[start:end] += int(usage.min())
+    peak = int(np.argmax(least))
+    order = topological_order(formulation.graph)
+    at = order[peak].name if peak < len(order) else "end"
+    pinned = [c.tensor for c in formulation.graph.constraints if c.required]
+    if least[peak] <= budget:
+        return (f"no plan within the memory budget {size(budget)} per device was found in the time limit, although "
+                f"one may exist (the least possible peak is {size(int(least[peak]))}); raise the time limit or the budget")
+    text = (f"the memory budget {size(budget)} per device is below {size(int(least[peak]))}, the least any plan "
+            f"needs (at step {peak}, op {at!r}, with every value at its smallest sharding)")
+    if pinned:
+        text += f"; pinned tensors {pinned} keep their pinned shardings"
+    return text

@@ -1,0 +1,106 @@
+"""`autoshard plan GRAPH.json --mesh ... --topology ... -o OUTDIR`: find, price and write a plan."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from autoshard.autoplan import SolveSettings, make_plan
+from autoshard.cli_args import add_hardware_args, hardware_from_args, mesh_from_args, parse_bytes
+from autoshard.errors import InputError
+from autoshard.formulation import Weights
+from autoshard.plan_document import plan_document
+from autoshard.schema import load_graph
+from autoshard.summary import si, size
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("plan", help="find a sharding plan for a graph on a mesh")
+    parser.add_argument("graph", help="graph JSON (format autoshard.graph/v1)")
+    add_hardware_args(parser)
+    parser.add_argument("--memory-budget", help="per-device memory limit, e.g. 40GiB (default: the chip's HBM)")
+    parser.add_argument("--time-limit", type=float, default=30.0, help="solver time limit in seconds (default 30)")
+    parser.add_argument("--workers", type=int, default=2, help="solver threads (default 2)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--weights", default="time=1", help="objective weights, e.g. time=1,comm_bytes=1e-12")
+    parser.add_argument("-o", "--output", help="directory to write plan.json (and IR) into")
+    parser.set_defaults(run=run)
+
+
+def parse_weights(text: str) -> Weights:
+    values: dict[str, float] = {}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        if name.strip() not in ("time", "comm_bytes", "memory_bytes"):
+            raise InputError(f"unknown weight {name.strip()!r}; expected time, comm_bytes, memory_bytes", "--weights")
+        try:
+            values[name.strip()] = float(value)
+        except ValueError:
+            raise InputError(f"weight {name.strip()!r} needs a number, got {value!r}", "--weights") from None
+    return Weights(**values)
+
+
+class ProgressLine:
+    """Prints the incumbent, bound and gap to stderr once the solve has run for a second."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.last = 0.0
+
+    def __call__(self, info: dict[str, Any]) -> None:
+        now = time.perf_counter() - self.started
+        if now < 1.0 or now - self.last < 1.0:
+            return
+        self.last = now
+        cost, bound = info.get("cost"), info.get("lower_bound")
+        gap = info.get("gap")
+        parts = [f"{now:6.1f}s"]
+        if cost is not None:
+            parts.append(f"incumbent {cost / 1e12:.6g} s")
+        if bound is not None:
+            parts.append(f"bound {bound / 1e12:.6g} s")
+        if gap is not None:
+            parts.append(f"gap {100 * gap:.2f}%")
+        print("  solving: " + ", ".join(parts), file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    mesh = mesh_from_args(args)
+    graph = load_graph(args.graph, mesh)
+    hw = hardware_from_args(args, mesh)
+    if args.time_limit <= 0:
+        raise InputError("must be positive", "--time-limit")
+    settings = SolveSettings(time_limit_s=args.time_limit, workers=args.workers, seed=args.seed,
+                             memory_budget_bytes=parse_bytes(args.memory_budget, "--memory-budget") if args.memory_budget else None,
+                             weights=parse_weights(args.weights))
+    result = make_plan(graph, mesh, hw, settings, progress=ProgressLine())
+    document = plan_document(result, args.topology)
+    if args.output:
+        out = Path(args.output)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "plan.json").write_text(json.dumps(document, indent=1) + "\n")
+    print_summary(document, args.output)
+    return 0
+
+
+def print_summary(document: dict[str, Any], output: str | None) -> None:
+    totals, solver = document["totals"], document["solver"]
+    print(f"plan for {document['graph']} on mesh {','.join(f'{a['name']}={a['size']}' for a in document['mesh']['axes'])} "
+          f"({document['topology']}): {solver['status']}, gap {100 * solver['gap']:.2f}% "
+          f"(objective {solver['objective_s']:.6g} s, bound {solver['lower_bound_ps'] / 1e12:.6g} s), "
+          f"solved in {solver['solve_s']:.2f} s")
+    print(f"  step time {totals['step_s'] * 1e3:.4g} ms = compute {totals['compute_s'] * 1e3:.4g} ms "
+          f"+ communication {totals['communication_s'] * 1e3:.4g} ms ({si(totals['communication_bytes'], 'B')} per device)")
+    for axis, seconds in sorted(totals["communication_s_per_axis"].items()):
+        print(f"    axis {axis}: {seconds * 1e3:.4g} ms, {si(totals['communication_bytes_per_axis'][axis], 'B')}")
+    print(f"  peak memory {size(totals['peak_memory_bytes_per_device'])} per device at op {totals['peak_at']['op']!r} "
+          f"(parameters {size(totals['parameter_bytes_per_device'])}, "
+          f"activations {size(totals['activation_bytes_at_peak_per_device'])}; budget {size(solver['memory_budget_bytes'])})")
+    print(f"  {len(document['reshardings'])} reshardings; problem: {solver['problem']['nodes']} nodes, "
+          f"{solver['problem']['edges']} edges, {solver['problem']['strategies']} strategies")
+    if output:
+        print(f"  wrote {Path(output) / 'plan.json'}")

@@ -1,0 +1,185 @@
+"""From graph + mesh + hardware to the optimisation problem, and from its solution to a plan.
+
+Nodes: one per op (its strategies are its options) and one per graph input or parameter (its
+strategies are the storage shardings). Edges: one per use of a tensor, whose matrix prices the
+resharding from the producer's sharding to the one the consumer reads. Node cost: the op's
+compute time, plus reducing a partial graph output. Memory: each node holds its results (a
+storage node its stored tensor) from the step it is produced to its last use.
+
+Costs are integers in picoseconds (times the time weight) plus bytes times the byte weight:
+CP-SAT needs integers, and 1 ps resolves the smallest kernels while a whole training step
+stays far below 2**63.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from autoshard.costs import Hardware, op_cost, result_bytes, tensor_bytes
+from autoshard.errors import InfeasibleError
+from autoshard.graph import Graph, live_ranges, topological_order
+from autoshard.mesh import Mesh
+from autoshard.options import ShardingOption, operand_shardings, result_shardings
+from autoshard.plan import Plan
+from autoshard.resharding import plan_resharding
+from autoshard.sharding import Sharding
+from autoshard.solver.problem import Problem
+from autoshard.strategies import enumerate_options, enumerate_storage
+
+PICOSECONDS = 1e12
+
+
+@dataclass(frozen=True)
+class Weights:
+    """Objective weights: seconds of step time, bytes communicated, bytes of peak memory."""
+
+    time: float = 1.0
+    comm_bytes: float = 0.0
+    memory_bytes: float = 0.0
+
+
+@dataclass
+class Formulation:
+    graph: Graph
+    mesh: Mesh
+    problem: Problem
+    nodes: list[tuple[str, str]]  # ("op", op name) or ("storage", tensor name)
+    choices: list[list[ShardingOption | Sharding]]
+    uses: list[tuple[str, str, int]]  # per edge: (tensor, consumer op, input index)
+    hint: list[int] = field(default_factory=list)  # preferred strategy per node (from hints)
+
+    def plan(self, solution: Sequence[int]) -> Plan:
+        options, storage = {}, {}
+        for (kind, name), choice, pick in zip(self.nodes, self.choices, solution):
+            (options if kind == "op" else storage)[name] = choice[int(pick)]
+        return Plan(self.graph, self.mesh, options, storage)
+
+
+class ReshardingPrices:
+    """Resharding seconds and bytes per (shape, itemsize, source, target), computed once."""
+
+    def __init__(self, mesh: Mesh, price: Callable[[str, tuple[str, ...], float], float]):
+        self.mesh, self.price = mesh, price
+        self._cache: dict[tuple, tuple[float, float]] = {}
+
+    def __call__(self, shape: tuple[int, ...], itemsize: int, source: Sharding, target: Sharding) -> tuple[float, float]:
+        key = (shape, itemsize, source, target)
+        found = self._cache.get(key)
+        if found is None:
+            if source == target:
+                found = (0.0, 0.0)
+            else:
+                r = plan_resharding(self.mesh, shape, itemsize, source, target, self.price)
+                found = (r.seconds, float(sum(s.bytes_per_device for s in r.steps)))
+            self._cache[key] = found
+        return found
+
+
+def _cost(seconds: float, comm_bytes: float, memory: float, w: Weights) -> int:
+    return int(round(seconds * PICOSECONDS * w.time + comm_bytes * w.comm_bytes + memory * w.memory_bytes))
+
+
+def formulate(graph: Graph, mesh: Mesh, hw: Hardware, *, memory_budget: float | None = None,
+              weights: Weights = Weights()) -> Formulation:
+    order = topological_order(graph)
+    step = {op.name: i for i, op in enumerate(order)}
+    ranges = live_ranges(graph, order)
+    prices = ReshardingPrices(mesh, hw.collective_seconds)
+    pins = {c.tensor: c.sharding for c in graph.constraints if c.required}
+    hints = {c.tensor: c.sharding for c in graph.constraints if not c.required}
+
+    nodes: list[tuple[str, str]] = []
+    choices: list[list] = []
+    costs, usages, intervals, hint = [], [], [], []
+    index: dict[str, int] = {}  # tensor -> node producing or storing it
+    produced: list[list[Sharding]] = []  # per node, per strategy: the sharding of its (first) tensor
+
+    for tensor in graph.tensors.values():
+        if tensor.role == "intermediate":
+            continue
+        options = enumerate_storage(tensor.shape, mesh)
+        if tensor.name in pins:
+            options = [pins[tensor.name]]
+        index[tensor.name] = len(nodes)
+        nodes.append(("storage", tensor.name))
+        choices.append(options)
+        produced.append(options)
+        costs.append(np.zeros(len(options), dtype=np.int64))
+        usages.append(np.array([tensor_bytes(tensor.shape, tensor.itemsize, s, mesh) for s in options], dtype=np.int64))
+        first, last = ranges[tensor.name]
+        intervals.append((first, last + 1))
+        hint.append(_hint_index(options, hints.get(tensor.name)))
+
+    for op in order:
+        options = enumerate_options(op.nest, mesh)
+        for position, t in enumerate(op.outputs):
+            if t in pins:
+                # A pinned result may come out partial: reducing it is priced on its edges.
+                options = [o for o in options
+                           if result_shardings(op.nest, o)[position].without_partial() == pins[t].without_partial()]
+        if not options:
+            pinned = [t for t in op.outputs if t in pins]
+            raise InfeasibleError(f"no option of op {op.name!r} ({op.kind}) produces the pinned sharding "
+                                  f"{[str(pins[t]) for t in pinned]} of {pinned}")
+        for t in op.outputs:
+            index[t] = len(nodes)
+        nodes.append(("op", op.name))
+        choices.append(options)
+        node_costs, node_usage, first_results = [], [], []
+        for option in options:
+            results = result_shardings(op.nest, option)
+            seconds = op_cost(graph, op, option, mesh, hw).seconds
+            comm = 0.0
+            for t, s in zip(op.outputs, results):
+                if t in graph.outputs:  # the graph hands its outputs over reduced (or as pinned)
+                    target = pins.get(t, s.without_partial())
+                    r_s, r_b = prices(graph.tensors[t].shape, graph.tensors[t].itemsize, s, target)
+                    seconds, comm = seconds + r_s, comm + r_b
+            node_costs.append(_cost(seconds, comm, 0.0, weights))
+            node_usage.append(result_bytes(graph, op, option, mesh))
+            first_results.append(results[0])
+        costs.append(np.array(node_costs, dtype=np.int64))
+        usages.append(np.array(node_usage, dtype=np.int64))
+        produced.append(first_results)
+        last = max(ranges[t][1] for t in op.outputs)
+        intervals.append((step[op.name], last + 1))
+        hint.append(_hint_index([result_shardings(op.nest, o)[0] for o in options], hints.get(op.outputs[0])))
+
+    edges, edge_costs, uses = [], [], []
+    for op in order:
+        v = index[op.outputs[0]]
+        for i, t in enumerate(op.inputs):
+            u = index[t]
+            tensor = graph.tensors[t]
+            out_pos = 0 if nodes[u][0] == "storage" else graph.producers[t].outputs.index(t)
+            sources = produced[u] if out_pos == 0 else [
+                result_shardings(graph.producers[t].nest, o)[out_pos] for o in choices[u]]
+            targets = [operand_shardings(op.nest, o)[i] for o in choices[v]]
+            edge_costs.append(_pair_matrix(sources, targets, lambda s, d: _cost(*prices(tensor.shape, tensor.itemsize, s, d), 0.0, weights)))
+            edges.append((u, v))
+            uses.append((t, op.name, i))
+    problem = Problem(tuple(costs), tuple(usages), np.array(intervals, dtype=np.int64).reshape(-1, 2),
+                      np.array(edges, dtype=np.int64).reshape(-1, 2), tuple(edge_costs),
+                      int(memory_budget) if memory_budget is not None else None, graph.name)
+    return Formulation(graph, mesh, problem, nodes, choices, uses, hint)
+
+
+def _pair_matrix(sources: list[Sharding], targets: list[Sharding], cost: Callable[[Sharding, Sharding], int]) -> np.ndarray:
+    """|sources| x |targets| costs, pricing each distinct pair of shardings once."""
+    src_ids: dict[Sharding, int] = {}
+    dst_ids: dict[Sharding, int] = {}
+    src_index = np.array([src_ids.setdefault(s, len(src_ids)) for s in sources])
+    dst_index = np.array([dst_ids.setdefault(d, len(dst_ids)) for d in targets])
+    table = np.array([[cost(s, d) for d in dst_ids] for s in src_ids], dtype=np.int64).reshape(len(src_ids), len(dst_ids))
+    return table[src_index[:, None], dst_index[None, :]]
+
+
+def _hint_index(candidates: list[Sharding], wanted: Sharding | None) -> int:
+    if wanted is not None:
+        for i, s in enumerate(candidates):
+            if s == wanted:
+                return i
+    return -1
