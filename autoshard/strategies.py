@@ -19,9 +19,12 @@ from autoshard.sharding import Sharding
 
 
 def _axis_assignments(axes: Sequence[str], slots: int) -> Iterator[tuple[tuple[str, ...], ...]]:
-    """Every way to give each axis to one of `slots` slots or none, with every order per slot."""
+    """Every way to give each axis to one of `slots` slots or none, with every order per slot.
+
+    Owner 0 means "none", so the first assignment yielded is the replicated one.
+    """
     for owners in itertools.product(range(slots + 1), repeat=len(axes)):
-        groups = [[a for a, o in zip(axes, owners) if o == s] for s in range(slots)]
+        groups = [[a for a, o in zip(axes, owners) if o == s + 1] for s in range(slots)]
         for orders in itertools.product(*(itertools.permutations(g) for g in groups)):
             yield tuple(tuple(o) for o in orders)
 
