@@ -109,34 +109,41 @@ class TorusDim:
 
 @dataclass(frozen=True, slots=True)
 class TorusLevel:
-    """The torus dims of one TPU slice spanned by a group (ICI)."""
+    """The torus dims of one TPU slice spanned by a group (ICI); per-dim terms folded at construction."""
 
     dims: tuple[TorusDim, ...]
     latency_overlaps_transfer: bool
+    n: int
+    path_s: float  # latency to the farthest member: every dim's hops
+    gather_bytes_per_s: float  # multi-dim all-gather/reduce-scatter use every dim's links at once: rates add
+    alltoall_s_per_byte: float  # the busiest dim decides
+    link_bytes_per_s: float  # slowest single link (pipelined chains)
+    root_bytes_per_s: float  # all links of one chip
+    shift_latency_s: float  # without wraparound the last shard travels back X-1 hops
 
-    @property
-    def n(self) -> int:
-        return math.prod(d.size for d in self.dims)
+    @classmethod
+    def of(cls, dims: tuple[TorusDim, ...], latency_overlaps_transfer: bool) -> "TorusLevel":
+        return cls(dims, latency_overlaps_transfer, n=math.prod(d.size for d in dims),
+                   path_s=sum(d.hops * d.hop_s for d in dims),
+                   gather_bytes_per_s=sum(1 / d.gather_s_per_byte for d in dims),
+                   alltoall_s_per_byte=max(d.alltoall_s_per_byte for d in dims),
+                   link_bytes_per_s=min(d.bytes_per_s for d in dims),
+                   root_bytes_per_s=sum(d.ports * d.bytes_per_s for d in dims),
+                   shift_latency_s=max(d.hop_s if d.wraps else (d.size - 1) * d.hop_s for d in dims))
 
     def _time(self, latency: float, transfer: float) -> float:
         return max(latency, transfer) if self.latency_overlaps_transfer else latency + transfer
 
     def seconds(self, kind: str, b: float, r: float) -> float:
-        n, dims = self.n, self.dims
-        path_s = sum(d.hops * d.hop_s for d in dims)
-        root_bytes_per_s = sum(d.ports * d.bytes_per_s for d in dims) * r
         if kind == "all_reduce":  # reduce-scatter, then all-gather of the reduced shard
-            return self.seconds("reduce_scatter", b, r) + self.seconds("all_gather", b / n, r)
+            return 2 * self._time(self.path_s, b / (self.gather_bytes_per_s * r))
         if kind in ("all_gather", "reduce_scatter"):
-            # Multi-dim collectives use every dim's links at once: the rates add.
-            gathered = n * b if kind == "all_gather" else b
-            return self._time(path_s, gathered / (sum(1 / d.gather_s_per_byte for d in dims) * r))
+            gathered = self.n * b if kind == "all_gather" else b
+            return self._time(self.path_s, gathered / (self.gather_bytes_per_s * r))
         if kind == "all_to_all":
-            return self._time(path_s, b * max(d.alltoall_s_per_byte for d in dims) / r)
-        if kind in ("broadcast", "reduce"):  # pipelined along the dims, one link rate
-            return self._time(path_s, b / (min(d.bytes_per_s for d in dims) * r))
+            return self._time(self.path_s, b * self.alltoall_s_per_byte / r)
+        if kind in ("broadcast", "reduce"):  # pipelined along the dims
+            return self._time(self.path_s, b / (self.link_bytes_per_s * r))
         if kind in ("gather", "scatter", "send_recv"):  # through every link of the root (farthest pair)
-            return self._time(path_s, ring_wire_bytes(kind, n, b) / root_bytes_per_s)
-        # shift: to the next device; without wraparound the last shard travels back X-1 hops
-        back_s = max(d.hop_s if d.wraps else (d.size - 1) * d.hop_s for d in dims)
-        return self._time(back_s, b / (min(d.bytes_per_s for d in dims) * r))
+            return self._time(self.path_s, ring_wire_bytes(kind, self.n, b) / (self.root_bytes_per_s * r))
+        return self._time(self.shift_latency_s, b / (self.link_bytes_per_s * r))  # shift to the next device

@@ -114,7 +114,7 @@ def tpu_machines(profile: TpuProfile, devices: int, nodes: int | None,
             raise BindingError("slice_shape", f"{'x'.join(map(str, shape))} is larger than the largest "
                                               f"{profile.name} slice {largest}")
         chips = math.prod(shape)
-        slices = nodes if nodes is not None else max(devices // chips, 1)
+        slices = nodes if nodes is not None else 1
         if devices != slices * chips:
             raise BindingError("mesh", f"the mesh has {devices} devices but {slices} slice(s) of "
                                        f"{'x'.join(map(str, shape))} hold {slices * chips}; a mesh covers whole slices")

@@ -49,9 +49,10 @@ class BoundTopology:
         return peaks.get(dtype, peaks[self.profile.fallback_dtype])
 
     def matmul_efficiency(self, dtype: str) -> float:
-        """Measured best matmul rate over peak (MAMF); 1.0 where none is published."""
+        """Measured best matmul rate over peak (MAMF). A dtype without a measurement gets the fallback
+        dtype's; 1.0 (peak) where the profile publishes none."""
         efficiency = self.profile.matmul_efficiency
-        return efficiency.get(dtype if dtype in self.profile.peak_flops_per_s else self.profile.fallback_dtype, 1.0)
+        return efficiency.get(dtype, efficiency.get(self.profile.fallback_dtype, 1.0))
 
     # -- collectives ----------------------------------------------------------------------
     def collective_seconds(self, kind: str, axes: Sequence[str], bytes_per_device: float) -> float:
@@ -148,7 +149,7 @@ class BoundTopology:
                 torus.append(TorusDim(s.factor, ici.link_bytes_per_s_oneway_achievable / s.stride, wraps,
                                       ici.hop_latency_s * s.stride))
         if torus:
-            inner = TorusLevel(tuple(torus), profile.ici.latency_overlaps_transfer)
+            inner = TorusLevel.of(tuple(torus), profile.ici.latency_overlaps_transfer)
         return inner, outer
 
 
