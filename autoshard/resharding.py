@@ -1,0 +1,398 @@
+"""Plan the collectives that turn one sharding of a tensor into another, cheapest first.
+
+States are shardings; moves are single collectives whose exact effect (pieces cut by the
+reference's ceildiv rule, uneven shards included) turns one sharding into another:
+
+- `all_reduce` / `reduce_scatter` drop partial axes (the latter appends them to a dim);
+- `all_gather` drops a suffix of a dim's axes; `all_slice` appends free axes to a dim;
+- `all_to_all` moves a suffix of one dim's axes to the end of another dim's;
+- `permute` is a direct point-to-point exchange into the target (or an axis-order swap): each
+  device receives only the part of its new shard it does not already hold, from a device that
+  holds it (see RESHARDING.md).
+
+A move is offered only where it is exact for this tensor's sizes. Dijkstra over the states,
+priced by the caller's `price(kind, mesh_axes, bytes_per_device)`, returns the cheapest sequence
+(ties: fewer permutes, then fewer steps). Intermediate shardings use only the mesh axes and dims
+that the source or the target uses.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from types import MappingProxyType
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
+
+import numpy as np
+
+from autoshard.errors import ShardingError
+from autoshard.mesh import Device, Mesh
+from autoshard.sharding import Sharding, ceildiv
+
+Price = Callable[[str, tuple[str, ...], float], float]
+Box = tuple[tuple[int, int], ...]
+
+STEP_KINDS = ("all_gather", "all_slice", "all_to_all", "all_reduce", "reduce_scatter", "permute")
+_IDEMPOTENT_KINDS = ("max", "min")
+
+
+class Transfer(NamedTuple):
+    """`target`'s new local `target_box` is `source`'s old local `source_box` (per-dim (start, stop))."""
+
+    source: Device
+    target: Device
+    source_box: Box
+    target_box: Box
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": list(self.source), "target": list(self.target),
+                "source_box": [list(b) for b in self.source_box], "target_box": [list(b) for b in self.target_box]}
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveStep:
+    """One collective of a resharding. `dims` holds the tensor dims and attributes involved:
+    all_gather `gather_axis`; all_slice `slice_axis`; all_to_all `split_axis`, `concat_axis`;
+    all_reduce `reduction`; reduce_scatter `reduction`, `scatter_axis`; permute `transfers`
+    (every device's new buffer, self copies included). Local shapes are the largest shard (the
+    buffer every device allocates); `bytes_per_device` is what `price` was given: the input
+    buffer, or for permute the most any device receives."""
+
+    kind: str
+    mesh_axes: tuple[str, ...]
+    dims: Mapping[str, Any] = field(hash=False)
+    in_local_shape: tuple[int, ...]
+    out_local_shape: tuple[int, ...]
+    bytes_per_device: float
+    seconds: float
+    before: Sharding
+    after: Sharding
+
+    @property
+    def pairs(self) -> tuple[tuple[Device, Device], ...]:
+        """(source, target) device pairs that exchange data in a permute (self copies left out)."""
+        return tuple((t.source, t.target) for t in self.dims.get("transfers", ()) if t.source != t.target)
+
+    def to_json(self) -> dict[str, Any]:
+        dims = {k: [t.to_json() for t in v] if k == "transfers" else v for k, v in self.dims.items()}
+        return {"kind": self.kind, "mesh_axes": list(self.mesh_axes), "dims": dims,
+                "in_local_shape": list(self.in_local_shape), "out_local_shape": list(self.out_local_shape),
+                "bytes_per_device": self.bytes_per_device, "seconds": self.seconds,
+                "before": self.before.to_json(), "after": self.after.to_json()}
+
+
+@dataclass(frozen=True, slots=True)
+class Resharding:
+    """The steps from `source` to `target`, and what they cost."""
+
+    shape: tuple[int, ...]
+    dtype_bytes: float
+    source: Sharding
+    target: Sharding
+    steps: tuple[CollectiveStep, ...]
+    max_bytes_received_per_device: float
+
+    @property
+    def seconds(self) -> float:
+        return sum(step.seconds for step in self.steps)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"shape": list(self.shape), "dtype_bytes": self.dtype_bytes, "source": self.source.to_json(),
+                "target": self.target.to_json(), "steps": [s.to_json() for s in self.steps],
+                "seconds": self.seconds, "max_bytes_received_per_device": self.max_bytes_received_per_device}
+
+
+@dataclass(frozen=True, slots=True)
+class BytesMovedPrice:
+    """Ring-style bytes each device receives, over a flat `bytes_per_s` link: a price for tests
+    and for comparing plans without a hardware profile."""
+
+    mesh: Mesh
+    bytes_per_s: float = 1e9
+
+    def __call__(self, kind: str, mesh_axes: tuple[str, ...], bytes_per_device: float) -> float:
+        g = self.mesh.group_size(mesh_axes)
+        factor = {"all_gather": g - 1, "all_slice": 0.0, "all_to_all": (g - 1) / g, "reduce_scatter": (g - 1) / g,
+                  "all_reduce": 2 * (g - 1) / g, "permute": 1.0}[kind]
+        return factor * bytes_per_device / self.bytes_per_s
+
+
+def bytes_moved_price(mesh: Mesh, bytes_per_s: float = 1e9) -> BytesMovedPrice:
+    return BytesMovedPrice(mesh, bytes_per_s)
+
+
+# --- exactness of local cuts --------------------------------------------------------------
+
+def _pieces(length: int, count: int) -> list[tuple[int, int]]:
+    """The reference's cut of `length` into `count` ceildiv pieces (as Sharding.dim_bounds)."""
+    step = ceildiv(length, count)
+    return [(min(k * step, length), min((k + 1) * step, length)) for k in range(count)]
+
+
+@lru_cache(maxsize=4096)
+def _gather_exact(size: int, major: int, minor: int) -> bool:
+    """Concatenating `minor` consecutive shards of a `major*minor` split gives the `major` split."""
+    fine = _pieces(size, major * minor)
+    return all((fine[p * minor][0], fine[p * minor + minor - 1][1]) == bounds for p, bounds in enumerate(_pieces(size, major)))
+
+
+@lru_cache(maxsize=4096)
+def _slice_exact(size: int, major: int, minor: int) -> bool:
+    """Cutting each shard of the `major` split into `minor` pieces gives the `major*minor` split."""
+    fine = _pieces(size, major * minor)
+    return all((a + s, a + e) == fine[p * minor + j]
+               for p, (a, b) in enumerate(_pieces(size, major)) for j, (s, e) in enumerate(_pieces(b - a, minor)))
+
+
+# --- states and moves ---------------------------------------------------------------------
+
+def _state(mesh: Mesh, split: Sequence[Sequence[str]], partial: Sequence[str], kind: str,
+           offsets: Sequence[Sequence[int]]) -> Sharding:
+    """A canonical sharding: partial axes in mesh order, kind `sum` when nothing is partial."""
+    partial = tuple(sorted(partial, key=mesh.axis_index))
+    return Sharding(tuple(tuple(a) for a in split), partial, kind if partial else "sum", tuple(tuple(o) for o in offsets))
+
+
+def _effective_target(mesh: Mesh, source: Sharding, target: Sharding) -> Sharding:
+    """The target with partial axes the source lacks removed: a replicated value is a valid
+    max/min-partial one; a sum/product-partial value cannot be made by resharding."""
+    keep = [a for a in target.partial_axes if a in source.partial_axes and source.partial_kind == target.partial_kind]
+    extra = [a for a in target.partial_axes if a not in keep]
+    if extra and target.partial_kind not in _IDEMPOTENT_KINDS:
+        raise ShardingError(f"target is {target.partial_kind}-partial over {extra} but the source ({source}) is not "
+                            f"{target.partial_kind}-partial there; resharding can only reduce partial values", "target/partial")
+    return _state(mesh, target.split_axes, keep, target.partial_kind, target.dims_offsets)
+
+
+@dataclass(frozen=True, slots=True)
+class _Context:
+    mesh: Mesh
+    shape: tuple[int, ...]
+    dtype_bytes: float
+    axes: tuple[str, ...]
+    dims: tuple[int, ...]
+    goal: Sharding
+
+
+@dataclass(frozen=True, slots=True)
+class _Move:
+    kind: str
+    mesh_axes: tuple[str, ...]
+    dims: tuple[tuple[str, Any], ...]
+    after: Sharding
+    bytes_per_device: float
+
+
+def _ordered_subsets(axes: Sequence[str]) -> Iterator[tuple[str, ...]]:
+    for k in range(1, len(axes) + 1):
+        yield from itertools.permutations(axes, k)
+
+
+@lru_cache(maxsize=4096)
+def _boxes(mesh: Mesh, shape: tuple[int, ...], sharding: Sharding) -> np.ndarray:
+    """`[device linear index, dim] -> (start, stop)`: Sharding.device_slices for all devices at once."""
+    coords = np.indices(mesh.shape).reshape(len(mesh.shape), -1)
+    out = np.empty((coords.shape[1], len(shape), 2), np.int64)
+    for d, size in enumerate(shape):
+        shard = np.zeros(coords.shape[1], np.int64)
+        for axis in sharding.dim_axes(d):
+            shard = shard * mesh.axis_size(axis) + coords[mesh.axis_index(axis)]
+        out[:, d] = np.array(sharding.dim_bounds(mesh, size, d))[shard]
+    return out
+
+
+def _box(boxes: np.ndarray, index: int) -> Box:
+    return tuple((int(a), int(b)) for a, b in boxes[index])
+
+
+def _volume(box: Box) -> int:
+    return math.prod(b - a for a, b in box)
+
+
+def _missing(mesh: Mesh, shape: tuple[int, ...], before: Sharding, after: Sharding) -> np.ndarray:
+    """Per device: elements of its new shard that its old shard does not hold."""
+    old, new = _boxes(mesh, shape, before), _boxes(mesh, shape, after)
+    overlap = np.clip(np.minimum(old[..., 1], new[..., 1]) - np.maximum(old[..., 0], new[..., 0]), 0, None)
+    return (new[..., 1] - new[..., 0]).prod(axis=1) - overlap.prod(axis=1)
+
+
+def _exchange_axes(mesh: Mesh, rank: int, before: Sharding, after: Sharding) -> tuple[str, ...]:
+    """Axes a direct exchange may cross: those of dims whose split changes, and axes whose role
+    (split, partial, unused) changes. On every other axis sender and receiver agree."""
+    changed = set()
+    for d in range(rank):
+        if before.dim_axes(d) != after.dim_axes(d) or _dim_offsets(before, d) != _dim_offsets(after, d):
+            changed.update(before.dim_axes(d), after.dim_axes(d))
+    changed.update(set(before.partial_axes) ^ set(after.partial_axes))
+    return tuple(a for a in mesh.axis_names if a in changed)
+
+
+def _dim_offsets(sharding: Sharding, dim: int) -> tuple[int, ...]:
+    return sharding.dims_offsets[dim] if dim < len(sharding.dims_offsets) else ()
+
+
+@lru_cache(maxsize=65536)
+def _moves(ctx: _Context, state: Sharding) -> tuple[_Move, ...]:
+    mesh, shape, rank = ctx.mesh, ctx.shape, len(ctx.shape)
+    split = [state.dim_axes(d) for d in range(rank)]
+    offsets = [_dim_offsets(state, d) for d in range(rank)]
+    partial, kind = state.partial_axes, state.partial_kind
+    in_bytes = math.prod(state.max_local_shape(mesh, shape)) * ctx.dtype_bytes
+    count = lambda axes: mesh.group_size(axes)  # noqa: E731
+    moves: list[_Move] = []
+
+    def add(kind_: str, axes: Sequence[str], dims: dict[str, Any], new_split: list, new_partial: Sequence[str],
+            new_offsets: list) -> None:
+        after = _state(mesh, new_split, new_partial, kind, new_offsets)
+        moves.append(_Move(kind_, tuple(axes), tuple(dims.items()), after, in_bytes))
+
+    def with_dim(seq: list, d: int, value: Any) -> list:
+        return seq[:d] + [value] + seq[d + 1:]
+
+    drop = [a for a in partial if a not in ctx.goal.partial_axes]
+    for k in range(1, len(drop) + 1):
+        for axes in itertools.combinations(drop, k):
+            rest = [a for a in partial if a not in axes]
+            add("all_reduce", axes, {"reduction": kind}, split, rest, offsets)
+            for order in itertools.permutations(axes):
+                for d in ctx.dims:
+                    if not offsets[d] and _slice_exact(shape[d], count(split[d]), count(order)):
+                        add("reduce_scatter", order, {"reduction": kind, "scatter_axis": d},
+                            with_dim(split, d, split[d] + order), rest, offsets)
+
+    for d in ctx.dims:
+        for k in range(1, len(split[d]) + 1):
+            major, minor = split[d][:-k], split[d][-k:]
+            if not (major == () or (not offsets[d] and _gather_exact(shape[d], count(major), count(minor)))):
+                continue
+            gathered = with_dim(split, d, major)
+            cleared = with_dim(offsets, d, ())
+            add("all_gather", minor, {"gather_axis": d}, gathered, partial, cleared)
+            for d2 in ctx.dims:
+                if d2 != d and not offsets[d2] and _slice_exact(shape[d2], count(split[d2]), count(minor)):
+                    add("all_to_all", minor, {"split_axis": d2, "concat_axis": d},
+                        with_dim(gathered, d2, split[d2] + minor), partial, cleared)
+
+    used = set(state.used_axes())
+    free = [a for a in ctx.axes if a not in used]
+    for d in ctx.dims:
+        if offsets[d]:
+            continue
+        for order in _ordered_subsets(free):
+            if _slice_exact(shape[d], count(split[d]), count(order)):
+                add("all_slice", order, {"slice_axis": d}, with_dim(split, d, split[d] + order), partial, offsets)
+
+    targets = []
+    goal_split = {a for axes in ctx.goal.split_axes for a in axes}
+    if set(ctx.goal.partial_axes) <= set(partial) and not goal_split & set(partial):
+        targets.append(_state(mesh, ctx.goal.split_axes, partial, kind, ctx.goal.dims_offsets))
+    for d in ctx.dims:
+        if len(split[d]) > 1 and not offsets[d]:
+            targets += [_state(mesh, with_dim(split, d, order), partial, kind, offsets)
+                        for order in itertools.permutations(split[d]) if order != split[d]]
+    for after in targets:
+        if after != state:
+            moved = int(_missing(mesh, shape, state, after).max()) * ctx.dtype_bytes
+            moves.append(_Move("permute", _exchange_axes(mesh, rank, state, after), (), after, moved))
+    return tuple(moves)
+
+
+# --- the direct exchange ------------------------------------------------------------------
+
+def _transfers(mesh: Mesh, shape: tuple[int, ...], before: Sharding, after: Sharding,
+               axes: tuple[str, ...]) -> tuple[Transfer, ...]:
+    """Every device's new shard, cut along the old shards' bounds; each tile comes from the
+    device itself when it holds it, else from the least-loaded holder that agrees with the
+    receiver outside `axes` (and on every partial axis)."""
+    old = {d: _box(_boxes(mesh, shape, before), i) for i, d in enumerate(mesh.devices())}
+    new = {d: _box(_boxes(mesh, shape, after), i) for i, d in enumerate(mesh.devices())}
+    fixed = [i for i, name in enumerate(mesh.axis_names) if name not in axes or name in before.partial_axes]
+    holders: dict[tuple[Box, tuple[int, ...]], list[Device]] = {}
+    for device in mesh.devices():
+        holders.setdefault((old[device], tuple(device[i] for i in fixed)), []).append(device)
+    bounds = [before.dim_bounds(mesh, size, d) for d, size in enumerate(shape)]
+    sent: dict[Device, int] = {}
+    transfers = []
+    for target in mesh.devices():
+        box = new[target]
+        cuts = [[(s, e) for s, e in dim_bounds if max(s, a) < min(e, b)] for dim_bounds, (a, b) in zip(bounds, box)]
+        for shard in itertools.product(*cuts):
+            tile = tuple((max(s, a), min(e, b)) for (s, e), (a, b) in zip(shard, box))
+            if old[target] == shard:
+                source = target
+            else:
+                candidates = holders[(shard, tuple(target[i] for i in fixed))]
+                source = min(candidates, key=lambda d: (sent.get(d, 0), sum(x != y for x, y in zip(d, target)),
+                                                        mesh.linear_index(d)))
+                sent[source] = sent.get(source, 0) + _volume(tile)
+            transfers.append(Transfer(source, target, tuple((a - s, b - s) for (a, b), (s, _) in zip(tile, shard)),
+                                      tuple((a - s, b - s) for (a, b), (s, _) in zip(tile, box))))
+    return tuple(transfers)
+
+
+# --- planning -----------------------------------------------------------------------------
+
+def _received_elements(mesh: Mesh, shape: tuple[int, ...], step: CollectiveStep) -> dict[Device, float]:
+    """Elements each device receives in `step`: the part of its new shard it did not hold, or
+    for reductions the ring volume."""
+    if step.kind in ("all_reduce", "reduce_scatter"):
+        g = mesh.group_size(step.mesh_axes)
+        factor = (2 if step.kind == "all_reduce" else 1) * (g - 1) / g
+        return {d: factor * math.prod(step.before.local_shape(mesh, shape, d)) for d in mesh.devices()}
+    return dict(zip(mesh.devices(), _missing(mesh, shape, step.before, step.after).astype(float)))
+
+
+def _build_step(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, before: Sharding, move: _Move,
+                seconds: float) -> CollectiveStep:
+    dims = dict(move.dims)
+    if move.kind == "permute":
+        dims["transfers"] = _transfers(mesh, shape, before, move.after, move.mesh_axes)
+    return CollectiveStep(move.kind, move.mesh_axes, MappingProxyType(dims), before.max_local_shape(mesh, shape),
+                          move.after.max_local_shape(mesh, shape), move.bytes_per_device, seconds, before, move.after)
+
+
+def plan_resharding(mesh: Mesh, shape: Sequence[int], dtype_bytes: float, source: Sharding, target: Sharding,
+                    price: Price) -> Resharding:
+    """The cheapest sequence of collectives under `price` that turns `source` into `target`."""
+    shape = tuple(shape)
+    source.check(mesh, shape, "source")
+    target.check(mesh, shape, "target")
+    start = _state(mesh, source.split_axes, source.partial_axes, source.partial_kind, source.dims_offsets)
+    goal = _effective_target(mesh, source, target)
+    used = set(source.used_axes()) | set(target.used_axes())
+    dims = tuple(d for d in range(len(shape)) if source.dim_axes(d) or target.dim_axes(d))
+    ctx = _Context(mesh, shape, dtype_bytes, tuple(a for a in mesh.axis_names if a in used), dims, goal)
+
+    best: dict[Sharding, tuple[float, int, int]] = {start: (0.0, 0, 0)}
+    came: dict[Sharding, tuple[Sharding, _Move, float]] = {}
+    tie = itertools.count()
+    frontier = [(best[start], next(tie), start)]
+    while frontier:
+        key, _, state = heapq.heappop(frontier)
+        if state == goal:
+            break
+        if key > best[state]:
+            continue
+        for move in _moves(ctx, state):
+            seconds = price(move.kind, move.mesh_axes, move.bytes_per_device)
+            new_key = (key[0] + seconds, key[1] + (move.kind == "permute"), key[2] + 1)
+            if move.after not in best or new_key < best[move.after]:
+                best[move.after] = new_key
+                came[move.after] = (state, move, seconds)
+                heapq.heappush(frontier, (new_key, next(tie), move.after))
+
+    path = []
+    state = goal
+    while state != start:
+        before, move, seconds = came[state]
+        path.append(_build_step(mesh, shape, dtype_bytes, before, move, seconds))
+        state = before
+    steps = tuple(reversed(path))
+    totals = {d: 0.0 for d in mesh.devices()}
+    for step in steps:
+        for d, elements in _received_elements(mesh, shape, step).items():
+            totals[d] += elements
+    return Resharding(shape, dtype_bytes, source, target, steps, max(totals.values()) * dtype_bytes)
