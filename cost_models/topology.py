@@ -91,8 +91,12 @@ class BoundTopology:
     def axis_link_class(self, axis: str) -> str:
         """Links an axis runs over, fastest first: `nvlink`, `network`, `ici`, `dcn`, or e.g. `nvlink+network`;
         `none` for an axis of size 1."""
-        links = [self.machine.dims[s.dim].link for s in self.segments[self.axis_names[self._axis_index(axis, "axis")]]]
-        return "+".join(dict.fromkeys(reversed(links))) or "none"
+        return self.group_link_class([axis])
+
+    def group_link_class(self, axes: Sequence[str]) -> str:
+        """Links a group of mesh axes runs over, fastest first (as `axis_link_class`)."""
+        dims = {s.dim for axis in axes for s in self.segments[self.axis_names[self._axis_index(axis, "axes")]]}
+        return "+".join(dict.fromkeys(self.machine.dims[d].link for d in sorted(dims, reverse=True))) or "none"
 
     def describe_axis(self, axis: str) -> str:
         """`tp: gpu(8)` style placement of one axis; strided parts show their stride."""
