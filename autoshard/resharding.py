@@ -37,6 +37,8 @@ Box = tuple[tuple[int, int], ...]
 
 STEP_KINDS = ("all_gather", "all_slice", "all_to_all", "all_reduce", "reduce_scatter", "permute")
 _IDEMPOTENT_KINDS = ("max", "min")
+# A permute is point-to-point traffic: priced as the cost models' send_recv of the most any device receives.
+_PRICE_KIND = {"permute": "send_recv"}
 
 
 class Transfer(NamedTuple):
@@ -116,7 +118,7 @@ class BytesMovedPrice:
     def __call__(self, kind: str, mesh_axes: tuple[str, ...], bytes_per_device: float) -> float:
         g = self.mesh.group_size(mesh_axes)
         factor = {"all_gather": g - 1, "all_slice": 0.0, "all_to_all": (g - 1) / g, "reduce_scatter": (g - 1) / g,
-                  "all_reduce": 2 * (g - 1) / g, "permute": 1.0}[kind]
+                  "all_reduce": 2 * (g - 1) / g, "send_recv": 1.0}[kind]
         return factor * bytes_per_device / self.bytes_per_s
 
 
@@ -377,7 +379,7 @@ def plan_resharding(mesh: Mesh, shape: Sequence[int], dtype_bytes: float, source
         if key > best[state]:
             continue
         for move in _moves(ctx, state):
-            seconds = price(move.kind, move.mesh_axes, move.bytes_per_device)
+            seconds = price(_PRICE_KIND.get(move.kind, move.kind), move.mesh_axes, move.bytes_per_device)
             new_key = (key[0] + seconds, key[1] + (move.kind == "permute"), key[2] + 1)
             if move.after not in best or new_key < best[move.after]:
                 best[move.after] = new_key
