@@ -179,18 +179,20 @@ def parse_profile(data: Any) -> GpuProfile | TpuProfile:
 
 
 def _problem(error: Mapping[str, Any]) -> tuple[str, str]:
+    kind = error["type"]
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        return "kind", "must be 'gpu' or 'tpu'"
     loc = [str(part) for part in error["loc"]]
     if loc and loc[0] in ("gpu", "tpu"):  # the union's tag, not a field
         loc = loc[1:]
-    message = error["msg"].removeprefix("Value error, ")
-    if error["type"] == "union_tag_invalid" or error["type"] == "union_tag_not_found":
-        return "kind", "must be 'gpu' or 'tpu'"
-    if error["type"] not in ("missing", "extra_forbidden"):
-        message += f" (got {error['input']!r})" if not isinstance(error["input"], dict) else ""
-    elif error["type"] == "missing":
+    if kind == "missing":
         message = "required field is missing"
-    else:
+    elif kind == "extra_forbidden":
         message = "unknown field"
+    else:
+        message = error["msg"].removeprefix("Value error, ")
+        if not isinstance(error["input"], (dict, list)):
+            message += f" (got {error['input']!r})"
     return ".".join(loc) or "profile", message
 
 

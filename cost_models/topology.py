@@ -9,6 +9,7 @@ called by the planner and the solver many thousands of times: the group structur
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -24,7 +25,7 @@ from cost_models.profile import GpuProfile, TpuProfile, load_profile
 _LARGE_MESSAGE_BYTES = float(2**40)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # identity hash: callers may key caches on a bound topology
 class BoundTopology:
     profile: GpuProfile | TpuProfile
     machine: Machine
@@ -186,12 +187,13 @@ def bind(profile: "str | Mapping[str, Any] | GpuProfile | TpuProfile", axis_name
     `slice`, `x`, `y`, `z`) of each mesh axis; left out, inner mesh axes take the inner dims.
     """
     profile = load_profile(profile)
-    names, sizes = tuple(axis_names), tuple(axis_sizes)
-    if len(names) != len(sizes) or not names:
-        raise BindingError("mesh", f"needs one size per axis name, got {list(names)} and {list(sizes)}")
-    for name, size in zip(names, sizes):
-        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+    names = tuple(axis_names)
+    if len(names) != len(axis_sizes) or not names:
+        raise BindingError("mesh", f"needs one size per axis name, got {list(names)} and {list(axis_sizes)}")
+    for name, size in zip(names, axis_sizes):
+        if not isinstance(size, numbers.Integral) or isinstance(size, bool) or size < 1:
             raise BindingError(f"mesh.{name}", f"axis size must be a positive integer, got {size!r}")
+    sizes = tuple(int(size) for size in axis_sizes)
     devices = math.prod(sizes)
     if isinstance(profile, GpuProfile):
         if slice_shape is not None:
