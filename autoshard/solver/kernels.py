@@ -18,41 +18,69 @@ NEG = -(1 << 62)
 
 
 @njit(cache=True, nogil=True)
-def seg_add(mx, lz, node, lo, hi, a, b, val):
-    if b <= lo or hi <= a:
-        return
-    if a <= lo and hi <= b:
-        mx[node] += val
-        lz[node] += val
-        return
-    mid = (lo + hi) // 2
-    seg_add(mx, lz, 2 * node, lo, mid, a, b, val)
-    seg_add(mx, lz, 2 * node + 1, mid, hi, a, b, val)
-    mx[node] = max(mx[2 * node], mx[2 * node + 1]) + lz[node]
+def seg_add(mx, lz, a, b, val):
+    """Add val to rows [a, b). Tree of 2P entries, leaves at P..2P-1; mx[i] is the max of i's
+    subtree counting the pending adds of i and below (not of i's ancestors)."""
+    half = mx.shape[0] // 2
+    lo = a + half
+    hi = b + half
+    while lo < hi:
+        if lo & 1:
+            mx[lo] += val
+            lz[lo] += val
+            lo += 1
+        if hi & 1:
+            hi -= 1
+            mx[hi] += val
+            lz[hi] += val
+        lo >>= 1
+        hi >>= 1
+    for leaf in (a + half, b - 1 + half):
+        i = leaf >> 1
+        while i >= 1:
+            mx[i] = max(mx[2 * i], mx[2 * i + 1]) + lz[i]
+            i >>= 1
 
 
 @njit(cache=True, nogil=True)
-def seg_max(mx, lz, node, lo, hi, a, b):
-    if b <= lo or hi <= a:
-        return NEG
-    if a <= lo and hi <= b:
-        return mx[node]
-    mid = (lo + hi) // 2
-    left = seg_max(mx, lz, 2 * node, lo, mid, a, b)
-    right = seg_max(mx, lz, 2 * node + 1, mid, hi, a, b)
-    return max(left, right) + lz[node]
+def seg_max(mx, lz, a, b):
+    """Max over rows [a, b)."""
+    half = mx.shape[0] // 2
+    lo = a + half
+    hi = b + half
+    best = NEG
+    while lo < hi:
+        if lo & 1:
+            best = max(best, mx[lo] + _above(lz, lo))
+            lo += 1
+        if hi & 1:
+            hi -= 1
+            best = max(best, mx[hi] + _above(lz, hi))
+        lo >>= 1
+        hi >>= 1
+    return best
 
 
 @njit(cache=True, nogil=True)
-def seg_fill(mx, lz, node, lo, hi, values):
-    lz[node] = 0
-    if hi - lo == 1:
-        mx[node] = values[lo]
-        return
-    mid = (lo + hi) // 2
-    seg_fill(mx, lz, 2 * node, lo, mid, values)
-    seg_fill(mx, lz, 2 * node + 1, mid, hi, values)
-    mx[node] = max(mx[2 * node], mx[2 * node + 1])
+def _above(lz, i):
+    total = 0
+    i >>= 1
+    while i >= 1:
+        total += lz[i]
+        i >>= 1
+    return total
+
+
+def seg_tree(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(mx, lz) of a max segment tree over `values` (int64)."""
+    half = 1
+    while half < max(len(values), 1):
+        half *= 2
+    mx = np.full(2 * half, NEG, dtype=np.int64)
+    mx[half:half + len(values)] = values
+    for i in range(half - 1, 0, -1):
+        mx[i] = max(mx[2 * i], mx[2 * i + 1])
+    return mx, np.zeros(2 * half, dtype=np.int64)
 
 
 @njit(cache=True, nogil=True)
@@ -123,7 +151,6 @@ def block_moves(num_moves, kmax, temperature, x, best_x, best_obj_in, soff, cost
     improved = 0
     rejected_memory = 0
     for move in range(num_moves):
-        stamp = move
         seed_node = movable_nodes[np.random.randint(movable_nodes.shape[0])]
         target = 1 + np.random.randint(kmax)
         # Grow an induced tree by breadth-first search from the seed.
@@ -131,7 +158,7 @@ def block_moves(num_moves, kmax, temperature, x, best_x, best_obj_in, soff, cost
         block[0] = seed_node
         parent[0] = -1
         pedge[0] = -1
-        mark[seed_node] = stamp * 0 + move  # block membership stamp
+        mark[seed_node] = move  # block membership, stamped by move number
         poff[0] = 0
         poff[1] = soff[seed_node + 1] - soff[seed_node]
         aoff_tab[0] = 0
@@ -270,12 +297,12 @@ def block_moves(num_moves, kmax, temperature, x, best_x, best_obj_in, soff, cost
                     if newx[i] != x[v] and r0[v] < r1[v]:
                         d = use[soff[v] + newx[i]] - use[soff[v] + x[v]]
                         if d != 0:
-                            seg_add(mx, lz, 1, 0, num_rows, r0[v], r1[v], d)
+                            seg_add(mx, lz, r0[v], r1[v], d)
                 over = False
                 for i in range(size):
                     v = block[i]
                     if newx[i] != x[v] and r0[v] < r1[v]:
-                        if seg_max(mx, lz, 1, 0, num_rows, r0[v], r1[v]) > 0:
+                        if seg_max(mx, lz, r0[v], r1[v]) > 0:
                             over = True
                             boost[i] *= 8.0
                             pen[v] = max(pen[v] * 2.0, pen_unit * 0.01)
@@ -285,7 +312,7 @@ def block_moves(num_moves, kmax, temperature, x, best_x, best_obj_in, soff, cost
                         if newx[i] != x[v] and r0[v] < r1[v]:
                             d = use[soff[v] + newx[i]] - use[soff[v] + x[v]]
                             if d != 0:
-                                seg_add(mx, lz, 1, 0, num_rows, r0[v], r1[v], -d)
+                                seg_add(mx, lz, r0[v], r1[v], -d)
                     rejected_memory += 1
                     continue
             for i in range(size):

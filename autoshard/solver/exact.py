@@ -1,0 +1,201 @@
+"""Exact solver: the problem as a CP-SAT model in the tight "marginal" form.
+
+Variables: one boolean per (node, strategy) with `add_exactly_one`; for an edge (u, v) between
+two nodes with a choice, one boolean per allowed strategy pair with
+`sum_t y[s, t] == x[u, s]` and `sum_s y[s, t] == x[v, t]` (its LP relaxation is the local
+polytope, much tighter than the usual `y >= x_u + x_v - 1`). Forbidden pairs get no variable.
+A node with a single strategy folds its edges into its neighbours' costs. Memory: one row per
+maximal live set (see `flat.py`), over the usage each choice adds to the node's smallest.
+
+Costs are made integers explicitly: each node's and edge's minimum is moved into a constant
+offset (exact), then the remainders are divided by `scale` and rounded down, with `scale` the
+smallest integer keeping the sum of all coefficient maxima below 2**50. Rounding down keeps
+`scale * bound + offset` a valid lower bound on the true optimum; the cost of the returned
+solution is always recomputed exactly from the Problem.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from autoshard.solver.flat import FORBIDDEN, FlatProblem
+
+COEF_BUDGET = 2**50
+
+
+@dataclass(frozen=True)
+class ExactResult:
+    x: np.ndarray | None      # kept-strategy indices, None when no solution was found
+    bound: float              # lower bound on the optimum (flat costs)
+    optimal: bool
+    infeasible: bool
+    wall_s: float
+    status: str
+
+
+@dataclass
+class _Model:
+    model: cp_model.CpModel
+    xs: list[list[cp_model.IntVar] | None]   # None for nodes with one strategy
+    ys: list[tuple[int, dict[tuple[int, int], cp_model.IntVar]]]
+    scale: int
+    offset: float
+
+
+def _build(fp: FlatProblem) -> _Model:
+    model = cp_model.CpModel()
+    sizes = fp.sizes()
+    unary = [fp.cost[fp.soff[v]:fp.soff[v + 1]].copy() for v in range(fp.n)]
+    offset = 0.0
+    pair_terms: list[tuple[int, np.ndarray]] = []
+    for e in range(fp.m):
+        u, v = int(fp.eu[e]), int(fp.ev[e])
+        matrix = fp.mat[fp.moff[e]:fp.moff[e + 1]].reshape(sizes[u], sizes[v])
+        if sizes[u] == 1 or sizes[v] == 1:
+            # The fixed side's choice is known: the edge is a cost on the other node.
+            if sizes[u] == 1:
+                unary[v] = np.minimum(unary[v] + matrix[0, :], FORBIDDEN)
+            else:
+                unary[u] = np.minimum(unary[u] + matrix[:, 0], FORBIDDEN)
+            continue
+        allowed = matrix < FORBIDDEN
+        low = float(matrix[allowed].min()) if allowed.any() else 0.0
+        offset += low
+        pair_terms.append((e, np.where(allowed, matrix - low, np.inf)))
+    node_terms = []
+    for v in range(fp.n):
+        costs = unary[v]
+        allowed = costs < FORBIDDEN
+        if not allowed.any():
+            allowed = np.ones_like(allowed)
+        low = float(costs[allowed].min())
+        offset += low
+        node_terms.append(np.where(allowed, costs - low, np.inf))
+    total = sum(float(t[np.isfinite(t)].max(initial=0.0)) for t in node_terms)
+    total += sum(float(t[np.isfinite(t)].max(initial=0.0)) for _, t in pair_terms)
+    scale = max(1, math.ceil(total / COEF_BUDGET))
+
+    def coef(value: float) -> int:
+        return int(value // scale)
+
+    objective = []
+    xs: list[list[cp_model.IntVar] | None] = []
+    for v in range(fp.n):
+        terms = node_terms[v]
+        if sizes[v] == 1:
+            xs.append(None)
+            continue
+        row = [model.new_bool_var(f"x[{v},{s}]") for s in range(sizes[v])]
+        model.add_exactly_one(row)
+        for s, var in enumerate(row):
+            if not np.isfinite(terms[s]):
+                model.add(var == 0)
+            elif coef(terms[s]):
+                objective.append(coef(terms[s]) * var)
+        xs.append(row)
+    ys = []
+    for e, terms in pair_terms:
+        u, v = int(fp.eu[e]), int(fp.ev[e])
+        pairs: dict[tuple[int, int], cp_model.IntVar] = {}
+        for s in range(sizes[u]):
+            for t in range(sizes[v]):
+                if np.isfinite(terms[s, t]):
+                    var = model.new_bool_var(f"y[{u},{v},{s},{t}]")
+                    pairs[(s, t)] = var
+                    if coef(terms[s, t]):
+                        objective.append(coef(terms[s, t]) * var)
+        for s in range(sizes[u]):
+            model.add(sum(pairs[(s, t)] for t in range(sizes[v]) if (s, t) in pairs) == xs[u][s])
+        for t in range(sizes[v]):
+            model.add(sum(pairs[(s, t)] for s in range(sizes[u]) if (s, t) in pairs) == xs[v][t])
+        ys.append((e, pairs))
+    if fp.num_rows:
+        _add_memory_rows(model, fp, xs)
+    model.minimize(sum(objective))
+    return _Model(model, xs, ys, scale, offset)
+
+
+def _add_memory_rows(model: cp_model.CpModel, fp: FlatProblem, xs: list) -> None:
+    starts = [[] for _ in range(fp.num_rows + 1)]
+    ends = [[] for _ in range(fp.num_rows + 1)]
+    for v in range(fp.n):
+        if xs[v] is not None and fp.r0[v] < fp.r1[v]:
+            starts[fp.r0[v]].append(v)
+            ends[fp.r1[v]].append(v)
+    live: set[int] = set()
+    previous: frozenset[int] | None = None
+    for r in range(fp.num_rows):
+        live.difference_update(ends[r])
+        live.update(starts[r])
+        key = frozenset(live)
+        if key == previous and fp.cap[r] >= fp.cap[r - 1]:
+            continue  # same variables, looser limit: implied by the previous row
+        previous = key
+        terms = [int(fp.use[fp.soff[v] + s]) * xs[v][s] for v in sorted(live)
+                 for s in range(len(xs[v])) if fp.use[fp.soff[v] + s]]
+        if terms:
+            model.add(sum(terms) <= int(fp.cap[r]))
+        elif fp.cap[r] < 0:
+            model.add_bool_or([])  # base load alone exceeds the limit
+
+
+class _Progress(cp_model.CpSolverSolutionCallback):
+    def __init__(self, scale: int, offset: float, callback: Callable[[float, float, float], None] | None):
+        super().__init__()
+        self._scale, self._offset, self._callback = scale, offset, callback
+        self._start = time.monotonic()
+
+    def on_solution_callback(self) -> None:
+        if self._callback is not None:
+            self._callback(self.objective_value * self._scale + self._offset,
+                           self.best_objective_bound * self._scale + self._offset,
+                           time.monotonic() - self._start)
+
+
+def solve_exact(fp: FlatProblem, *, time_limit_s: float, workers: int = 1, seed: int = 0,
+                hint: np.ndarray | None = None, deterministic_time: float | None = None,
+                progress: Callable[[float, float, float], None] | None = None) -> ExactResult:
+    """Solve `fp` with CP-SAT; `deterministic_time` (CP-SAT's own units) replaces the wall limit
+    for reproducible runs. `progress(cost, bound, elapsed_s)` is called on each new solution."""
+    start = time.monotonic()
+    built = _build(fp)
+    if hint is not None:
+        for v, row in enumerate(built.xs):
+            if row is not None:
+                for s, var in enumerate(row):
+                    built.model.add_hint(var, int(hint[v] == s))
+        for e, pairs in built.ys:
+            su, sv = hint[fp.eu[e]], hint[fp.ev[e]]
+            for (s, t), var in pairs.items():
+                built.model.add_hint(var, int(s == su and t == sv))
+    solver = cp_model.CpSolver()
+    params = solver.parameters
+    params.num_workers = max(1, workers)
+    params.random_seed = seed
+    remaining = max(0.01, time_limit_s - (time.monotonic() - start))
+    if deterministic_time is not None:
+        params.max_deterministic_time = deterministic_time
+        params.interleave_search = workers > 1
+    else:
+        params.max_time_in_seconds = remaining
+    status = solver.solve(built.model, _Progress(built.scale, built.offset, progress))
+    wall = time.monotonic() - start
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        x = np.zeros(fp.n, dtype=np.int64)
+        for v, row in enumerate(built.xs):
+            if row is not None:
+                x[v] = next(s for s, var in enumerate(row) if solver.boolean_value(var))
+        bound = solver.best_objective_bound * built.scale + built.offset
+        optimal = status == cp_model.OPTIMAL and built.scale == 1
+        return ExactResult(x, bound, optimal, False, wall, solver.status_name(status))
+    if status == cp_model.INFEASIBLE:
+        return ExactResult(None, math.inf, False, True, wall, "INFEASIBLE")
+    if status == cp_model.MODEL_INVALID:
+        raise RuntimeError(f"CP-SAT rejected the model: {built.model.validate()}")
+    return ExactResult(None, -math.inf, False, False, wall, solver.status_name(status))
