@@ -1,0 +1,42 @@
+"""`autoshard serve [--host 127.0.0.1] [--port 8000] [--workers N] [--db PATH]`: run the plan service.
+
+Unset flags fall back to the `AUTOSHARD_*` environment variables (see `service/README.md`).
+`--workers` is the number of solves run at once (one process each); the HTTP server itself is
+one process, as the job runner and the plan store live in it.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from autoshard.errors import InputError, Problem
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("serve", help="run the REST plan service")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    parser.add_argument("--workers", type=int, help="solves run at once, one process each (default 1)")
+    parser.add_argument("--db", help="SQLite file for plans and job states (default autoshard-plans.sqlite3)")
+    parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    # the web stack is imported only by this command, so the other commands start fast
+    import uvicorn
+    from pydantic import ValidationError
+
+    from service.app import create_app
+    from service.config import Settings
+
+    if not 0 <= args.port <= 65535:
+        raise InputError(f"expected a port number 0..65535, got {args.port}", "--port")
+    overrides = {k: v for k, v in (("workers", args.workers), ("db", args.db)) if v is not None}
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as error:
+        raise InputError([Problem(f"--{e['loc'][0]} (or AUTOSHARD_{str(e['loc'][0]).upper()})", e["msg"])
+                          for e in error.errors()]) from None
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
+    return 0

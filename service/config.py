@@ -1,0 +1,37 @@
+"""Settings of the plan service, read once from `AUTOSHARD_*` environment variables.
+
+`get_settings()` is cached; `create_app(settings)` takes an explicit object instead, which is
+how the CLI (`autoshard serve --db ...`) and the tests configure an app.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="AUTOSHARD_", frozen=True)
+
+    db: Path = Field(Path("autoshard-plans.sqlite3"), description="SQLite file holding plans and job states")
+    workers: int = Field(1, ge=1, description="solves running at the same time, one process each")
+    solver_threads: int = Field(1, ge=1, description="default CP-SAT threads per solve")
+    max_solver_threads: int = Field(4, ge=1, description="most CP-SAT threads a request may ask for")
+    default_time_limit_s: float = Field(30.0, gt=0)
+    max_time_limit_s: float = Field(600.0, gt=0, description="per-request cap on the solver time limit")
+    solve_grace_s: float = Field(120.0, gt=0,
+                                 description="a solve still running this long after its time limit is killed")
+    max_wait_s: float = Field(60.0, ge=0, description="longest `?wait=` a request may hold its connection")
+    max_body_bytes: int = Field(32 * 2 ** 20, gt=0)
+    max_ops: int = Field(20_000, gt=0)
+    max_tensors: int = Field(50_000, gt=0)
+    start_method: Literal["forkserver", "spawn"] = "forkserver"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,161 @@
+"""From request JSON to library inputs, with every problem pointing into the request body.
+
+A plan request is checked here once, in the API process, and turned into its canonical form:
+plain JSON with the graph re-serialised, the mesh as `dp=2,tp=4` text and every option
+filled in. That form is what is hashed to find identical requests, what is stored, and what a
+worker process rebuilds the graph, mesh and hardware from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import cost_models
+from autoshard import __version__
+from autoshard.autoplan import SolveSettings
+from autoshard.costs import Hardware
+from autoshard.errors import InputError, Problem
+from autoshard.formulation import Weights
+from autoshard.graph import Graph
+from autoshard.hardware import bind_hardware
+from autoshard.mesh import Mesh
+from autoshard.schema import graph_from_json, graph_to_json
+from service.config import Settings
+from service.errors import TooLarge
+
+
+def under(prefix: str, error: InputError) -> InputError:
+    """The same problems with their pointers moved under `prefix` (a field of the request body)."""
+    moved = []
+    for p in error.problems:
+        where = p.where if p.where.startswith("/") else "/" + p.where if p.where else ""
+        moved.append(Problem(prefix + ("" if where == "/" else where), p.message))
+    return type(error)(moved)
+
+
+def parse_mesh(value: str | Mapping[str, Any]) -> Mesh:
+    """`"dp=2,tp=4"` or `{"axes": [{"name": "dp", "size": 2}, ...]}`."""
+    try:
+        if isinstance(value, str):
+            return Mesh.parse(value)
+        axes = value["axes"]
+        return Mesh(tuple(a["name"] for a in axes), tuple(a["size"] for a in axes))
+    except InputError as error:
+        # the mesh's own problems say "mesh" or "mesh/<axis>"; the request field is /mesh
+        raise InputError([Problem("/" + p.where if p.where else "/mesh", p.message) for p in error.problems]) from None
+
+
+def mesh_text(mesh: Mesh) -> str:
+    return ",".join(f"{name}={size}" for name, size in zip(mesh.axis_names, mesh.shape))
+
+
+def check_graph_size(document: Any, settings: Settings) -> None:
+    """Refuse graphs over the service's limits before spending time validating them."""
+    if not isinstance(document, dict):
+        return
+    problems = []
+    ops, tensors = document.get("ops"), document.get("tensors")
+    if isinstance(ops, list) and len(ops) > settings.max_ops:
+        problems.append(Problem("/graph/ops", f"{len(ops)} ops; this service accepts at most {settings.max_ops}"))
+    if isinstance(tensors, dict) and len(tensors) > settings.max_tensors:
+        problems.append(Problem("/graph/tensors",
+                                f"{len(tensors)} tensors; this service accepts at most {settings.max_tensors}"))
+    if problems:
+        raise TooLarge(problems)
+
+
+def parse_graph(document: Any, mesh: Mesh | None, settings: Settings) -> Graph:
+    check_graph_size(document, settings)
+    try:
+        return graph_from_json(document, mesh)
+    except InputError as error:
+        raise under("/graph", error) from None
+
+
+def topology_name(topology: str | Mapping[str, Any]) -> str:
+    return topology if isinstance(topology, str) else str(topology.get("name") or "custom")
+
+
+def bind_topology(topology: str | Mapping[str, Any], options: Mapping[str, Any], mesh: Mesh) -> Hardware:
+    """Bind a shipped profile (by name) or a profile object to the mesh."""
+    # a string is a profile name only: the library would also read it as a file path on the server
+    if isinstance(topology, str) and topology not in cost_models.list_profiles():
+        raise InputError(f"unknown topology {topology!r}; expected one of {cost_models.list_profiles()} "
+                         "or a profile object", "/topology")
+    try:
+        return bind_hardware(topology, mesh, nodes=options.get("nodes"), slice_shape=_slice(options.get("slice")))
+    except InputError as error:
+        raise InputError([Problem("/" + p.where.replace(".", "/"), p.message) for p in error.problems]) from None
+
+
+def _slice(value: str | list[int] | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    parts = value.lower().split("x") if isinstance(value, str) else [str(v) for v in value]
+    if not parts or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise InputError(f"expected a slice shape like [4, 4, 4] or \"4x4x4\", got {value!r}",
+                         "/topology_options/slice")
+    return tuple(int(p) for p in parts)
+
+
+def fill_options(options: Mapping[str, Any], settings: Settings) -> dict[str, Any]:
+    """The request's options with the server's defaults filled in and its caps checked."""
+    filled = dict(options)
+    if filled.get("time_limit_s") is None:
+        filled["time_limit_s"] = settings.default_time_limit_s
+    if filled.get("workers") is None:
+        filled["workers"] = settings.solver_threads
+    problems = []
+    if filled["time_limit_s"] > settings.max_time_limit_s:
+        problems.append(Problem("/options/time_limit_s", f"at most {settings.max_time_limit_s:g} s on this service, "
+                                                         f"got {filled['time_limit_s']:g}"))
+    if filled["workers"] > settings.max_solver_threads:
+        problems.append(Problem("/options/workers", f"at most {settings.max_solver_threads} solver threads on this "
+                                                    f"service, got {filled['workers']}"))
+    if problems:
+        raise InputError(problems)
+    filled["emit"] = sorted(set(filled.get("emit", [])))
+    return filled
+
+
+def canonical_plan_request(request: Mapping[str, Any], settings: Settings) -> dict[str, Any]:
+    """Check a plan request (graph, mesh, topology, options); return its canonical form."""
+    mesh = parse_mesh(request["mesh"])
+    graph = parse_graph(request["graph"], mesh, settings)
+    topology_options = {k: v for k, v in request.get("topology_options", {}).items() if v is not None}
+    bind_topology(request["topology"], topology_options, mesh)
+    return {"graph": graph_to_json(graph), "mesh": mesh_text(mesh), "topology": request["topology"],
+            "topology_options": topology_options, "options": fill_options(request.get("options", {}), settings)}
+
+
+def request_key(canonical: Mapping[str, Any]) -> str:
+    """Identical requests (to this autoshard version) have the same key."""
+    text = json.dumps({"request": canonical, "autoshard": __version__}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What a solve needs, rebuilt from a canonical request."""
+
+    graph: Graph
+    mesh: Mesh
+    hardware: Hardware
+    topology: str
+    settings: SolveSettings
+    emit: tuple[str, ...]
+    dialect: str
+
+
+def plan_inputs(canonical: Mapping[str, Any]) -> PlanInputs:
+    mesh = Mesh.parse(canonical["mesh"])
+    options = canonical["options"]
+    settings = SolveSettings(time_limit_s=options["time_limit_s"], workers=options["workers"], seed=options["seed"],
+                             memory_budget_bytes=options.get("memory_budget_bytes"),
+                             weights=Weights(**options["weights"]))
+    return PlanInputs(graph_from_json(canonical["graph"], mesh), mesh,
+                      bind_topology(canonical["topology"], canonical["topology_options"], mesh),
+                      topology_name(canonical["topology"]), settings, tuple(options["emit"]), options["dialect"])

@@ -1,0 +1,19 @@
+"""IR of a plan: annotated (a sharding on every value) or partitioned (per-device SPMD program)."""
+
+from __future__ import annotations
+
+from autoshard.plan import Plan
+
+
+def ir_arguments(stage: str, arguments: str) -> str:
+    """Only the partitioned IR depends on whether function arguments are local shards or global values."""
+    return arguments if stage == "partitioned" else ""
+
+
+def emit_ir(plan: Plan, stage: str, dialect: str, arguments: str = "local") -> str:
+    # imported on first use: most requests never ask for IR
+    from autoshard.mlir import emit_annotated, emit_partitioned
+
+    if stage == "annotated":
+        return emit_annotated(plan, dialect=dialect)
+    return emit_partitioned(plan, dialect=dialect, arguments=arguments)

@@ -1,0 +1,45 @@
+"""Request body size limit, enforced before a large body is read into memory.
+
+A declared `Content-Length` over the limit is refused at once; a body without one (chunked) is
+counted as it arrives and refused once it passes the limit.
+"""
+
+from __future__ import annotations
+
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.errors import error_body
+
+
+class BodyLimit:
+    def __init__(self, app: ASGIApp, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def _message(self, size: str) -> str:
+        return f"the request body is {size}; this service accepts at most {self.max_bytes} bytes"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            response = JSONResponse(error_body("too_large", self._message(f"{int(declared)} bytes")), status_code=413)
+            await response(scope, receive, send)
+            return
+        received = 0
+
+        async def limited() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    # an HTTPException passes through FastAPI's body reading to the error handler
+                    raise HTTPException(413, self._message(f"over {self.max_bytes} bytes"))
+            return message
+
+        await self.app(scope, limited, send)

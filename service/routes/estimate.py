@@ -1,0 +1,29 @@
+"""`/v1/estimate`: what a caller's plan costs (compute, communication per axis, memory), no solving."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+
+from autoshard.errors import InputError
+from autoshard.plan import plan_from_json
+from autoshard.report import estimate
+from service import deps
+from service.config import Settings
+from service.inputs import bind_topology, parse_graph, parse_mesh, under
+from service.routes import INPUT_ERRORS
+from service.schemas import Estimate, EstimateRequest
+
+router = APIRouter(prefix="/v1/estimate", tags=["estimate"])
+
+
+@router.post("", response_model=Estimate, responses=INPUT_ERRORS)
+def estimate_plan(body: EstimateRequest, settings: Settings = Depends(deps.settings)) -> Estimate:
+    """Per-op compute, every resharding with its collectives, per-axis traffic and per-device peak memory."""
+    mesh = parse_mesh(body.model_dump(mode="json")["mesh"])
+    graph = parse_graph(body.graph, mesh, settings)
+    hardware = bind_topology(body.topology, body.topology_options.model_dump(exclude_none=True), mesh)
+    try:
+        plan = plan_from_json(body.plan, graph, mesh)
+    except InputError as error:
+        raise under("/plan", error) from None
+    return Estimate(**estimate(plan, hardware).to_json())

@@ -1,0 +1,33 @@
+"""`/v1/validate`: check a graph (and optionally a plan for it) without planning."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+
+from autoshard.errors import InputError
+from autoshard.plan import plan_from_json
+from autoshard.summary import graph_summary
+from service import deps
+from service.config import Settings
+from service.inputs import parse_graph, parse_mesh, under
+from service.routes import INPUT_ERRORS
+from service.schemas import Validation, ValidateRequest
+
+router = APIRouter(prefix="/v1/validate", tags=["validate"])
+
+
+@router.post("", response_model=Validation, responses=INPUT_ERRORS)
+def validate(body: ValidateRequest, settings: Settings = Depends(deps.settings)) -> Validation:
+    """200 with a summary when valid; 422 with every problem (the CLI's `validate` messages) otherwise."""
+    mesh_value = body.model_dump(mode="json")["mesh"]
+    if body.plan is not None and mesh_value is None:
+        raise InputError("checking a plan needs the mesh it is for", "/mesh")
+    mesh = parse_mesh(mesh_value) if mesh_value is not None else None
+    graph = parse_graph(body.graph, mesh, settings)
+    if body.plan is not None and mesh is not None:
+        try:
+            plan_from_json(body.plan, graph, mesh)
+        except InputError as error:
+            raise under("/plan", error) from None
+    return Validation(summary=graph_summary(graph), ops=len(graph.ops), tensors=len(graph.tensors),
+                      plan_checked=body.plan is not None)

@@ -1,0 +1,153 @@
+"""Runs solves in worker processes, at most `settings.workers` at a time.
+
+Each job gets its own process (forkserver: the library is imported once in the server, each
+solve is a cheap fork of it; spawn where forkserver does not exist), supervised by a thread
+that stores its progress and outcome. Cancelling or outliving the time limit terminates the
+process; the API's event loop never waits on a solve.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.connection import Connection
+from multiprocessing.context import BaseContext
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from service.config import Settings
+from service.solve_job import failure, run
+from service.store import Job, Store
+
+_PRELOAD = ["service.solve_job"]
+_STOP_TIMEOUT_S = 5.0
+_POLL_S = 0.1
+
+
+def process_context(method: str) -> BaseContext:
+    if method == "forkserver" and "forkserver" in multiprocessing.get_all_start_methods():
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(_PRELOAD)
+        return context
+    return multiprocessing.get_context("spawn")
+
+
+class Runner:
+    def __init__(self, store: Store, settings: Settings):
+        self.store = store
+        self.settings = settings
+        self._context = process_context(settings.start_method)
+        self._pool = ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix="autoshard-solve")
+        self._lock = threading.Lock()
+        self._cancel: dict[str, threading.Event] = {}
+        self._finished: dict[str, threading.Event] = {}
+        self._closing = threading.Event()
+
+    def submit(self, key: str, canonical: dict[str, Any]) -> Job:
+        """A new job for these inputs, or the stored one if an identical request is done or under way."""
+        with self._lock:
+            existing = self.store.find_reusable(key)
+            if existing is not None:
+                return existing
+            job = self.store.create(key, canonical)
+            self._cancel[job.id] = threading.Event()
+            self._finished[job.id] = threading.Event()
+        self._pool.submit(self._run, job.id)
+        return job
+
+    def cancel(self, job_id: str) -> bool:
+        """Cancel a queued or solving job; False if it had already ended."""
+        if not self.store.cancel(job_id):
+            return False
+        with self._lock:
+            for events in (self._cancel, self._finished):
+                if job_id in events:
+                    events[job_id].set()
+        return True
+
+    async def wait(self, job_id: str, timeout_s: float) -> None:
+        """Return once the job has ended or `timeout_s` has passed, without holding a thread."""
+        with self._lock:
+            finished = self._finished.get(job_id)
+        if finished is None:  # not running in this process: already ended
+            return
+        deadline = time.monotonic() + timeout_s
+        while not finished.is_set() and time.monotonic() < deadline:
+            await asyncio.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
+
+    def shutdown(self) -> None:
+        """Stop every solve; their jobs stay queued/solving and the next start marks them interrupted."""
+        self._closing.set()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _run(self, job_id: str) -> None:
+        try:
+            job = self.store.get(job_id)
+            if job is None or self._closing.is_set() or not self.store.start(job_id):
+                return
+            self._supervise(job)
+        finally:
+            with self._lock:
+                self._cancel.pop(job_id, None)
+                finished = self._finished.pop(job_id, None)
+            if finished is not None:
+                finished.set()
+
+    def _supervise(self, job: Job) -> None:
+        ours, theirs = self._context.Pipe(duplex=True)
+        process = self._context.Process(target=run, args=(job.request, theirs), name=f"autoshard-solve-{job.id[:8]}",
+                                        daemon=True)
+        process.start()
+        theirs.close()
+        limit_s = job.request["options"]["time_limit_s"]
+        deadline = time.monotonic() + limit_s + self.settings.solve_grace_s
+        cancel = self._cancel[job.id]
+        ended = False  # the process reported its outcome (or died): let it exit by itself
+        try:
+            while not (ended or cancel.is_set() or self._closing.is_set()):
+                if time.monotonic() > deadline:
+                    self.store.fail(job.id, failure("timeout", f"the solve was still running {self.settings.solve_grace_s:g} s "
+                                                                f"after its time limit of {limit_s:g} s; it was stopped"))
+                    break
+                if ours.poll(_POLL_S):
+                    ended = self._receive(job.id, ours, process)
+                elif not process.is_alive() and not ours.poll():
+                    self._died(job.id, process)
+                    ended = True
+        finally:
+            _stop(process, _STOP_TIMEOUT_S if ended else 0.0)
+            ours.close()
+
+    def _receive(self, job_id: str, conn: Connection, process: BaseProcess) -> bool:
+        """Handle one message; True once the job has an outcome."""
+        try:
+            kind, payload = conn.recv()
+        except EOFError:
+            self._died(job_id, process)
+            return True
+        if kind == "progress":
+            self.store.set_progress(job_id, payload)
+            return False
+        if kind == "done":
+            self.store.finish(job_id, payload["plan"], payload["ir"])
+        else:
+            self.store.fail(job_id, payload)
+        return True
+
+    def _died(self, job_id: str, process: BaseProcess) -> None:
+        process.join(_STOP_TIMEOUT_S)
+        self.store.fail(job_id, failure("internal", f"the solver process ended without a result "
+                                                    f"(exit code {process.exitcode}); see the service log"))
+
+
+def _stop(process: BaseProcess, grace_s: float) -> None:
+    process.join(grace_s)
+    if process.is_alive():
+        process.terminate()
+        process.join(_STOP_TIMEOUT_S)
+    if process.is_alive():
+        process.kill()
+    process.join()

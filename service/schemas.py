@@ -1,0 +1,132 @@
+"""Wire models of the REST API: what requests carry and responses return.
+
+They describe JSON only; routes turn them into library types (`Mesh`, `Graph`, `Plan`, ...)
+through `service.inputs`, so nothing past the HTTP boundary sees a pydantic model.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+JobStatus = Literal["queued", "solving", "done", "failed", "cancelled"]
+Stage = Literal["annotated", "partitioned"]
+Dialect = Literal["mesh", "shard"]
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class MeshAxis(_Wire):
+    name: str
+    size: int = Field(ge=1)
+
+
+class MeshSpec(_Wire):
+    axes: list[MeshAxis] = Field(min_length=1)
+
+
+MeshField = Field(description='mesh axes in order: "dp=2,tp=4" or {"axes": [{"name": "dp", "size": 2}, ...]}',
+                  examples=["dp=2,tp=4"])
+TopologyField = Field("dgx-h100", description="a profile name (GET /v1/topologies) or a profile object",
+                      examples=["dgx-h100"])
+
+
+class TopologyOptions(_Wire):
+    nodes: int | None = Field(None, ge=1, description="number of GPU nodes (GPU profiles)")
+    slice: list[int] | str | None = Field(None, description='TPU slice shape: [4, 4, 4] or "4x4x4"')
+
+
+class Weights(_Wire):
+    """Objective weights: seconds of step time, bytes communicated, bytes of peak memory."""
+
+    time: float = Field(1.0, ge=0)
+    comm_bytes: float = Field(0.0, ge=0)
+    memory_bytes: float = Field(0.0, ge=0)
+
+
+class PlanOptions(_Wire):
+    time_limit_s: float | None = Field(None, gt=0, description="solver time limit (default and cap: server settings)")
+    memory_budget_bytes: float | None = Field(None, gt=0, description="per-device memory limit (default: the chip's HBM)")
+    weights: Weights = Field(default_factory=Weights)
+    emit: list[Stage] = Field(default_factory=list, description="IR to emit with the plan")
+    dialect: Dialect = "mesh"
+    workers: int | None = Field(None, ge=1, description="solver threads (default and cap: server settings)")
+    seed: int = Field(0, ge=0)
+
+
+class PlanRequest(_Wire):
+    graph: dict[str, Any] = Field(description="a graph document, format autoshard.graph/v1")
+    mesh: str | MeshSpec = MeshField
+    topology: str | dict[str, Any] = TopologyField
+    topology_options: TopologyOptions = Field(default_factory=TopologyOptions)
+    options: PlanOptions = Field(default_factory=PlanOptions)
+
+
+class EstimateRequest(_Wire):
+    graph: dict[str, Any]
+    mesh: str | MeshSpec = MeshField
+    topology: str | dict[str, Any] = TopologyField
+    topology_options: TopologyOptions = Field(default_factory=TopologyOptions)
+    plan: dict[str, Any] = Field(description="per-op options and/or per-tensor shardings (autoshard.plan/v1)")
+
+
+class ValidateRequest(_Wire):
+    graph: dict[str, Any]
+    mesh: str | MeshSpec | None = Field(None, description="mesh to check constraints (and the plan) against")
+    plan: dict[str, Any] | None = Field(None, description="a plan to check against the graph; needs `mesh`")
+
+
+class ProblemOut(BaseModel):
+    where: str = Field(description="JSON pointer into the request body")
+    message: str
+
+
+class ErrorOut(BaseModel):
+    kind: str = Field(description="input, too_large, not_found, conflict, infeasible, timeout, interrupted, internal")
+    message: str
+    problems: list[ProblemOut] = Field(default_factory=list)
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorOut
+
+
+class PlanJob(BaseModel):
+    id: str
+    status: JobStatus
+    progress: dict[str, Any] = Field(default_factory=dict, description="phase, incumbent objective, bound, elapsed")
+    plan: dict[str, Any] | None = Field(None, description="the plan document (autoshard.plan/v1) once done")
+    ir: dict[str, str] = Field(default_factory=dict, description="IR text per stage requested in options.emit")
+    error: ErrorOut | None = None
+    created_at: str
+    updated_at: str
+
+
+class Estimate(BaseModel):
+    totals: dict[str, Any]
+    ops: list[dict[str, Any]]
+    reshardings: list[dict[str, Any]]
+
+
+class Validation(BaseModel):
+    valid: Literal[True] = True
+    summary: str
+    ops: int
+    tensors: int
+    plan_checked: bool
+
+
+class Topology(BaseModel):
+    name: str
+    kind: str
+    chip: str
+    description: str
+    hbm_bytes: float
+
+
+class Health(BaseModel):
+    status: str
+    jobs: dict[str, int] = Field(default_factory=dict)

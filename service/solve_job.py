@@ -1,0 +1,94 @@
+"""What runs inside a worker process: one solve, reported over a pipe.
+
+Messages to the service: `("progress", dict)` a few times a second while solving, then exactly
+one of `("done", {"plan": document, "ir": [(stage, dialect, arguments, text), ...]})` or
+`("failed", error)`. A thread watches the pipe: when the service goes away (its end closes),
+the process exits instead of solving on for nobody.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import Any, Mapping
+
+from autoshard.autoplan import make_plan
+from autoshard.errors import AutoshardError, InfeasibleError, InputError
+from autoshard.plan_document import plan_document
+from service.inputs import plan_inputs
+from service.ir import emit_ir, ir_arguments
+
+PROGRESS_INTERVAL_S = 0.25
+
+
+def failure(kind: str, message: str, problems: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    return {"kind": kind, "message": message, "problems": problems or []}
+
+
+class ProgressSender:
+    """Forwards the solver's progress reports, at most one per interval, as plain JSON values."""
+
+    def __init__(self, conn: Connection):
+        self.conn = conn
+        self.started = time.monotonic()
+        self.last = float("-inf")
+
+    def phase(self, name: str) -> None:
+        self.conn.send(("progress", {"phase": name, "elapsed_s": time.monotonic() - self.started}))
+
+    def __call__(self, info: Mapping[str, Any]) -> None:
+        now = time.monotonic()
+        if now - self.last < PROGRESS_INTERVAL_S:
+            return
+        self.last = now
+        report: dict[str, Any] = {k: _plain(v) for k, v in info.items() if _plain(v) is not None}
+        report.update(phase="solving", elapsed_s=now - self.started)
+        self.conn.send(("progress", report))
+
+
+def _plain(value: Any) -> str | int | float | bool | None:
+    """A JSON scalar, or None for what is not one (numpy scalars have `item()`)."""
+    if hasattr(value, "item") and not isinstance(value, (list, dict)):
+        value = value.item()
+    if isinstance(value, float) and value != value:  # NaN is not JSON
+        return None
+    return value if isinstance(value, (str, int, float, bool)) else None
+
+
+def _exit_with_service(conn: Connection) -> None:
+    def watch() -> None:
+        try:
+            conn.recv()
+        except (EOFError, OSError):
+            pass
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-service", daemon=True).start()
+
+
+def run(canonical: Mapping[str, Any], conn: Connection) -> None:
+    """Worker process entry point: solve the canonical request, send the outcome."""
+    _exit_with_service(conn)
+    progress = ProgressSender(conn)
+    try:
+        progress.phase("formulating")
+        inputs = plan_inputs(canonical)
+        result = make_plan(inputs.graph, inputs.mesh, inputs.hardware, inputs.settings, progress=progress)
+        progress.phase("emitting")
+        document = plan_document(result, inputs.topology)
+        ir = [(stage, inputs.dialect, ir_arguments(stage, "local"), emit_ir(result.plan, stage, inputs.dialect))
+              for stage in inputs.emit]
+        conn.send(("done", {"plan": document, "ir": ir}))
+    except InputError as error:
+        conn.send(("failed", failure("input", str(error), [{"where": p.where, "message": p.message}
+                                                            for p in error.problems])))
+    except InfeasibleError as error:
+        conn.send(("failed", failure("infeasible", str(error))))
+    except AutoshardError as error:
+        conn.send(("failed", failure("error", str(error))))
+    except Exception as error:
+        # a bug: the caller learns what broke, the service log gets the traceback
+        conn.send(("failed", failure("internal", f"{type(error).__name__}: {error}")))
+        raise

@@ -1,0 +1,161 @@
+"""The plan store: jobs, their states and finished plans in one embedded SQLite file.
+
+State changes are compare-and-set (`UPDATE ... WHERE status IN (...)`), so a cancel racing a
+finishing solve leaves exactly one of them in effect. One connection serves the process,
+guarded by a lock; SQLite keeps the data across restarts.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+ACTIVE = ("queued", "solving")
+FINAL = ("done", "failed", "cancelled")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    key TEXT NOT NULL,
+    status TEXT NOT NULL,
+    request TEXT NOT NULL,
+    progress TEXT NOT NULL DEFAULT '{}',
+    plan TEXT,
+    error TEXT,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS jobs_by_key ON jobs (key, created_at);
+CREATE TABLE IF NOT EXISTS ir (
+    job_id TEXT NOT NULL REFERENCES jobs (id),
+    stage TEXT NOT NULL,
+    dialect TEXT NOT NULL,
+    arguments TEXT NOT NULL,
+    text TEXT NOT NULL,
+    PRIMARY KEY (job_id, stage, dialect, arguments)
+);
+"""
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str
+    key: str
+    status: str
+    request: dict[str, Any]
+    progress: dict[str, Any]
+    plan: dict[str, Any] | None
+    error: dict[str, Any] | None
+    created_at: float
+    updated_at: float
+
+    @property
+    def final(self) -> bool:
+        return self.status in FINAL
+
+
+class Store:
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        with self._lock:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _execute(self, sql: str, args: Iterable[Any] = ()) -> sqlite3.Cursor:
+        with self._lock:
+            return self._db.execute(sql, tuple(args))
+
+    def create(self, key: str, request: dict[str, Any]) -> Job:
+        now = time.time()
+        job_id = uuid.uuid4().hex
+        self._execute("INSERT INTO jobs (id, key, status, request, created_at, updated_at) VALUES (?, ?, 'queued', ?, ?, ?)",
+                      (job_id, key, json.dumps(request), now, now))
+        job = self.get(job_id)
+        assert job is not None
+        return job
+
+    def get(self, job_id: str) -> Job | None:
+        row = self._execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return _job(row) if row else None
+
+    def find_reusable(self, key: str) -> Job | None:
+        """The newest job for these inputs that is done or still on its way to a plan."""
+        row = self._execute("SELECT * FROM jobs WHERE key = ? AND status IN ('queued', 'solving', 'done') "
+                            "ORDER BY created_at DESC LIMIT 1", (key,)).fetchone()
+        return _job(row) if row else None
+
+    def counts(self) -> dict[str, int]:
+        rows = self._execute("SELECT status, COUNT(*) AS n FROM jobs GROUP BY status").fetchall()
+        return {row["status"]: row["n"] for row in rows}
+
+    def start(self, job_id: str) -> bool:
+        return self._transition(job_id, ("queued",), "solving")
+
+    def set_progress(self, job_id: str, progress: dict[str, Any]) -> None:
+        self._execute("UPDATE jobs SET progress = ?, updated_at = ? WHERE id = ? AND status = 'solving'",
+                      (json.dumps(progress), time.time(), job_id))
+
+    def finish(self, job_id: str, plan: dict[str, Any], ir: Iterable[tuple[str, str, str, str]] = ()) -> bool:
+        """Store the plan and the IR emitted with it (stage, dialect, arguments, text) at once."""
+        with self._lock:
+            self._db.execute("BEGIN")
+            try:
+                cursor = self._db.execute("UPDATE jobs SET status = 'done', plan = ?, updated_at = ? "
+                                          "WHERE id = ? AND status = 'solving'", (json.dumps(plan), time.time(), job_id))
+                self._db.executemany("INSERT OR REPLACE INTO ir (job_id, stage, dialect, arguments, text) "
+                                     "VALUES (?, ?, ?, ?, ?)", [(job_id, *entry) for entry in ir])
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT" if cursor.rowcount == 1 else "ROLLBACK")
+            return cursor.rowcount == 1
+
+    def fail(self, job_id: str, error: dict[str, Any]) -> bool:
+        return self._transition(job_id, ACTIVE, "failed", error=json.dumps(error))
+
+    def cancel(self, job_id: str) -> bool:
+        return self._transition(job_id, ACTIVE, "cancelled",
+                                error=json.dumps({"kind": "cancelled", "message": "cancelled by a DELETE request"}))
+
+    def fail_interrupted(self) -> int:
+        """Jobs a previous process left queued or solving: they will not finish."""
+        error = json.dumps({"kind": "interrupted", "message": "interrupted by a restart of the service"})
+        cursor = self._execute("UPDATE jobs SET status = 'failed', error = ?, updated_at = ? "
+                               "WHERE status IN ('queued', 'solving')", (error, time.time()))
+        return cursor.rowcount
+
+    def _transition(self, job_id: str, sources: tuple[str, ...], target: str, **columns: str) -> bool:
+        sets = "".join(f", {name} = ?" for name in columns)
+        marks = ", ".join("?" for _ in sources)
+        cursor = self._execute(f"UPDATE jobs SET status = ?, updated_at = ?{sets} WHERE id = ? AND status IN ({marks})",
+                               (target, time.time(), *columns.values(), job_id, *sources))
+        return cursor.rowcount == 1
+
+    def get_ir(self, job_id: str, stage: str, dialect: str, arguments: str) -> str | None:
+        row = self._execute("SELECT text FROM ir WHERE job_id = ? AND stage = ? AND dialect = ? AND arguments = ?",
+                            (job_id, stage, dialect, arguments)).fetchone()
+        return row["text"] if row else None
+
+    def put_ir(self, job_id: str, stage: str, dialect: str, arguments: str, text: str) -> None:
+        self._execute("INSERT OR REPLACE INTO ir (job_id, stage, dialect, arguments, text) VALUES (?, ?, ?, ?, ?)",
+                      (job_id, stage, dialect, arguments, text))
+
+
+def _job(row: sqlite3.Row) -> Job:
+    return Job(row["id"], row["key"], row["status"], json.loads(row["request"]), json.loads(row["progress"]),
+               json.loads(row["plan"]) if row["plan"] else None,
+               json.loads(row["error"]) if row["error"] else None, row["created_at"], row["updated_at"])
