@@ -61,7 +61,8 @@ class CollectiveStep:
     all_reduce `reduction`; reduce_scatter `reduction`, `scatter_axis`; permute `transfers`
     (every device's new buffer, self copies included). Local shapes are the largest shard (the
     buffer every device allocates); `bytes_per_device` is what `price` was given: the input
-    buffer, or for permute the most any device receives."""
+    buffer (for all_to_all and reduce_scatter padded to equal chunks per peer along the cut dim),
+    or for permute the most any device receives."""
 
     kind: str
     mesh_axes: tuple[str, ...]
@@ -242,14 +243,19 @@ def _moves(ctx: _Context, state: Sharding) -> tuple[_Move, ...]:
     split = [state.dim_axes(d) for d in range(rank)]
     offsets = [_dim_offsets(state, d) for d in range(rank)]
     partial, kind = state.partial_axes, state.partial_kind
-    in_bytes = math.prod(state.max_local_shape(mesh, shape)) * ctx.dtype_bytes
+    local = state.max_local_shape(mesh, shape)
     count = lambda axes: mesh.group_size(axes)  # noqa: E731
     moves: list[_Move] = []
 
     def add(kind_: str, axes: Sequence[str], dims: dict[str, Any], new_split: list, new_partial: Sequence[str],
             new_offsets: list) -> None:
         after = _state(mesh, new_split, new_partial, kind, new_offsets)
-        moves.append(_Move(kind_, tuple(axes), tuple(dims.items()), after, in_bytes))
+        buffer = list(local)
+        cut = dims.get("split_axis", dims.get("scatter_axis"))
+        if cut is not None:
+            # Equal chunks per peer: the buffer is padded to a multiple of the group along the cut dim.
+            buffer[cut] = ceildiv(buffer[cut], count(axes)) * count(axes)
+        moves.append(_Move(kind_, tuple(axes), tuple(dims.items()), after, math.prod(buffer) * ctx.dtype_bytes))
 
     def with_dim(seq: list, d: int, value: Any) -> list:
         return seq[:d] + [value] + seq[d + 1:]
