@@ -244,7 +244,7 @@ def _moves(ctx: _Context, state: Sharding) -> tuple[_Move, ...]:
     offsets = [_dim_offsets(state, d) for d in range(rank)]
     partial, kind = state.partial_axes, state.partial_kind
     local = state.max_local_shape(mesh, shape)
-    count = lambda axes: mesh.group_size(axes)  # noqa: E731
+    count = mesh.group_size
     moves: list[_Move] = []
 
     def add(kind_: str, axes: Sequence[str], dims: dict[str, Any], new_split: list, new_partial: Sequence[str],
@@ -310,6 +310,7 @@ def _moves(ctx: _Context, state: Sharding) -> tuple[_Move, ...]:
 
 # --- the direct exchange ------------------------------------------------------------------
 
+@lru_cache(maxsize=256)
 def _transfers(mesh: Mesh, shape: tuple[int, ...], before: Sharding, after: Sharding,
                axes: tuple[str, ...]) -> tuple[Transfer, ...]:
     """Every device's new shard, cut along the old shards' bounds; each tile comes from the
