@@ -80,6 +80,7 @@ def run(canonical: Mapping[str, Any], conn: Connection) -> None:
         document = plan_document(result, inputs.topology)
         ir = [(stage, inputs.dialect, ir_arguments(stage, "local"), emit_ir(result.plan, stage, inputs.dialect))
               for stage in inputs.emit]
+        progress.phase("done")
         conn.send(("done", {"plan": document, "ir": ir}))
     except InputError as error:
         conn.send(("failed", failure("input", str(error), [{"where": p.where, "message": p.message}

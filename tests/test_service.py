@@ -1,0 +1,238 @@
+"""The plan service through FastAPI's TestClient: plans, dedup, the store across restarts,
+estimate/validate, and every error class with the CLI's field-level problems."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+import cost_models
+from autoshard.autoplan import SolveSettings, make_plan
+from autoshard.client import Client, ServiceError
+from autoshard.errors import InputError
+from autoshard.hardware import bind_hardware
+from autoshard.mesh import Mesh
+from autoshard.plan import plan_from_json
+from autoshard.schema import graph_from_json
+from service.app import create_app
+from service.config import Settings
+from service.store import Store
+
+MLP = {
+    "format": "autoshard.graph/v1", "name": "mlp",
+    "tensors": {"x": {"shape": [8, 16], "dtype": "f32", "role": "input"},
+                "w1": {"shape": [16, 32], "dtype": "f32", "role": "parameter"},
+                "w2": {"shape": [32, 16], "dtype": "f32", "role": "parameter"},
+                "h": {"shape": [8, 32], "dtype": "f32"},
+                "y": {"shape": [8, 16], "dtype": "f32"}},
+    "ops": [{"name": "fc1", "kind": "matmul", "inputs": ["x", "w1"], "outputs": ["h"]},
+            {"name": "fc2", "kind": "matmul", "inputs": ["h", "w2"], "outputs": ["y"]}],
+}
+OPTIONS = {"time_limit_s": 10, "seed": 0}
+
+
+def settings_for(tmp_path, **overrides) -> Settings:
+    values = dict(db=tmp_path / "plans.sqlite3", default_time_limit_s=10, max_body_bytes=20_000, max_ops=8,
+                  max_tensors=16, max_time_limit_s=60)
+    return Settings(**(values | overrides))
+
+
+@pytest.fixture
+def http(tmp_path):
+    with TestClient(create_app(settings_for(tmp_path))) as client:
+        yield client
+
+
+@pytest.fixture
+def client(http):
+    return Client(http=http)
+
+
+def error_of(response) -> dict:
+    body = response.json()
+    assert set(body) == {"error"}
+    return body["error"]
+
+
+def test_plan_is_the_library_plan_and_prices_the_same_through_estimate(client):
+    job = client.submit(MLP, "dp=2,tp=2", "dgx-h100", options=OPTIONS, wait_s=60)
+    assert job.status == "done" and job.error is None
+    document = job.plan
+    assert document["format"] == "autoshard.plan/v1" and set(document["ops"]) == {"fc1", "fc2"}
+
+    mesh = Mesh.parse("dp=2,tp=2")
+    graph = graph_from_json(MLP, mesh)
+    hw = bind_hardware("dgx-h100", mesh)
+    direct = make_plan(graph, mesh, hw, SolveSettings(time_limit_s=10, workers=1, seed=0))
+    assert document["solver"]["objective_ps"] == direct.solver["objective_ps"]
+    plan_from_json(document, graph, mesh)  # a valid plan for the graph
+
+    estimate = client.estimate(MLP, "dp=2,tp=2", document, "dgx-h100")
+    assert estimate["totals"] == document["totals"]
+
+
+def test_identical_requests_share_one_job_and_different_ones_do_not(client):
+    first = client.submit(MLP, "dp=2,tp=2", options=OPTIONS, wait_s=60)
+    # the same request spelt differently: mesh as an object, attributes re-ordered
+    same = client.submit(copy.deepcopy(MLP), {"axes": [{"name": "dp", "size": 2}, {"name": "tp", "size": 2}]},
+                         options={"seed": 0, "time_limit_s": 10.0})
+    assert same.id == first.id and same.status == "done" and same.plan == first.plan
+    other_seed = client.submit(MLP, "dp=2,tp=2", options=OPTIONS | {"seed": 1})
+    other_mesh = client.submit(MLP, "tp=2,dp=2", options=OPTIONS)
+    assert len({first.id, other_seed.id, other_mesh.id}) == 3
+    for job in (other_seed, other_mesh):
+        client.cancel(job.id)
+
+
+def test_wait_zero_answers_202_with_location_then_the_plan(http):
+    response = http.post("/v1/plans", json={"graph": MLP, "mesh": "dp=4", "options": OPTIONS})
+    assert response.status_code == 202
+    job = Client(http=http).poll(response.json()["id"], timeout_s=60)
+    assert response.headers["location"] == f"/v1/plans/{job.id}"
+    assert job.status == "done" and job.progress["phase"] == "done"
+    again = http.post("/v1/plans?wait=0", json={"graph": MLP, "mesh": "dp=4", "options": OPTIONS})
+    assert again.status_code == 200 and again.json()["id"] == job.id
+
+
+def test_plans_survive_a_restart_and_unfinished_jobs_are_marked_interrupted(tmp_path):
+    settings = settings_for(tmp_path)
+    with TestClient(create_app(settings)) as http:
+        done = Client(http=http).submit(MLP, "dp=2", options=OPTIONS, wait_s=60)
+    assert done.status == "done"
+    # a job a crashed process left solving
+    store = Store(settings.db)
+    orphan = store.create("some-key", {"options": {"emit": [], "dialect": "mesh"}})
+    store.start(orphan.id)
+    store.close()
+    with TestClient(create_app(settings)) as http:
+        client = Client(http=http)
+        assert client.get(done.id).plan == done.plan
+        interrupted = client.get(orphan.id)
+        assert interrupted.status == "failed"
+        assert interrupted.error["kind"] == "interrupted" and "restart" in interrupted.error["message"]
+
+
+def test_cancelling_a_finished_plan_is_a_conflict_and_unknown_ids_are_404(client):
+    job = client.submit(MLP, "dp=2", options=OPTIONS, wait_s=60)
+    with pytest.raises(ServiceError) as conflict:
+        client.cancel(job.id)
+    assert conflict.value.status == 409 and "already done" in str(conflict.value)
+    for call in (client.get, client.cancel, client.ir):
+        with pytest.raises(ServiceError) as missing:
+            call("no-such-plan")
+        assert missing.value.status == 404 and missing.value.kind == "not_found"
+
+
+def test_graph_problems_are_the_cli_problems_under_graph(http):
+    broken = copy.deepcopy(MLP)
+    broken["ops"][0]["kind"] = "matmull"
+    broken["tensors"]["y"]["shape"] = [8, 15]
+    broken["tensors"]["h"]["dtype"] = "f33"
+    with pytest.raises(InputError) as direct:
+        graph_from_json(broken)
+    response = http.post("/v1/plans", json={"graph": broken, "mesh": "dp=2"})
+    assert response.status_code == 422
+    error = error_of(response)
+    assert error["kind"] == "input"
+    assert error["problems"] == [{"where": "/graph" + p.where, "message": p.message} for p in direct.value.problems]
+    assert {p["where"] for p in error["problems"]} >= {"/graph/ops/0/kind", "/graph/tensors/h/dtype"}
+
+
+@pytest.mark.parametrize("body, where, words", [
+    ({"graph": MLP, "mesh": "dp=2,tp"}, "/mesh", "NAME=SIZE"),
+    ({"graph": MLP, "mesh": {"axes": [{"name": "dp", "size": 0}]}}, "/mesh/axes/0/size", "greater than or equal to 1"),
+    ({"graph": MLP, "mesh": "dp=2", "topology": "/etc/passwd"}, "/topology", "unknown topology"),
+    ({"graph": MLP, "mesh": "dp=2", "topology": {"name": "mine"}}, "/topology/kind", ""),
+    ({"graph": MLP, "mesh": "dp=2", "options": {"time_limit_s": 3600}}, "/options/time_limit_s", "at most 60 s"),
+    ({"graph": MLP, "mesh": "dp=2", "options": {"time_limit_s": -1}}, "/options/time_limit_s", "greater than 0"),
+    ({"graph": MLP, "mesh": "dp=2", "options": {"emit": ["llvm"]}}, "/options/emit/0", "annotated"),
+    ({"graph": MLP, "mesh": "dp=2", "options": {"colour": "red"}}, "/options/colour", "Extra inputs"),
+    ({"graph": MLP, "mesh": "dp=2", "topology_options": {"slice": "4by4"}}, "/topology_options/slice", "4x4x4"),
+    ({"mesh": "dp=2"}, "/graph", "Field required"),
+    ({"graph": {"format": "autoshard.graph/v0"}, "mesh": "dp=2"}, "/graph/format", "autoshard.graph/v1"),
+])
+def test_request_problems_point_at_the_field(http, body, where, words):
+    response = http.post("/v1/plans", json=body)
+    assert response.status_code == 422
+    problems = error_of(response)["problems"]
+    assert any(p["where"] == where and words in p["message"] for p in problems), problems
+
+
+def test_wait_out_of_range_is_a_query_problem(http):
+    response = http.post("/v1/plans?wait=-1", json={"graph": MLP, "mesh": "dp=2"})
+    assert response.status_code == 422
+    assert error_of(response)["problems"][0]["where"] == "?wait"
+
+
+def test_malformed_json_is_400(http):
+    response = http.post("/v1/plans", content=b'{"graph": ', headers={"content-type": "application/json"})
+    assert response.status_code == 400
+    assert error_of(response)["kind"] == "malformed"
+
+
+def test_size_limits_are_413(http):
+    padded = copy.deepcopy(MLP) | {"name": "x" * 30_000}
+    response = http.post("/v1/plans", json={"graph": padded, "mesh": "dp=2"})
+    assert response.status_code == 413 and error_of(response)["kind"] == "too_large"
+
+    def chunks():
+        yield b'{"graph": {"name": "'
+        for _ in range(40):
+            yield b"x" * 1000
+        yield b'"}, "mesh": "dp=2"}'
+
+    response = http.post("/v1/plans", content=chunks(), headers={"content-type": "application/json"})
+    assert response.status_code == 413 and "at most 20000 bytes" in error_of(response)["message"]
+
+    wide = copy.deepcopy(MLP)
+    for i in range(8):
+        wide["tensors"][f"t{i}"] = {"shape": [8, 16], "dtype": "f32"}
+        wide["ops"].append({"name": f"copy{i}", "kind": "relu", "inputs": ["y"], "outputs": [f"t{i}"]})
+    response = http.post("/v1/plans", json={"graph": wide, "mesh": "dp=2"})
+    assert response.status_code == 413
+    assert [p["where"] for p in error_of(response)["problems"]] == ["/graph/ops"]
+
+
+def test_estimate_and_validate_report_plan_problems_under_plan(client):
+    bad_plan = {"ops": {"fc1": {"option": [["dp"], ["nope"], []]}}}
+    with pytest.raises(ServiceError) as estimate:
+        client.estimate(MLP, "dp=2", bad_plan)
+    with pytest.raises(ServiceError) as validate:
+        client.validate(MLP, "dp=2", bad_plan)
+    for error in (estimate.value, validate.value):
+        assert error.status == 422
+        assert error.problems and all(p.where.startswith("/plan/ops/fc1") for p in error.problems)
+        assert any("nope" in p.message for p in error.problems)
+    with pytest.raises(ServiceError) as no_mesh:
+        client.validate(MLP, plan={"ops": {}})
+    assert [p.where for p in no_mesh.value.problems] == ["/mesh"]
+
+
+def test_validate_summarises_a_valid_graph_and_plan(client):
+    replicated = {"ops": {"fc1": {"option": [[], [], []]}, "fc2": {"option": [[], [], []]}}}
+    result = client.validate(MLP, "dp=2,tp=2", replicated)
+    assert result["valid"] and result["plan_checked"] and (result["ops"], result["tensors"]) == (2, 5)
+    assert result["summary"].startswith("mlp: 2 ops, 5 tensors")
+
+
+def test_estimate_of_a_replicated_plan_has_no_communication(client):
+    replicated = {"ops": {"fc1": {"option": [[], [], []]}, "fc2": {"option": [[], [], []]}}}
+    totals = client.estimate(MLP, "dp=2,tp=2", replicated)["totals"]
+    assert totals["communication_bytes"] == 0 and totals["communication_s"] == 0
+    # every device holds everything: 5 f32 tensors of 128, 512, 512, 256 and 128 elements
+    assert totals["peak_memory_bytes_per_device"] <= 4 * (128 + 512 + 512 + 256 + 128)
+
+
+def test_topologies_health_and_openapi(http, client):
+    assert [t["name"] for t in client.topologies()] == cost_models.list_profiles()
+    assert http.get("/healthz").json() == {"status": "ok", "jobs": {}}
+    ready = http.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["status"] == "ready"
+    spec = http.get("/openapi.json").json()
+    assert {"/v1/plans", "/v1/plans/{plan_id}", "/v1/plans/{plan_id}/ir", "/v1/estimate", "/v1/validate",
+            "/v1/topologies"} <= set(spec["paths"])
+    assert http.get("/docs").status_code == 200
+    assert json.loads(http.get("/v1/nowhere").text)["error"]["kind"] == "not_found"
