@@ -350,12 +350,12 @@ def _received_elements(mesh: Mesh, shape: tuple[int, ...], step: CollectiveStep)
     if step.kind in ("all_reduce", "reduce_scatter"):
         g = mesh.group_size(step.mesh_axes)
         factor = (2 if step.kind == "all_reduce" else 1) * (g - 1) / g
-        return {d: factor * math.prod(step.before.local_shape(mesh, shape, d)) for d in mesh.devices()}
+        boxes = _boxes(mesh, shape, step.before)
+        return dict(zip(mesh.devices(), factor * (boxes[..., 1] - boxes[..., 0]).prod(axis=1)))
     return dict(zip(mesh.devices(), _missing(mesh, shape, step.before, step.after).astype(float)))
 
 
-def _build_step(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, before: Sharding, move: _Move,
-                seconds: float) -> CollectiveStep:
+def _build_step(mesh: Mesh, shape: tuple[int, ...], before: Sharding, move: _Move, seconds: float) -> CollectiveStep:
     dims = dict(move.dims)
     if move.kind == "permute":
         dims["transfers"] = _transfers(mesh, shape, before, move.after, move.mesh_axes)
@@ -397,11 +397,11 @@ def plan_resharding(mesh: Mesh, shape: Sequence[int], dtype_bytes: float, source
     state = goal
     while state != start:
         before, move, seconds = came[state]
-        path.append(_build_step(mesh, shape, dtype_bytes, before, move, seconds))
+        path.append(_build_step(mesh, shape, before, move, seconds))
         state = before
     steps = tuple(reversed(path))
     totals = {d: 0.0 for d in mesh.devices()}
     for step in steps:
         for d, elements in _received_elements(mesh, shape, step).items():
             totals[d] += elements
-    return Resharding(shape, dtype_bytes, source, target, steps, max(totals.values()) * dtype_bytes)
+    return Resharding(shape, dtype_bytes, source, target, steps, float(max(totals.values()) * dtype_bytes))
