@@ -1,0 +1,117 @@
+"""`autoshard serve` as a real uvicorn process on 127.0.0.1: plans through the client, the store
+across a restart and a crash, cancellation of a running solve. Every server is stopped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+from autoshard.client import Client, PlanJob
+
+MLP = {
+    "format": "autoshard.graph/v1", "name": "mlp",
+    "tensors": {"x": {"shape": [8, 16], "dtype": "f32", "role": "input"},
+                "w1": {"shape": [16, 32], "dtype": "f32", "role": "parameter"},
+                "h": {"shape": [8, 32], "dtype": "f32"}},
+    "ops": [{"name": "fc1", "kind": "matmul", "inputs": ["x", "w1"], "outputs": ["h"]}],
+}
+POLLS = 600  # x 0.05 s: how long a server may take to start, or a job to reach a state
+
+
+def deep_mlp(layers: int) -> dict:
+    """Enough layers on a 3-axis mesh that the solver runs to its time limit unless stopped."""
+    tensors = {"a0": {"shape": [64, 256], "dtype": "bf16", "role": "input"}}
+    ops = []
+    for i in range(layers):
+        tensors[f"w{i}"] = {"shape": [256, 256], "dtype": "bf16", "role": "parameter"}
+        tensors[f"a{i + 1}"] = {"shape": [64, 256], "dtype": "bf16"}
+        ops.append({"name": f"fc{i}", "kind": "matmul", "inputs": [f"a{i}", f"w{i}"], "outputs": [f"a{i + 1}"]})
+    return {"format": "autoshard.graph/v1", "name": "deep", "tensors": tensors, "ops": ops}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def server(db: Path, log: Path, *, crash: bool = False) -> Iterator[Client]:
+    """Run `autoshard serve` for the block; then SIGTERM (a clean stop) or, with `crash`, SIGKILL."""
+    port = free_port()
+    env = os.environ | {"AUTOSHARD_MAX_TIME_LIMIT_S": "600", "AUTOSHARD_WORKERS": "1"}
+    with open(log, "a") as out:
+        process = subprocess.Popen([sys.executable, "-m", "autoshard.cli", "serve", "--port", str(port), "--db", str(db),
+                                    "--log-level", "warning"], stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(POLLS):
+            assert process.poll() is None, log.read_text()
+            try:
+                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        else:
+            pytest.fail(f"the server did not start:\n{log.read_text()}")
+        with Client(base) as client:
+            yield client
+    finally:
+        process.send_signal(signal.SIGKILL if crash else signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def reach(client: Client, plan_id: str, status: str) -> PlanJob:
+    for _ in range(POLLS):
+        job = client.get(plan_id)
+        if job.status == status:
+            return job
+        assert not job.final, job
+        time.sleep(0.05)
+    pytest.fail(f"plan {plan_id} never became {status}")
+
+
+def test_a_plan_outlives_the_server_that_made_it(tmp_path):
+    db, log = tmp_path / "plans.sqlite3", tmp_path / "server.log"
+    with server(db, log) as client:
+        submitted = client.submit(MLP, "dp=2,tp=2", "dgx-h100", options={"time_limit_s": 10})
+        job = client.poll(submitted.id, timeout_s=60)
+        assert job.status == "done", job.error
+        assert job.plan["totals"]["peak_memory_bytes_per_device"] > 0
+    with server(db, log) as client:
+        assert client.get(job.id).plan == job.plan
+        # the identical request is answered from the store, done, without solving again
+        again = client.submit(MLP, "dp=2,tp=2", "dgx-h100", options={"time_limit_s": 10})
+        assert (again.id, again.status, again.plan) == (job.id, "done", job.plan)
+
+
+def test_cancel_frees_the_worker_and_a_crash_leaves_the_solve_interrupted(tmp_path):
+    db, log = tmp_path / "plans.sqlite3", tmp_path / "server.log"
+    graph = deep_mlp(24)
+    with server(db, log, crash=True) as client:
+        first = client.submit(graph, "a=2,b=2,c=2", options={"time_limit_s": 300})
+        reach(client, first.id, "solving")
+        assert client.cancel(first.id).status == "cancelled"
+        assert client.cancel(first.id).status == "cancelled"  # cancelling twice is harmless
+        # one worker: the next solve starts only because the cancelled one was stopped
+        second = client.submit(graph, "a=2,b=2,c=2", options={"time_limit_s": 300, "seed": 1})
+        reach(client, second.id, "solving")
+    with server(db, log) as client:
+        assert client.get(first.id).status == "cancelled"
+        interrupted = client.get(second.id)
+        assert interrupted.status == "failed" and interrupted.error["kind"] == "interrupted"
