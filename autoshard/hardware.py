@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 import cost_models
-from autoshard.errors import InputError
+from autoshard.errors import InputError, Problem
 from autoshard.mesh import Mesh
 
 
@@ -18,4 +18,5 @@ def bind_hardware(topology: str | Mapping[str, Any], mesh: Mesh, *, nodes: int |
         return cost_models.bind(profile, mesh.axis_names, mesh.shape, nodes=nodes, slice_shape=slice_shape,
                                 mapping=mapping)
     except cost_models.TopologyError as error:
-        raise InputError(str(error), f"topology/{error.field}" if getattr(error, "field", "") else "topology") from None
+        raise InputError([Problem(f"topology/{field}" if field else "topology", message)
+                          for field, message in error.problems]) from None

@@ -89,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
 
 def print_summary(document: dict[str, Any], output: str | None) -> None:
     totals, solver = document["totals"], document["solver"]
-    print(f"plan for {document['graph']} on mesh {','.join(f'{a['name']}={a['size']}' for a in document['mesh']['axes'])} "
+    mesh = ",".join(f"{a['name']}={a['size']}" for a in document["mesh"]["axes"])
+    print(f"plan for {document['graph']} on mesh {mesh} "
           f"({document['topology']}): {solver['status']}, gap {100 * solver['gap']:.2f}% "
           f"(objective {solver['objective_s']:.6g} s, bound {solver['lower_bound_ps'] / 1e12:.6g} s), "
           f"solved in {solver['solve_s']:.2f} s")
