@@ -167,6 +167,29 @@ def flatten(problem: Problem) -> FlatProblem:
     # A node whose usage cannot change never binds: give it an empty row range.
     spread = np.fromiter((u.max() - u.min() for u in usage), dtype=np.int64, count=n)
     r1 = np.where(spread > 0, r1, r0)
+    r0, r1, cap, steps = merge_rows(r0, r1, np.asarray(cap, dtype=np.int64), steps)
     return FlatProblem(n=n, soff=soff, orig=orig, cost=cost, use=use, eu=eu, ev=ev, moff=moff, mat=mat,
-                       aoff=aoff, anbr=anbr, aedge=aedge, arow=arow, r0=r0, r1=r1,
-                       cap=np.asarray(cap, dtype=np.int64), row_steps=steps)
+                       aoff=aoff, anbr=anbr, aedge=aedge, arow=arow, r0=r0, r1=r1, cap=cap, row_steps=steps)
+
+
+def merge_rows(r0: np.ndarray, r1: np.ndarray, cap: np.ndarray, steps: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Merge consecutive rows over the same live nodes into one with the smallest capacity.
+
+    Nodes with an empty range keep `r0 == r1 == 0`. Rows no node spans are dropped unless
+    their capacity is negative (then no solution fits, and the row says so)."""
+    spans = r1 > r0
+    cuts = np.unique(np.concatenate([r0[spans], r1[spans]]))
+    if len(cap) == 0:
+        return np.zeros_like(r0), np.zeros_like(r1), cap, steps
+    if len(cuts) == 0:
+        cuts = np.array([0, len(cap)], dtype=np.int64)
+    segment_cap = np.minimum.reduceat(cap, cuts[:-1]) if len(cuts) > 1 else np.zeros(0, dtype=np.int64)
+    outside = np.ones(len(cap), dtype=bool)
+    outside[cuts[0]:cuts[-1]] = False
+    broken = np.flatnonzero(outside & (cap < 0))
+    new_r0 = np.where(spans, np.searchsorted(cuts, r0), 0)
+    new_r1 = np.where(spans, np.searchsorted(cuts, r1), 0)
+    new_cap = np.concatenate([segment_cap, cap[broken]])
+    new_steps = np.concatenate([steps[cuts[:-1]], steps[broken]]) if len(steps) else steps
+    return new_r0.astype(np.int64), new_r1.astype(np.int64), new_cap.astype(np.int64), new_steps

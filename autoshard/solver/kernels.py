@@ -15,6 +15,8 @@ import numpy as np
 from numba import njit
 
 NEG = -(1 << 62)
+# Nodes with more neighbours only ever seed a block: checking them as members costs too much.
+HUB_DEGREE = 48
 
 
 @njit(cache=True, nogil=True)
@@ -173,7 +175,7 @@ def block_moves(num_moves, kmax, temperature, x, best_x, best_obj_in, soff, cost
                     break
                 j = aoff[v] + (start + k) % deg
                 w = anbr[j]
-                if mark[w] == move or not movable[w]:
+                if mark[w] == move or not movable[w] or aoff[w + 1] - aoff[w] > HUB_DEGREE:
                     continue
                 links = 0
                 for jj in range(aoff[w], aoff[w + 1]):

@@ -1,0 +1,131 @@
+"""The anytime heuristic for large instances: relax memory, decode, repair, improve.
+
+1. Start from the smallest-usage choice of every node: it fits whenever anything fits.
+2. Repeat: TRW-S under the current memory multipliers decodes an assignment; tree moves on
+   the penalised costs clean it up; if it fits in memory it seeds the feasible search,
+   otherwise the multipliers of the overloaded rows go up. Every round also tightens the
+   certified lower bound.
+3. The feasible search alternates tree moves with CP-SAT neighbourhoods around the most
+   expensive edges and random seeds, always from the best solution.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from autoshard.solver import kernels
+from autoshard.solver.flat import FlatProblem
+from autoshard.solver.lagrange import Relaxation
+from autoshard.solver.search import Search
+
+Progress = Callable[[str, float, float, float], None]  # (phase, cost, bound, elapsed_s)
+
+
+@dataclass(frozen=True)
+class HeuristicResult:
+    x: np.ndarray
+    objective: float
+    bound: float
+    stats: dict
+
+
+def smallest_usage(fp: FlatProblem) -> np.ndarray:
+    """Each node's smallest-usage strategy, the cheapest among ties."""
+    x = np.zeros(fp.n, dtype=np.int64)
+    for v in range(fp.n):
+        use = fp.use[fp.soff[v]:fp.soff[v + 1]]
+        cost = fp.cost[fp.soff[v]:fp.soff[v + 1]]
+        x[v] = int(np.lexsort((cost, use))[0])
+    return x
+
+
+def _penalised_cleanup(fp: FlatProblem, x: np.ndarray, pen: np.ndarray, moves: int, seed: int) -> None:
+    """Tree moves on cost + pen * use, memory ignored (x updated in place)."""
+    node_of = np.repeat(np.arange(fp.n), fp.sizes())
+    cost = fp.cost + pen[node_of] * fp.use
+    mx, lz = kernels.seg_tree(np.zeros(1, dtype=np.int64))
+    best = x.copy()
+    kernels.block_moves(moves, 8, 0.0, x, best, math.inf, fp.soff, cost, fp.use, fp.eu, fp.ev, fp.moff, fp.mat,
+                        fp.aoff, fp.anbr, fp.aedge, fp.arow, fp.r0, fp.r1, mx, lz, 0, np.zeros(fp.n), 0.0,
+                        fp.sizes() > 1, seed)
+    x[:] = best
+
+
+def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: np.ndarray | None = None,
+                  progress: Progress | None = None, deterministic: bool = False) -> HeuristicResult:
+    start = time.monotonic()
+    deadline = start + time_limit_s
+    stats: dict = {"relaxation_rounds": 0, "feasible_decodes": 0, "tree_moves": 0, "lns": 0, "lns_improving": 0}
+    x0 = smallest_usage(fp)
+    if hint is not None and fp.fits(hint) and fp.objective(hint) < fp.objective(x0):
+        x0 = np.asarray(hint, dtype=np.int64)
+    search = Search(fp, x0, seed)
+    relaxation = Relaxation(fp)
+    spans = (fp.r1 - fp.r0)[fp.r1 > fp.r0]
+    unit = search.pen_unit / max(float(spans.mean()) if len(spans) else 1.0, 1.0) * 0.01
+    bound = -math.inf
+    rounds = 12 if deterministic else None
+    moves = max(2000, 2 * fp.n)
+
+    def report(phase: str) -> None:
+        if progress is not None:
+            progress(phase, search.best_obj, bound, time.monotonic() - start)
+
+    def time_left() -> float:
+        return deadline - time.monotonic()
+
+    # Relax-and-decode rounds, about half of the time.
+    round_no = 0
+    while (rounds is None and time_left() > 0.5 * time_limit_s) or (rounds is not None and round_no < rounds):
+        round_no += 1
+        x = relaxation.run(10)
+        bound = max(bound, relaxation.bound())
+        _penalised_cleanup(fp, x, relaxation.penalties(), moves, seed + round_no)
+        slack = kernels.row_slack(fp.soff, fp.use, fp.r0, fp.r1, fp.cap, x)
+        stats["relaxation_rounds"] += 1
+        if np.all(slack <= 0):
+            stats["feasible_decodes"] += 1
+            if fp.objective(x) < search.best_obj:
+                search.reset(x)
+                search.tree_moves(moves, 16)
+                stats["tree_moves"] += moves
+            relaxation.relax_loose(slack)
+        else:
+            relaxation.raise_on(slack, unit)
+        report("relax")
+    # Improve the best solution: tree moves and CP-SAT neighbourhoods.
+    search.reset(search.best_x)
+    lns_rounds = 0
+    while (rounds is None and time_left() > 0.2) or (rounds is not None and lns_rounds < rounds):
+        lns_rounds += 1
+        accepted, improved = search.tree_moves(moves, 16)
+        stats["tree_moves"] += moves
+        seed_node = _expensive_node(fp, search.x, search.rng)
+        nodes = search.ball(seed_node, 120)
+        budget = min(2.0, max(0.05, time_left() - 0.1)) if rounds is None else 10.0
+        change = search.lns(nodes, budget, deterministic_time=1.0 if deterministic else None)
+        stats["lns"] += 1
+        stats["lns_improving"] += int(change < 0)
+        report("improve")
+    return HeuristicResult(search.best_x.copy(), search.best_obj, bound, stats)
+
+
+def _expensive_node(fp: FlatProblem, x: np.ndarray, rng: np.random.Generator) -> int:
+    """An endpoint of an edge drawn with probability proportional to its current cost (random if none)."""
+    movable = np.flatnonzero(fp.sizes() > 1)
+    if fp.m == 0 or rng.random() < 0.3:
+        return int(rng.choice(movable)) if len(movable) else 0
+    sizes = fp.sizes()
+    current = fp.mat[fp.moff[:-1] + x[fp.eu] * sizes[fp.ev] + x[fp.ev]]
+    weights = np.minimum(current, 1e15)
+    total = weights.sum()
+    if total <= 0:
+        return int(rng.choice(movable))
+    e = int(rng.choice(fp.m, p=weights / total))
+    u, v = int(fp.eu[e]), int(fp.ev[e])
+    return u if sizes[u] > 1 else v

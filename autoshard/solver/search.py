@@ -1,0 +1,95 @@
+"""Local search on a FlatProblem that keeps memory feasible: tree-block moves and CP-SAT neighbourhoods.
+
+`Search` holds the current solution, the best one seen and the memory rows' segment tree. Tree
+moves (see `kernels.block_moves`) are cheap and exact on induced trees; a CP-SAT neighbourhood
+(`lns`) frees a connected set of a few hundred nodes, cycles included, and solves it exactly
+under the memory left by the fixed nodes, warm-started from the current choices.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from autoshard.solver import kernels
+from autoshard.solver.exact import solve_exact
+from autoshard.solver.flat import FlatProblem
+from autoshard.solver.subproblem import restrict
+
+
+def exchange_rate(fp: FlatProblem) -> float:
+    """A rough cost per unit of usage: summed cost spreads over summed usage spreads of the nodes."""
+    sizes = fp.sizes()
+    starts = fp.soff[:-1][sizes > 0]
+    capped = np.minimum(fp.cost, 1e15)
+    spread_cost = np.maximum.reduceat(capped, starts) - np.minimum.reduceat(capped, starts)
+    spread_use = np.maximum.reduceat(fp.use, starts) - np.minimum.reduceat(fp.use, starts)
+    return float(spread_cost.sum()) / max(float(spread_use.sum()), 1.0)
+
+
+class Search:
+    def __init__(self, fp: FlatProblem, x: np.ndarray, seed: int):
+        self.fp = fp
+        self.rng = np.random.default_rng(seed)
+        self.movable = fp.sizes() > 1
+        self.pen = np.zeros(fp.n, dtype=np.float64)
+        self.pen_unit = exchange_rate(fp)
+        self.x = np.asarray(x, dtype=np.int64).copy()
+        self.best_x = self.x.copy()
+        self.best_obj = fp.objective(self.x)
+        self.reset(self.x)
+
+    def reset(self, x: np.ndarray) -> None:
+        """Continue from x (which must fit in memory)."""
+        fp = self.fp
+        self.x = np.asarray(x, dtype=np.int64).copy()
+        slack = kernels.row_slack(fp.soff, fp.use, fp.r0, fp.r1, fp.cap, self.x)
+        self.mx, self.lz = kernels.seg_tree(slack)
+        obj = fp.objective(self.x)
+        if obj < self.best_obj:
+            self.best_obj, self.best_x = obj, self.x.copy()
+
+    def tree_moves(self, num_moves: int, kmax: int, temperature: float = 0.0) -> tuple[int, int]:
+        """Tree-block moves; returns (accepted, improving)."""
+        fp = self.fp
+        _, best, accepted, improved, _ = kernels.block_moves(
+            num_moves, kmax, temperature, self.x, self.best_x, self.best_obj, fp.soff, fp.cost, fp.use, fp.eu,
+            fp.ev, fp.moff, fp.mat, fp.aoff, fp.anbr, fp.aedge, fp.arow, fp.r0, fp.r1, self.mx, self.lz,
+            fp.num_rows, self.pen, self.pen_unit, self.movable, int(self.rng.integers(1 << 31)))
+        self.best_obj = best
+        self.pen *= 0.5
+        return accepted, improved
+
+    def ball(self, seed_node: int, size: int) -> np.ndarray:
+        """Up to `size` movable nodes around seed_node, breadth first, neighbours in random order."""
+        fp = self.fp
+        seen = {seed_node}
+        frontier = [seed_node]
+        head = 0
+        while head < len(frontier) and len(frontier) < size:
+            v = frontier[head]
+            head += 1
+            nbrs = fp.anbr[fp.aoff[v]:fp.aoff[v + 1]]
+            for w in self.rng.permutation(nbrs).tolist():
+                if w not in seen and self.movable[w]:
+                    seen.add(w)
+                    frontier.append(w)
+                    if len(frontier) >= size:
+                        break
+        return np.array(sorted(frontier), dtype=np.int64)
+
+    def lns(self, nodes: np.ndarray, time_limit_s: float, deterministic_time: float | None = None) -> float:
+        """Re-solve `nodes` exactly with CP-SAT, others fixed; returns the cost change (<= 0)."""
+        fp = self.fp
+        sub = restrict(fp, nodes, self.x)
+        before = sub.objective(self.x[nodes])
+        result = solve_exact(sub, time_limit_s=time_limit_s, workers=1, seed=int(self.rng.integers(1 << 31)),
+                             hint=self.x[nodes], deterministic_time=deterministic_time)
+        if result.x is None:
+            return 0.0
+        change = sub.objective(result.x) - before
+        if change < 0 and sub.fits(result.x):
+            x = self.x.copy()
+            x[nodes] = result.x
+            self.reset(x)
+            return change
+        return 0.0
