@@ -37,8 +37,7 @@ Box = tuple[tuple[int, int], ...]
 
 STEP_KINDS = ("all_gather", "all_slice", "all_to_all", "all_reduce", "reduce_scatter", "permute")
 _IDEMPOTENT_KINDS = ("max", "min")
-# A permute is point-to-point traffic: priced as the cost models' send_recv of the most any device receives.
-_PRICE_KIND = {"permute": "send_recv"}
+
 
 
 class Transfer(NamedTuple):
@@ -363,6 +362,24 @@ def _build_step(mesh: Mesh, shape: tuple[int, ...], before: Sharding, move: _Mov
                           move.after.max_local_shape(mesh, shape), move.bytes_per_device, seconds, before, move.after)
 
 
+def _price_move(ctx: "_Context", state: Sharding, move: "_Move", price: Price) -> float:
+    """A collective's own price; a permute in which every device receives from at most one
+    other device is point-to-point traffic (send_recv of the most any device receives), while
+    one that gathers from several peers is an all-to-all exchange and is priced as one, so that
+    it pays the same fixed costs as the collectives it replaces."""
+    if move.kind != "permute":
+        return price(move.kind, move.mesh_axes, move.bytes_per_device)
+    transfers = _transfers(ctx.mesh, ctx.shape, state, move.after, move.mesh_axes)
+    sources: dict[Device, set[Device]] = {}
+    for t in transfers:
+        if t.source != t.target:
+            sources.setdefault(t.target, set()).add(t.source)
+    if max((len(s) for s in sources.values()), default=0) <= 1:
+        return price("send_recv", move.mesh_axes, move.bytes_per_device)
+    group = ctx.mesh.group_size(move.mesh_axes)
+    return price("all_to_all", move.mesh_axes, move.bytes_per_device * group / (group - 1))
+
+
 def plan_resharding(mesh: Mesh, shape: Sequence[int], dtype_bytes: float, source: Sharding, target: Sharding,
                     price: Price) -> Resharding:
     """The cheapest sequence of collectives under `price` that turns `source` into `target`."""
@@ -386,7 +403,7 @@ def plan_resharding(mesh: Mesh, shape: Sequence[int], dtype_bytes: float, source
         if key > best[state]:
             continue
         for move in _moves(ctx, state):
-            seconds = price(_PRICE_KIND.get(move.kind, move.kind), move.mesh_axes, move.bytes_per_device)
+            seconds = _price_move(ctx, state, move, price)
             new_key = (key[0] + seconds, key[1] + (move.kind == "permute"), key[2] + 1)
             if move.after not in best or new_key < best[move.after]:
                 best[move.after] = new_key

@@ -64,8 +64,9 @@ def test_the_cheapest_sequence_under_the_given_price_wins():
     source, target = parse("[[x], [y]]"), parse("[[y], [x]]")
     direct = plan_resharding(MESH, array.shape, 1, source, target, PRICE)
     assert [s.kind for s in direct.steps] == ["permute"]
-    # Make point-to-point traffic dear: the planner turns to collectives, and prices them right.
-    dear_p2p = lambda kind, axes, b: PRICE(kind, axes, b) * (1000 if kind == "send_recv" else 1)  # noqa: E731
+    # Make direct exchanges dear (a many-to-many permute is priced as an all_to_all): the
+    # planner turns to gathers and slices, and prices them right.
+    dear_p2p = lambda kind, axes, b: PRICE(kind, axes, b) * (1000 if kind in ("send_recv", "all_to_all") else 1)  # noqa: E731
     plan = plan_resharding(MESH, array.shape, 1, source, target, dear_p2p)
     assert "permute" not in [s.kind for s in plan.steps]
     assert plan.seconds == pytest.approx(sum(dear_p2p(s.kind, s.mesh_axes, s.bytes_per_device) for s in plan.steps))
