@@ -7,8 +7,8 @@
   integer cost of any answer is always recomputed from the Problem).
 - Memory: usages never go negative, so a time step whose live set is contained in another
   step's live set can never be the binding one. Only the steps whose live set is maximal are kept
-  ("rows"; for intervals these are the steps where some interval starts and some interval ends
-  right after). A node is live on a contiguous range of rows `[r0, r1)`. Each node's smallest
+  ("rows": a run of steps between interval ends/starts that some interval starts and some
+  interval ends). A node is live on a contiguous range of rows `[r0, r1)`. Each node's smallest
   usage is moved into the rows' base load, so `use` holds only the part a choice can change and
   `cap[r] = usage_limit - base[r]`.
 """
@@ -90,10 +90,18 @@ class FlatProblem:
 
 
 def _maximal_steps(intervals: np.ndarray) -> np.ndarray:
+    """First steps of the runs of steps whose live set is maximal (not inside another step's).
+
+    Between consecutive interval ends/starts the live set is constant; such a run [p, q) is
+    maximal iff some interval starts at p and some interval ends at q."""
     live = intervals[:, 0] < intervals[:, 1]
     starts = np.unique(intervals[live, 0])
-    ends_before = np.unique(intervals[live, 1] - 1)
-    return np.intersect1d(starts, ends_before)
+    ends = np.unique(intervals[live, 1])
+    points = np.union1d(starts, ends)
+    if len(points) < 2:
+        return np.zeros(0, dtype=np.int64)
+    maximal = np.isin(points[:-1], starts) & np.isin(points[1:], ends)
+    return points[:-1][maximal].astype(np.int64)
 
 
 def _keep_masks(problem: Problem) -> list[np.ndarray]:

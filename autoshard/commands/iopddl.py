@@ -1,0 +1,74 @@
+"""`autoshard iopddl`: solve or score an instance of the IOPDDL contest format.
+
+    autoshard iopddl PROBLEM.json[.gz] --time-limit SECONDS [--workers N] [--seed S] [-o SOLUTION.json]
+    autoshard iopddl --score PROBLEM SOLUTION
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from autoshard.errors import InputError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("iopddl", help="solve or score an IOPDDL (contest-format) sharding problem",
+                            description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("problem", type=Path, help="instance, JSON or gzipped JSON")
+    parser.add_argument("solution", type=Path, nargs="?", help="with --score: the solution to score")
+    parser.add_argument("--score", action="store_true", help="score SOLUTION instead of solving")
+    parser.add_argument("--time-limit", type=float, default=60.0, metavar="SECONDS", help="wall-clock budget")
+    parser.add_argument("--workers", type=int, default=1, help="CP-SAT worker threads")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("-o", "--output", type=Path, help="write the answer JSON here instead of stdout")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from autoshard.solver import read_iopddl, score, solve
+    from autoshard.solver.problem import load_solution
+
+    problem = read_iopddl(args.problem)
+    if args.score:
+        if args.solution is None:
+            raise InputError("--score needs a SOLUTION file", "SOLUTION")
+        result = score(problem, load_solution(args.solution))
+        answer = {"cost": result.cost, "feasible": result.feasible, "peak_usage": result.peak_usage,
+                  "usage_limit": problem.usage_limit, "violated_steps": result.violated_steps,
+                  "first_violation_step": result.first_violation_step, "forbidden": result.forbidden}
+        _emit(answer, args.output)
+        return 0
+    if args.solution is not None:
+        raise InputError("a SOLUTION file is only read with --score", "SOLUTION")
+    if args.time_limit <= 0:
+        raise InputError(f"must be positive, found {args.time_limit}", "--time-limit")
+    if args.workers < 1:
+        raise InputError(f"must be at least 1, found {args.workers}", "--workers")
+    last = [-1e9]
+
+    def progress(phase: str, cost: float, bound: float, elapsed: float) -> None:
+        if args.quiet or elapsed - last[0] < 2.0:
+            return
+        last[0] = elapsed
+        print(f"[{elapsed:7.1f}s] {phase:8s} best {cost:.6g}  bound {bound:.6g}", file=sys.stderr, flush=True)
+
+    result = solve(problem, time_limit_s=args.time_limit, workers=args.workers, seed=args.seed,
+                   progress=progress)
+    if not args.quiet:
+        print(f"{problem.name or args.problem.name}: {result.status}, cost {result.cost}, bound "
+              f"{result.lower_bound}, gap {result.gap:.2%}", file=sys.stderr)
+    _emit({"solution": list(result.solution), "cost": result.cost, "lower_bound": result.lower_bound,
+           "feasible": result.feasible}, args.output)
+    return 0
+
+
+def _emit(answer: dict, output: Path | None) -> None:
+    text = json.dumps(answer)
+    if output is None:
+        print(text)
+    else:
+        output.write_text(text + "\n", encoding="utf-8")

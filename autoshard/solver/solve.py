@@ -1,0 +1,111 @@
+"""`solve`: one entry point over the exact model and the large-instance heuristic.
+
+Small instances (the marginal model has at most `EXACT_PAIR_LIMIT` edge variables) get a short
+heuristic run for a hint, then CP-SAT for the rest of the time. Larger ones get the heuristic
+(memory relaxation + TRW-S + local search + CP-SAT neighbourhoods) for the whole time. Every
+answer carries a certified lower bound: the best of CP-SAT's bound and the relaxation's.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from autoshard.solver.exact import solve_exact
+from autoshard.solver.flat import FlatProblem, flatten
+from autoshard.solver.heuristic import run_heuristic, smallest_usage
+from autoshard.solver.problem import Problem, check_solution, score
+
+EXACT_PAIR_LIMIT = 400_000
+Progress = Callable[[str, float, float, float], None]  # (phase, cost, bound, elapsed_s)
+
+
+@dataclass(frozen=True)
+class Result:
+    """A solver's answer. `solution` holds one original strategy index per node; `cost` is its
+    exact contest cost; `lower_bound` is certified (no solution costs less); `gap` is
+    (cost - lower_bound) / cost. `status`: "optimal", "feasible", "infeasible" (proved: nothing
+    fits in memory) or "unknown" (nothing found that fits; `solution` is the least-usage choice)."""
+
+    solution: tuple[int, ...]
+    cost: int
+    lower_bound: int
+    gap: float
+    feasible: bool
+    status: str
+    stats: dict = field(default_factory=dict, compare=False)
+
+
+def _pair_count(fp: FlatProblem) -> int:
+    sizes = fp.sizes()
+    both = (sizes[fp.eu] > 1) & (sizes[fp.ev] > 1)
+    return int((sizes[fp.eu] * sizes[fp.ev])[both].sum())
+
+
+def solve(problem: Problem, *, time_limit_s: float, workers: int = 1, seed: int = 0,
+          hint: list[int] | np.ndarray | None = None, progress: Progress | None = None,
+          deterministic: bool = False) -> Result:
+    """Best solution found within `time_limit_s` seconds (fixed work instead of the clock when
+    `deterministic`; then the answer depends only on the problem and the seed)."""
+    start = time.monotonic()
+    if problem.num_nodes == 0:
+        return Result(solution=(), cost=0, lower_bound=0, gap=0.0, feasible=True, status="optimal")
+    fp = flatten(problem)
+    flat_hint = fp.from_original(check_solution(problem, hint)) if hint is not None else None
+    stats: dict = {"nodes": fp.n, "edges": fp.m, "memory_rows": fp.num_rows, "strategies": len(fp.cost)}
+    remaining = max(0.0, time_limit_s - (time.monotonic() - start))
+    candidates = [smallest_usage(fp)] + ([flat_hint] if flat_hint is not None else [])
+    bound = -math.inf
+    optimal = infeasible = False
+    exact = _pair_count(fp) <= EXACT_PAIR_LIMIT
+    stats["method"] = "cp-sat" if exact else "heuristic"
+    heuristic_share = 0.15 if exact else 1.0
+    found = run_heuristic(fp, time_limit_s=remaining * heuristic_share, seed=seed, hint=flat_hint,
+                          progress=progress, deterministic=deterministic)
+    candidates.append(found.x)
+    bound = max(bound, found.bound)
+    stats["heuristic"] = found.stats
+    if exact:
+        best_hint = min((c for c in candidates if fp.fits(c)), key=fp.objective, default=found.x)
+
+        def on_solution(cost: float, cp_bound: float, elapsed: float) -> None:
+            if progress is not None:
+                progress("cp-sat", cost, max(bound, cp_bound), time.monotonic() - start)
+
+        remaining = max(0.1, time_limit_s - (time.monotonic() - start))
+        result = solve_exact(fp, time_limit_s=remaining, workers=workers, seed=seed, hint=best_hint,
+                             deterministic_time=20.0 if deterministic else None, progress=on_solution)
+        stats["cp_sat_status"] = result.status
+        infeasible = result.infeasible
+        optimal = result.optimal
+        bound = max(bound, result.bound)
+        if result.x is not None:
+            candidates.append(result.x)
+    return _result(problem, fp, candidates, bound, optimal, infeasible, stats, start)
+
+
+def _result(problem: Problem, fp: FlatProblem, candidates: list[np.ndarray], bound: float, optimal: bool,
+            infeasible: bool, stats: dict, start: float) -> Result:
+    scored = [(score(problem, fp.to_original(c)), fp.to_original(c)) for c in candidates]
+    fitting = [(s, x) for s, x in scored if s.feasible]
+    if fitting:
+        best_score, best = min(fitting, key=lambda item: (item[0].forbidden > 0, item[0].cost))
+    else:
+        best_score, best = scored[0]
+    cost = best_score.cost
+    lower = min(math.floor(bound), cost) if math.isfinite(bound) and fitting else (
+        math.floor(bound) if math.isfinite(bound) else 0)
+    if not fitting:
+        status = "infeasible" if infeasible else "unknown"
+    elif optimal or lower >= cost:
+        status, lower = "optimal", cost
+    else:
+        status = "feasible"
+    gap = (cost - lower) / cost if fitting and cost > 0 else (0.0 if fitting else math.inf)
+    stats["wall_s"] = round(time.monotonic() - start, 3)
+    return Result(solution=tuple(int(s) for s in best), cost=cost, lower_bound=int(lower), gap=gap,
+                  feasible=bool(fitting), status=status, stats=stats)
