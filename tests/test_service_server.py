@@ -14,7 +14,13 @@ from pathlib import Path
 from typing import Iterator
 
 import httpx
+import hypothesis
 import pytest
+import schemathesis
+from schemathesis import GenerationMode
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (content_type_conformance, response_schema_conformance,
+                                               status_code_conformance)
 
 from autoshard.client import Client, PlanJob
 
@@ -46,13 +52,14 @@ def free_port() -> int:
 
 
 @contextmanager
-def server(db: Path, log: Path, *, crash: bool = False) -> Iterator[Client]:
+def server(db: Path, log: Path, *, crash: bool = False, env: dict[str, str] | None = None,
+           log_level: str = "warning") -> Iterator[Client]:
     """Run `autoshard serve` for the block; then SIGTERM (a clean stop) or, with `crash`, SIGKILL."""
     port = free_port()
-    env = os.environ | {"AUTOSHARD_MAX_TIME_LIMIT_S": "600", "AUTOSHARD_WORKERS": "1"}
+    env = os.environ | {"AUTOSHARD_MAX_TIME_LIMIT_S": "600", "AUTOSHARD_WORKERS": "1"} | (env or {})
     with open(log, "a") as out:
         process = subprocess.Popen([sys.executable, "-m", "autoshard.cli", "serve", "--port", str(port), "--db", str(db),
-                                    "--log-level", "warning"], stdout=out, stderr=subprocess.STDOUT, env=env)
+                                    "--log-level", log_level], stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
         base = f"http://127.0.0.1:{port}"
         for _ in range(POLLS):
@@ -115,3 +122,34 @@ def test_cancel_frees_the_worker_and_a_crash_leaves_the_solve_interrupted(tmp_pa
         assert client.get(first.id).status == "cancelled"
         interrupted = client.get(second.id)
         assert interrupted.status == "failed" and interrupted.error["kind"] == "interrupted"
+
+
+@pytest.fixture
+def served_schema(tmp_path):
+    """The served OpenAPI spec; a short wait cap and time limits keep generated requests quick."""
+    path = tmp_path
+    env = {"AUTOSHARD_MAX_WAIT_S": "0.2", "AUTOSHARD_MAX_TIME_LIMIT_S": "2", "AUTOSHARD_DEFAULT_TIME_LIMIT_S": "1"}
+    with server(path / "plans.sqlite3", path / "server.log", env=env) as client:
+        yield schemathesis.openapi.from_url(f"{client.http.base_url}/openapi.json")
+
+
+CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
+
+
+def test_no_generated_request_makes_the_service_fail(served_schema):
+    """Valid and invalid requests for every operation (at most 2 x 15 each, about 150 in all): no
+    5xx, and every status, content type and body as the spec documents."""
+    for result in served_schema.get_all_operations():
+        operation = result.ok()
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+            @hypothesis.given(case=operation.as_strategy(generation_mode=mode))
+            @hypothesis.settings(max_examples=15, deadline=None, derandomize=True, database=None,
+                                 suppress_health_check=list(hypothesis.HealthCheck))
+            def check(case):
+                case.call_and_validate(checks=CHECKS, timeout=30)
+
+            try:
+                check()
+            except hypothesis.errors.Unsatisfiable:
+                # some operations have no invalid request (no body, any string is an id)
+                assert mode is GenerationMode.NEGATIVE, operation.label

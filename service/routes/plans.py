@@ -17,14 +17,13 @@ from service.config import Settings
 from service.errors import Conflict, NotFound
 from service.inputs import canonical_plan_request, request_key
 from service.ir import emit_ir, ir_arguments
-from service.routes import INPUT_ERRORS
+from service.routes import INPUT_ERRORS, errors
 from service.runner import Runner
-from service.schemas import Dialect, ErrorResponse, PlanJob, PlanRequest, Stage
+from service.schemas import Dialect, PlanJob, PlanRequest, Stage
 from service.store import Job, Store
 
-router = APIRouter(prefix="/v1/plans", tags=["plans"])
+router = APIRouter(prefix="/v1/plans", tags=["plans"], responses=errors(422))
 
-_NOT_FOUND = {404: {"model": ErrorResponse, "description": "no plan of that id"}}
 
 
 def _time(seconds: float) -> str:
@@ -68,15 +67,15 @@ async def submit_plan(body: PlanRequest, response: Response,
     return job_out(job, store)
 
 
-@router.get("/{plan_id}", response_model=PlanJob, responses=_NOT_FOUND)
+@router.get("/{plan_id}", response_model=PlanJob, responses=errors(404))
 def get_plan(plan_id: str, store: Store = Depends(deps.store)) -> PlanJob:
     """The job's status and progress; the plan document once done, the error once failed."""
     return job_out(_job(store, plan_id), store)
 
 
 @router.get("/{plan_id}/ir", response_class=PlainTextResponse,
-            responses={200: {"content": {"text/plain": {}}, "description": "MLIR text"}, **_NOT_FOUND,
-                       409: {"model": ErrorResponse, "description": "the plan is not done"}})
+            responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "MLIR text"},
+                       **errors(404, 409, 422, text_route=True)})
 def get_ir(plan_id: str, stage: Stage = "annotated", dialect: Dialect | None = None,
            arguments: Literal["local", "global"] = "local", store: Store = Depends(deps.store)) -> PlainTextResponse:
     """The plan as MLIR: `annotated` (a sharding on every value) or `partitioned` (per-device
@@ -97,7 +96,7 @@ def get_ir(plan_id: str, stage: Stage = "annotated", dialect: Dialect | None = N
 
 
 @router.delete("/{plan_id}", response_model=PlanJob,
-               responses={**_NOT_FOUND, 409: {"model": ErrorResponse, "description": "the plan already ended"}})
+               responses=errors(404, 409))
 def cancel_plan(plan_id: str, store: Store = Depends(deps.store), runner: Runner = Depends(deps.runner)) -> PlanJob:
     """Cancel a queued or solving plan (its worker process is stopped). Cancelling twice is harmless."""
     job = _job(store, plan_id)
