@@ -1,0 +1,93 @@
+"""Solvers against exhaustive enumeration on random small problems; bounds never above the optimum."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from autoshard.solver import FORBIDDEN_COST, Problem, score, solve
+from autoshard.solver.exact import solve_exact
+from autoshard.solver.flat import flatten
+from autoshard.solver.lagrange import Relaxation
+
+
+def random_problem(seed: int, limited: bool, forbidden: bool = False) -> Problem:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 7))
+    sizes = rng.integers(1, 4, n)
+    costs = [rng.integers(0, 50, s) for s in sizes]
+    usages = [rng.integers(0, 20, s) for s in sizes]
+    starts = rng.integers(0, 8, n)
+    intervals = np.stack([starts, starts + rng.integers(0, 6, n)], axis=1)
+    edges, matrices = [], []
+    for _ in range(int(rng.integers(1, 2 * n))):
+        u, v = (int(a) for a in rng.choice(n, 2, replace=False))
+        matrix = rng.integers(0, 40, (sizes[u], sizes[v]))
+        if forbidden:
+            matrix[rng.random(matrix.shape) < 0.2] = FORBIDDEN_COST
+        edges.append([u, v])  # repeated pairs and both directions happen: parallel edges
+        matrices.append(matrix)
+    limit = None
+    if limited:
+        lowest = score_peak(costs, usages, intervals, edges, matrices, [int(np.argmin(u)) for u in usages])
+        limit = int(lowest + rng.integers(0, 15))
+    return Problem(node_costs=tuple(costs), node_usages=tuple(usages), intervals=intervals, edges=edges,
+                   edge_costs=tuple(matrices), usage_limit=limit)
+
+
+def score_peak(costs, usages, intervals, edges, matrices, x) -> int:
+    problem = Problem(node_costs=tuple(costs), node_usages=tuple(usages), intervals=intervals, edges=edges,
+                      edge_costs=tuple(matrices))
+    return score(problem, x).peak_usage
+
+
+def enumerate_optimum(problem: Problem) -> int | None:
+    """Cheapest feasible cost over every assignment avoiding forbidden choices, None if none fits."""
+    costs = [score(problem, x) for x in itertools.product(*(range(len(c)) for c in problem.node_costs))]
+    fitting = [s.cost for s in costs if s.feasible and s.forbidden == 0]
+    return min(fitting) if fitting else None
+
+
+@pytest.mark.parametrize("limited", [False, True])
+def test_exact_model_matches_enumeration(limited):
+    for seed in range(25):
+        problem = random_problem(seed, limited, forbidden=seed % 3 == 0)
+        expected = enumerate_optimum(problem)
+        fp = flatten(problem)
+        result = solve_exact(fp, time_limit_s=10, workers=1, seed=0, deterministic_time=5.0)
+        if expected is None:
+            assert result.x is None or score(problem, fp.to_original(result.x)).forbidden > 0
+            continue
+        assert result.optimal
+        assert score(problem, fp.to_original(result.x)).cost == expected, seed
+
+
+@pytest.mark.parametrize("limited", [False, True])
+def test_solve_matches_enumeration_and_bounds_hold(limited):
+    for seed in range(100, 115):
+        problem = random_problem(seed, limited)
+        expected = enumerate_optimum(problem)
+        result = solve(problem, time_limit_s=5, seed=1, deterministic=True)
+        assert result.feasible
+        assert result.cost == expected, seed
+        assert result.lower_bound <= expected
+        assert result.status == "optimal" and result.gap == 0.0
+
+
+def test_relaxation_bound_never_exceeds_optimum():
+    for seed in range(200, 230):
+        problem = random_problem(seed, limited=seed % 2 == 0)
+        expected = enumerate_optimum(problem)
+        relaxation = Relaxation(flatten(problem))
+        for round_no in range(6):
+            relaxation.run(5)
+            assert relaxation.bound() <= expected + 1e-6, (seed, round_no)
+            relaxation.lam += 0.5  # any multipliers >= 0 give a valid bound
+            assert relaxation.bound() <= expected + 1e-6, (seed, round_no)
+
+
+def test_deterministic_solve_repeats_itself():
+    problem = random_problem(7, limited=True)
+    first = solve(problem, time_limit_s=5, seed=3, deterministic=True)
+    second = solve(problem, time_limit_s=5, seed=3, deterministic=True)
+    assert first.solution == second.solution and first.lower_bound == second.lower_bound
