@@ -1,0 +1,83 @@
+"""Solve the IOPDDL contest instances within their contest time limits and compare with the contest.
+
+Looks for the instances in `../shared/benchmarks/iopddl` relative to the repository (or --dir),
+solves each one at a time with `autoshard.solver.solve`, checks the answer with the contest
+scoring, and prints a markdown table: our cost, certified lower bound, gap, time, XLA's score
+and the best contest score (from results.csv next to the instances), and our ratio to the best.
+
+    python benchmarks/iopddl_bench.py [--only A,B] [--workers 2] [--scale 1.0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+import time
+from pathlib import Path
+
+from autoshard.solver import read_iopddl, score, solve
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_DIR = REPO.parent / "shared" / "benchmarks" / "iopddl"
+# Contest time limits in seconds (from the contest's benchmark table).
+TIME_LIMIT_S = {"A": 60, "B": 60, "C": 60, "D": 60, "E": 120, "F": 120, "G": 120, "H": 120, "I": 120,
+                "J": 120, "K": 180, "L": 180, "M": 180, "N": 180, "O": 180, "P": 240, "Q": 240, "R": 240,
+                "S": 240, "T": 240, "U": 300, "V": 300, "W": 300, "X": 300, "Y": 300}
+
+
+def contest_scores(path: Path) -> dict[str, dict[str, int]]:
+    """{instance: {team: score}} from results.csv; empty cells (no feasible answer) left out."""
+    if not path.exists():
+        return {}
+    table: dict[str, dict[str, int]] = {}
+    with path.open() as handle:
+        for row in csv.DictReader(handle):
+            team = row.pop("TEAM")
+            for instance, value in row.items():
+                if value:
+                    table.setdefault(instance, {})[team] = int(value)
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dir", type=Path, default=DEFAULT_DIR)
+    parser.add_argument("--only", default="", help="comma-separated instance letters")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every time limit")
+    args = parser.parse_args(argv)
+    files = sorted(args.dir.glob("asplos-2025-iopddl-*.json*"))
+    if not files:
+        print(f"no IOPDDL instances found in {args.dir} (expected asplos-2025-iopddl-*.json.gz there; "
+              "pass --dir)", file=sys.stderr)
+        return 1
+    wanted = {s.strip() for s in args.only.split(",") if s.strip()}
+    scores = contest_scores(args.dir / "results.csv")
+    print("| instance | nodes | our cost | lower bound | gap | time (s) | XLA | best contest | ours / best |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for path in files:
+        letter = path.name.split("-")[-1].split(".")[0]
+        if wanted and letter not in wanted:
+            continue
+        limit = TIME_LIMIT_S.get(letter, 60) * args.scale
+        problem = read_iopddl(path)
+        start = time.monotonic()
+        result = solve(problem, time_limit_s=limit, workers=args.workers, seed=args.seed)
+        elapsed = time.monotonic() - start
+        check = score(problem, list(result.solution))
+        assert check.cost == result.cost and check.feasible == result.feasible
+        teams = scores.get(letter, {})
+        xla = teams.get("XLA")
+        best = min((v for team, v in teams.items() if team != "XLA"), default=None)
+        cost = f"{result.cost}" if result.feasible else f"infeasible ({result.cost})"
+        ratio = f"{result.cost / best:.3f}" if best and result.feasible else "-"
+        print(f"| {letter} | {problem.num_nodes} | {cost} | {result.lower_bound} | {result.gap:.1%} | "
+              f"{elapsed:.0f} | {xla if xla is not None else '-'} | {best if best is not None else '-'} | {ratio} |",
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
