@@ -1,0 +1,146 @@
+"""Run one op of a partitioned program on every device of the mesh.
+
+A device computes the block of the op's iteration space its option gives it: every split loop
+is cut into the reference's ceildiv pieces and the device takes the piece of its in-group
+index over that loop's axes. Each operand is cut to the range the block reads through its map,
+taken from the device's own shard of that operand; a device that does not hold the range is a
+bug of the program, reported with the op, operand and device. Where a reduction loop is split
+the results are partial; a device whose block is empty contributes the reduction's identity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from autoshard.affine import AffineMap
+from autoshard.dtypes import DTYPES
+from autoshard.errors import AutoshardError
+from autoshard.graph import Op
+from autoshard.mesh import Device, Mesh
+from autoshard.ops import Block, evaluate_block
+from autoshard.ops.loops import LoopNest
+from autoshard.options import ShardingOption
+from autoshard.sharding import Sharding, ceildiv
+from autoshard.sim.collectives import Shards
+
+
+class ProgramError(AutoshardError):
+    """A partitioned program cannot run: a device lacks data an op reads, or holds a shard of
+    the wrong shape. The message names the op (or value) and the device; so do `op`, `device`."""
+
+    def __init__(self, message: str, op: str = "", device: Device | None = None):
+        super().__init__(message)
+        self.op = op
+        self.device = device
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """A value on the mesh: each device's local tensor, the sharding they form, the global shape."""
+
+    shards: Shards
+    sharding: Sharding
+    shape: tuple[int, ...]
+
+
+def loop_block(mesh: Mesh, nest: LoopNest, option: ShardingOption, device: Device) -> Block:
+    """The device's block: per split loop the ceildiv piece of its in-group index."""
+    starts, sizes = [], []
+    for extent, axes in zip(nest.extents, option.loop_axes):
+        step = ceildiv(extent, mesh.group_size(axes))
+        start = min(mesh.in_group_linear(device, axes) * step, extent)
+        starts.append(start)
+        sizes.append(min(start + step, extent) - start)
+    return Block(tuple(starts), tuple(sizes), nest.extents)
+
+
+def _span(s: slice) -> str:
+    return f"[{s.start}, {s.stop})"
+
+
+def _describe(slices: Sequence[slice]) -> str:
+    return "[" + ", ".join(_span(s) for s in slices) + "]"
+
+
+def cut_operand(op: Op, index: int, value: Placed, mesh: Mesh, device: Device, block: Block) -> np.ndarray:
+    """The part of the device's shard of input `index` that the block reads."""
+    needed = op.nest.operand_range(op.nest.input_maps[index], block, value.shape)
+    held = value.sharding.device_slices(mesh, value.shape, device)
+    local = value.shards.get(device)
+    if local is None:
+        raise ProgramError(f"op {op.name!r} on device {list(device)}: input {index} ({op.inputs[index]!r}) "
+                           f"has no defined value on this device", op.name, device)
+    if any(n.start < h.start or n.stop > h.stop for n, h in zip(needed, held) if n.stop > n.start):
+        raise ProgramError(f"op {op.name!r} on device {list(device)} reads {_describe(needed)} of input {index} "
+                           f"({op.inputs[index]!r}) but the device holds {_describe(held)} "
+                           f"(sharding {value.sharding})", op.name, device)
+    expected = tuple(h.stop - h.start for h in held)
+    if local.shape != expected:
+        raise ProgramError(f"op {op.name!r} on device {list(device)}: input {index} ({op.inputs[index]!r}) has local "
+                           f"shape {list(local.shape)}; sharding {value.sharding} of {list(value.shape)} gives "
+                           f"{list(expected)}", op.name, device)
+    return local[tuple(slice(n.start - h.start, max(n.stop, n.start) - h.start) for n, h in zip(needed, held))]
+
+
+def reduction_identity(kind: str, dtype: np.dtype) -> np.generic:
+    """The value a device with nothing to reduce contributes to a partial result."""
+    if kind in ("sum", "product"):
+        return dtype.type(kind == "product")
+    if dtype == np.bool_:
+        return np.bool_(kind == "min")
+    if np.issubdtype(dtype, np.floating):
+        return dtype.type(-np.inf if kind == "max" else np.inf)
+    info = np.iinfo(dtype)
+    return dtype.type(info.min if kind == "max" else info.max)
+
+
+def run_local_op(mesh: Mesh, op: Op, option: ShardingOption, inputs: Sequence[Placed],
+                 outputs: Sequence[tuple[Sharding, tuple[int, ...], str]]) -> list[Shards]:
+    """Every device's local results of `op` under `option`.
+
+    `outputs` gives each result's sharding, global shape and dtype name; each device's result
+    must be exactly its shard of that sharding (else ProgramError).
+    """
+    nest = op.nest
+    dtypes = [np.dtype(DTYPES[dtype].numpy) for _, _, dtype in outputs]
+    results: list[Shards] = [{} for _ in outputs]
+    for device in mesh.devices():
+        block = loop_block(mesh, nest, option, device)
+        if 0 in block.sizes:
+            # Nothing to compute: an empty shard, or the identity where only a reduction loop is empty.
+            values = [np.full(_block_shape(m, block), reduction_identity(nest.reduction_kind, dt), dt)
+                      for m, dt in zip(nest.output_maps, dtypes)]
+        else:
+            cut = [cut_operand(op, i, value, mesh, device, block) for i, value in enumerate(inputs)]
+            values = evaluate_block(op.op_kind, nest, op.attrs, cut, block)
+        for k, (value, (sharding, shape, _), dt) in enumerate(zip(values, outputs, dtypes)):
+            value = np.asarray(value).astype(dt, copy=False)
+            _check_result(op, k, value, nest, block, sharding, shape, mesh, device)
+            results[k][device] = value
+    return results
+
+
+def _block_shape(map_: AffineMap, block: Block) -> tuple[int, ...]:
+    """Shape of what `block` writes through `map_`: zero along dims an empty loop indexes."""
+    shape = []
+    for expr in map_.results:
+        if any(block.sizes[l] == 0 for l in expr.loops):
+            shape.append(0)
+        else:
+            low, high = expr.range_over(block.starts, block.sizes)
+            shape.append(high - low + 1)
+    return tuple(shape)
+
+
+def _check_result(op: Op, index: int, value: np.ndarray, nest: LoopNest, block: Block, sharding: Sharding,
+                  shape: tuple[int, ...], mesh: Mesh, device: Device) -> None:
+    held = sharding.device_slices(mesh, shape, device)
+    expected = tuple(h.stop - h.start for h in held)
+    computed = nest.operand_range(nest.output_maps[index], block, shape)
+    if value.shape != expected or any(c.start != h.start for c, h in zip(computed, held) if h.stop > h.start):
+        raise ProgramError(f"op {op.name!r} on device {list(device)} computes {_describe(computed)} of result "
+                           f"{index} ({op.outputs[index]!r}), but sharding {sharding} of {list(shape)} puts "
+                           f"{_describe(held)} there", op.name, device)
