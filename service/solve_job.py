@@ -8,6 +8,7 @@ the process exits instead of solving on for nobody.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -28,7 +29,9 @@ def failure(kind: str, message: str, problems: list[dict[str, str]] | None = Non
 
 
 class ProgressSender:
-    """Forwards the solver's progress reports, at most one per interval, as plain JSON values."""
+    """Forwards the solver's progress reports (`phase, cost, bound, elapsed_s`), at most one per
+    interval. Objective and bound are in the objective's units: picoseconds of step time when
+    only time is weighted."""
 
     def __init__(self, conn: Connection):
         self.conn = conn
@@ -38,23 +41,21 @@ class ProgressSender:
     def phase(self, name: str) -> None:
         self.conn.send(("progress", {"phase": name, "elapsed_s": time.monotonic() - self.started}))
 
-    def __call__(self, info: Mapping[str, Any]) -> None:
+    def __call__(self, solver_phase: str, cost: float, bound: float, elapsed_s: float) -> None:
         now = time.monotonic()
         if now - self.last < PROGRESS_INTERVAL_S:
             return
         self.last = now
-        report: dict[str, Any] = {k: _plain(v) for k, v in info.items() if _plain(v) is not None}
-        report.update(phase="solving", elapsed_s=now - self.started)
-        self.conn.send(("progress", report))
+        objective, lower_bound = _finite(cost), _finite(bound)
+        gap = (objective - lower_bound) / objective if objective and lower_bound is not None else None
+        self.conn.send(("progress", {"phase": "solving", "solver_phase": solver_phase, "objective": objective,
+                                     "lower_bound": lower_bound, "gap": gap, "solve_elapsed_s": elapsed_s,
+                                     "elapsed_s": now - self.started}))
 
 
-def _plain(value: Any) -> str | int | float | bool | None:
-    """A JSON scalar, or None for what is not one (numpy scalars have `item()`)."""
-    if hasattr(value, "item") and not isinstance(value, (list, dict)):
-        value = value.item()
-    if isinstance(value, float) and value != value:  # NaN is not JSON
-        return None
-    return value if isinstance(value, (str, int, float, bool)) else None
+def _finite(value: float) -> float | None:
+    """JSON has no infinities: an unknown objective or bound is null."""
+    return float(value) if math.isfinite(value) else None
 
 
 def _exit_with_service(conn: Connection) -> None:

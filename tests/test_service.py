@@ -31,7 +31,7 @@ MLP = {
     "ops": [{"name": "fc1", "kind": "matmul", "inputs": ["x", "w1"], "outputs": ["h"]},
             {"name": "fc2", "kind": "matmul", "inputs": ["h", "w2"], "outputs": ["y"]}],
 }
-OPTIONS = {"time_limit_s": 10, "seed": 0}
+OPTIONS = {"time_limit_s": 2, "seed": 0}
 
 
 def settings_for(tmp_path, **overrides) -> Settings:
@@ -66,7 +66,7 @@ def test_plan_is_the_library_plan_and_prices_the_same_through_estimate(client):
     mesh = Mesh.parse("dp=2,tp=2")
     graph = graph_from_json(MLP, mesh)
     hw = bind_hardware("dgx-h100", mesh)
-    direct = make_plan(graph, mesh, hw, SolveSettings(time_limit_s=10, workers=1, seed=0))
+    direct = make_plan(graph, mesh, hw, SolveSettings(time_limit_s=2, workers=1, seed=0))
     assert document["solver"]["objective_ps"] == direct.solver["objective_ps"]
     plan_from_json(document, graph, mesh)  # a valid plan for the graph
 
@@ -78,7 +78,7 @@ def test_identical_requests_share_one_job_and_different_ones_do_not(client):
     first = client.submit(MLP, "dp=2,tp=2", options=OPTIONS, wait_s=60)
     # the same request spelt differently: mesh as an object, attributes re-ordered
     same = client.submit(copy.deepcopy(MLP), {"axes": [{"name": "dp", "size": 2}, {"name": "tp", "size": 2}]},
-                         options={"seed": 0, "time_limit_s": 10.0})
+                         options={"seed": 0, "time_limit_s": 2.0})
     assert same.id == first.id and same.status == "done" and same.plan == first.plan
     other_seed = client.submit(MLP, "dp=2,tp=2", options=OPTIONS | {"seed": 1})
     other_mesh = client.submit(MLP, "tp=2,dp=2", options=OPTIONS)

@@ -96,14 +96,14 @@ def reach(client: Client, plan_id: str, status: str) -> PlanJob:
 def test_a_plan_outlives_the_server_that_made_it(tmp_path):
     db, log = tmp_path / "plans.sqlite3", tmp_path / "server.log"
     with server(db, log) as client:
-        submitted = client.submit(MLP, "dp=2,tp=2", "dgx-h100", options={"time_limit_s": 10})
+        submitted = client.submit(MLP, "dp=2,tp=2", "dgx-h100", options={"time_limit_s": 2})
         job = client.poll(submitted.id, timeout_s=60)
         assert job.status == "done", job.error
         assert job.plan["totals"]["peak_memory_bytes_per_device"] > 0
     with server(db, log) as client:
         assert client.get(job.id).plan == job.plan
         # the identical request is answered from the store, done, without solving again
-        again = client.submit(MLP, "dp=2,tp=2", "dgx-h100", options={"time_limit_s": 10})
+        again = client.submit(MLP, "dp=2,tp=2", "dgx-h100", options={"time_limit_s": 2})
         assert (again.id, again.status, again.plan) == (job.id, "done", job.plan)
 
 
