@@ -10,8 +10,15 @@ Errors the service reports come back as `ServiceError` with the same `Problem`s 
 
 from __future__ import annotations
 
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping
 
 import httpx
@@ -167,3 +174,69 @@ class Client:
 
     def topologies(self) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/topologies").json()
+
+
+class LocalService:
+    """`autoshard serve` in a child process on a free loopback port, for notebooks and tests.
+
+        with LocalService("plans.sqlite3") as client:
+            client.topologies()
+
+    or `client = service.start()` ... `service.stop()` across notebook cells; a service still
+    running when the Python process exits is stopped then.
+    """
+
+    def __init__(self, db: str | Path, *, workers: int = 1, env: Mapping[str, str] | None = None,
+                 log: str | Path | None = None, startup_timeout_s: float = 60.0):
+        self.db, self.workers, self.env = Path(db), workers, dict(env or {})
+        self.log = Path(log) if log is not None else self.db.with_suffix(".log")
+        self.startup_timeout_s = startup_timeout_s
+        self.process: subprocess.Popen[bytes] | None = None
+        self.url = ""
+        self.client: Client | None = None
+
+    def start(self) -> Client:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        command = [sys.executable, "-m", "autoshard.cli", "serve", "--port", str(port), "--db", str(self.db),
+                   "--workers", str(self.workers), "--log-level", "warning"]
+        with open(self.log, "a") as out:
+            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                            env=os.environ | self.env)
+        atexit.register(self.stop)
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"autoshard serve exited with code {self.process.returncode}:\n"
+                                   f"{self.log.read_text()}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
+                    self.client = Client(self.url)
+                    return self.client
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise TimeoutError(f"autoshard serve did not answer within {self.startup_timeout_s:g} s; see {self.log}")
+
+    def stop(self, *, crash: bool = False) -> None:
+        """SIGTERM (a clean stop), or with `crash` SIGKILL, as a machine failure would."""
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL if crash else signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        atexit.unregister(self.stop)
+
+    def __enter__(self) -> Client:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()

@@ -1,19 +1,12 @@
 """`autoshard serve` as a real uvicorn process on 127.0.0.1: plans through the client, the store
-across a restart and a crash, cancellation of a running solve. Every server is stopped."""
+across a restart and a crash, cancellation of a running solve, a property-based run of the
+served OpenAPI spec. Every server is stopped when its block ends."""
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
-import httpx
 import hypothesis
 import pytest
 import schemathesis
@@ -22,7 +15,7 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (content_type_conformance, response_schema_conformance,
                                                status_code_conformance)
 
-from autoshard.client import Client, PlanJob
+from autoshard.client import Client, LocalService, PlanJob
 
 MLP = {
     "format": "autoshard.graph/v1", "name": "mlp",
@@ -31,11 +24,11 @@ MLP = {
                 "h": {"shape": [8, 32], "dtype": "f32"}},
     "ops": [{"name": "fc1", "kind": "matmul", "inputs": ["x", "w1"], "outputs": ["h"]}],
 }
-POLLS = 600  # x 0.05 s: how long a server may take to start, or a job to reach a state
+POLLS = 600  # x 0.05 s: how long a job may take to reach a state
 
 
 def deep_mlp(layers: int) -> dict:
-    """Enough layers on a 3-axis mesh that the solver runs to its time limit unless stopped."""
+    """Enough layers on a 3-axis mesh that planning runs for minutes unless stopped."""
     tensors = {"a0": {"shape": [64, 256], "dtype": "bf16", "role": "input"}}
     ops = []
     for i in range(layers):
@@ -45,42 +38,9 @@ def deep_mlp(layers: int) -> dict:
     return {"format": "autoshard.graph/v1", "name": "deep", "tensors": tensors, "ops": ops}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def server(db: Path, log: Path, *, crash: bool = False, env: dict[str, str] | None = None,
-           log_level: str = "warning") -> Iterator[Client]:
-    """Run `autoshard serve` for the block; then SIGTERM (a clean stop) or, with `crash`, SIGKILL."""
-    port = free_port()
-    env = os.environ | {"AUTOSHARD_MAX_TIME_LIMIT_S": "600", "AUTOSHARD_WORKERS": "1"} | (env or {})
-    with open(log, "a") as out:
-        process = subprocess.Popen([sys.executable, "-m", "autoshard.cli", "serve", "--port", str(port), "--db", str(db),
-                                    "--log-level", log_level], stdout=out, stderr=subprocess.STDOUT, env=env)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        for _ in range(POLLS):
-            assert process.poll() is None, log.read_text()
-            try:
-                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        else:
-            pytest.fail(f"the server did not start:\n{log.read_text()}")
-        with Client(base) as client:
-            yield client
-    finally:
-        process.send_signal(signal.SIGKILL if crash else signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+def server(db: Path, log: Path, env: dict[str, str] | None = None) -> LocalService:
+    """`autoshard serve` with one worker; leaving its block stops it (SIGTERM)."""
+    return LocalService(db, log=log, env={"AUTOSHARD_MAX_TIME_LIMIT_S": "600"} | (env or {}))
 
 
 def reach(client: Client, plan_id: str, status: str) -> PlanJob:
@@ -110,7 +70,8 @@ def test_a_plan_outlives_the_server_that_made_it(tmp_path):
 def test_cancel_frees_the_worker_and_a_crash_leaves_the_solve_interrupted(tmp_path):
     db, log = tmp_path / "plans.sqlite3", tmp_path / "server.log"
     graph = deep_mlp(24)
-    with server(db, log, crash=True) as client:
+    crashing = server(db, log)
+    with crashing as client:
         first = client.submit(graph, "a=2,b=2,c=2", options={"time_limit_s": 300})
         reach(client, first.id, "solving")
         assert client.cancel(first.id).status == "cancelled"
@@ -118,6 +79,7 @@ def test_cancel_frees_the_worker_and_a_crash_leaves_the_solve_interrupted(tmp_pa
         # one worker: the next solve starts only because the cancelled one was stopped
         second = client.submit(graph, "a=2,b=2,c=2", options={"time_limit_s": 300, "seed": 1})
         reach(client, second.id, "solving")
+        crashing.stop(crash=True)
     with server(db, log) as client:
         assert client.get(first.id).status == "cancelled"
         interrupted = client.get(second.id)
