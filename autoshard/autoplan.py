@@ -59,7 +59,7 @@ def make_plan(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = 
         "formulate_s": built - started,
         "solve_s": time.perf_counter() - built,
         "problem": {"nodes": problem.num_nodes, "edges": problem.num_edges,
-                    "strategies": int(np.sum(problem.num_strategies))},
+                    "strategies": int(np.sum(problem.num_strategies()))},
         "memory_budget_bytes": budget,
     }
     return PlanResult(plan, report, solver)

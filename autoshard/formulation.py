@@ -78,8 +78,14 @@ class ReshardingPrices:
         return found
 
 
+# At equal time, the plan that holds less wins: each MiB held costs 1 ps, a thousandth of the
+# time of moving it over the fastest link, so it never outweighs a real difference in time.
+TIE_BREAK_PS_PER_BYTE = 1.0 / 2 ** 20
+
+
 def _cost(seconds: float, comm_bytes: float, memory: float, w: Weights) -> int:
-    return int(round(seconds * PICOSECONDS * w.time + comm_bytes * w.comm_bytes + memory * w.memory_bytes))
+    return int(round(seconds * PICOSECONDS * w.time + comm_bytes * w.comm_bytes
+                     + memory * (w.memory_bytes + TIE_BREAK_PS_PER_BYTE)))
 
 
 def formulate(graph: Graph, mesh: Mesh, hw: Hardware, *, memory_budget: float | None = None,
@@ -107,8 +113,9 @@ def formulate(graph: Graph, mesh: Mesh, hw: Hardware, *, memory_budget: float | 
         nodes.append(("storage", tensor.name))
         choices.append(options)
         produced.append(options)
-        costs.append(np.zeros(len(options), dtype=np.int64))
-        usages.append(np.array([tensor_bytes(tensor.shape, tensor.itemsize, s, mesh) for s in options], dtype=np.int64))
+        held = [tensor_bytes(tensor.shape, tensor.itemsize, s, mesh) for s in options]
+        costs.append(np.array([_cost(0.0, 0.0, b, weights) for b in held], dtype=np.int64))
+        usages.append(np.array(held, dtype=np.int64))
         first, last = ranges[tensor.name]
         intervals.append((first, last + 1))
         hint.append(_hint_index(options, hints.get(tensor.name)))
@@ -116,8 +123,9 @@ def formulate(graph: Graph, mesh: Mesh, hw: Hardware, *, memory_budget: float | 
     for op in order:
         options = enumerate_options(op.nest, mesh)
         for position, t in enumerate(op.outputs):
-            if t in pins:
-                # A pinned result may come out partial: reducing it is priced on its edges.
+            if t in pins and t not in graph.outputs:
+                # A pinned intermediate is produced as pinned (partial allowed: reducing it is
+                # priced on its edges); a pinned graph output is resharded to its pin at the end.
                 options = [o for o in options
                            if result_shardings(op.nest, o)[position].without_partial() == pins[t].without_partial()]
         if not options:
@@ -138,8 +146,9 @@ def formulate(graph: Graph, mesh: Mesh, hw: Hardware, *, memory_budget: float | 
                     target = pins.get(t, s.without_partial())
                     r_s, r_b = prices(graph.tensors[t].shape, graph.tensors[t].itemsize, s, target)
                     seconds, comm = seconds + r_s, comm + r_b
-            node_costs.append(_cost(seconds, comm, 0.0, weights))
-            node_usage.append(result_bytes(graph, op, option, mesh))
+            held = result_bytes(graph, op, option, mesh)
+            node_costs.append(_cost(seconds, comm, held, weights))
+            node_usage.append(held)
             first_results.append(results[0])
         costs.append(np.array(node_costs, dtype=np.int64))
         usages.append(np.array(node_usage, dtype=np.int64))
