@@ -1,0 +1,230 @@
+"""`grad`: the gradient of a table op with respect to one of its operands.
+
+Inputs: the forward op's inputs, then the gradient of its output; attributes `of` (the forward
+kind), `wrt` (which input) and `forward` (the forward op's attributes). The loop nest is the
+forward op's own: the forward maps read the inputs, the forward output map reads the output
+gradient, and the result is written through the differentiated input's map. A loop that
+indexes that input stays parallel; one that does not becomes a sum (the gradient collects a
+contribution from every point of it); a forward `invalid` loop stays invalid.
+
+The row exists for backward passes the rest of the table cannot express: derivatives that need
+constants (gelu, silu, tanh, the norms' eps, a mean's 1/n), the causal mask of attention, and
+the scatter-add of an embedding lookup. Contractions, reshapes and sums differentiate into
+ordinary table ops and have no rule here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from autoshard.affine import AffineMap
+from autoshard.ops.loops import INVALID, PARALLEL, REDUCTION, LoopNest, map_extent
+from autoshard.ops.payloads import PAYLOADS
+from autoshard.ops.table import OP_KINDS, Attrs, Context, OpError, OpKind, Shape, normalize_axis, register
+
+# compute(forward inputs, output gradient, forward context, wrt) -> gradient block of input `wrt`
+GradCompute = Callable[[list[np.ndarray], np.ndarray, Context, int], np.ndarray]
+
+
+@dataclass(frozen=True, slots=True)
+class GradRule:
+    compute: GradCompute
+    differentiable: tuple[int, ...]  # the inputs a gradient exists for
+    flops: Callable[[LoopNest, int], float]  # of the forward nest, per differentiated input
+
+
+GRAD_RULES: dict[str, GradRule] = {}
+
+
+# --- elementwise: dy * f'(x) ------------------------------------------------------------
+_sigmoid = PAYLOADS["sigmoid"].fn
+
+
+def _gelu_slope(x: np.ndarray) -> np.ndarray:
+    c, a = 0.7978845608028654, 0.044715  # the tanh approximation of the payload
+    t = np.tanh(c * (x + a * x ** 3))
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * a * x * x)
+
+
+def _silu_slope(x: np.ndarray) -> np.ndarray:
+    s = _sigmoid(x)
+    return s * (1.0 + x * (1.0 - s))
+
+
+SLOPES: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "neg": lambda x: -np.ones_like(x),
+    "abs": np.sign,
+    "exp": np.exp,
+    "log": lambda x: 1.0 / x,
+    "sqrt": lambda x: 0.5 / np.sqrt(x),
+    "rsqrt": lambda x: -0.5 * x ** -1.5,
+    "tanh": lambda x: 1.0 - np.tanh(x) ** 2,
+    "relu": lambda x: (x > 0).astype(x.dtype),
+    "gelu": _gelu_slope,
+    "sigmoid": lambda x: _sigmoid(x) * (1.0 - _sigmoid(x)),
+    "silu": _silu_slope,
+    "square": lambda x: 2.0 * x,
+}
+
+
+def _elementwise_rule(name: str) -> GradRule:
+    slope = SLOPES[name]
+    return GradRule(lambda inputs, dy, ctx, wrt: dy * slope(inputs[0]), (0,),
+                    lambda nest, wrt: (PAYLOADS[name].flops + 1.0) * nest.points())
+
+
+for _name in SLOPES:
+    GRAD_RULES[_name] = _elementwise_rule(_name)
+
+
+# --- reduce_mean: the output gradient spread over the reduced dims, over their count ------
+def _reduce_mean_grad(inputs: list[np.ndarray], dy: np.ndarray, ctx: Context, wrt: int) -> np.ndarray:
+    reduced = ctx.nest.reduction_loops
+    kept = [1 if loop in reduced else size for loop, size in enumerate(ctx.block.sizes)]
+    count = float(np.prod([ctx.block.extents[loop] for loop in reduced]))  # global, as the forward op
+    return np.broadcast_to(dy.reshape(kept), ctx.block.sizes) / count
+
+
+GRAD_RULES["reduce_mean"] = GradRule(_reduce_mean_grad, (0,), lambda nest, wrt: float(nest.points()))
+
+
+# --- layer_norm / rms_norm ---------------------------------------------------------------
+def _norm_parts(inputs: list[np.ndarray], ctx: Context, centred: bool) -> tuple[np.ndarray, np.ndarray, int, list[int]]:
+    """(x_hat, 1/std, axis, the shape a parameter broadcasts as)."""
+    x = inputs[0]
+    axis = normalize_axis(ctx.attrs.get("axis", -1), x.ndim)
+    shape = [1] * x.ndim
+    shape[axis] = -1
+    centre = np.mean(x, axis=axis, keepdims=True) if centred else 0.0
+    second = np.mean(np.square(x - centre), axis=axis, keepdims=True)
+    inv_std = 1.0 / np.sqrt(second + ctx.attrs.get("eps", 1e-5 if centred else 1e-6))
+    return (x - centre) * inv_std, inv_std, axis, shape
+
+
+def _norm_grad(centred: bool) -> GradCompute:
+    def compute(inputs: list[np.ndarray], dy: np.ndarray, ctx: Context, wrt: int) -> np.ndarray:
+        x_hat, inv_std, axis, shape = _norm_parts(inputs, ctx, centred)
+        others = tuple(d for d in range(dy.ndim) if d != axis)
+        if wrt == 1:
+            return np.sum(dy * x_hat, axis=others)
+        if wrt == 2:
+            return np.sum(dy, axis=others)
+        g = dy * inputs[1].reshape(shape) if len(inputs) > 1 else dy
+        mean = lambda v: np.mean(v, axis=axis, keepdims=True)  # noqa: E731
+        return inv_std * ((g - mean(g) if centred else g) - x_hat * mean(g * x_hat))
+    return compute
+
+
+GRAD_RULES["layer_norm"] = GradRule(_norm_grad(True), (0, 1, 2), lambda nest, wrt: (10.0 if wrt == 0 else 3.0) * nest.points())
+GRAD_RULES["rms_norm"] = GradRule(_norm_grad(False), (0, 1), lambda nest, wrt: (8.0 if wrt == 0 else 3.0) * nest.points())
+
+
+# --- attention ---------------------------------------------------------------------------
+def _attention_grad(inputs: list[np.ndarray], dy: np.ndarray, ctx: Context, wrt: int) -> np.ndarray:
+    """Recompute the weights P, then dS = P * (dP - rowsum(P * dP)) with dP = dy v^T.
+
+    Every gradient is linear in dy and v over the value features e, and a sum over queries for
+    k and v, so blocks of those loops give partial sums.
+    """
+    q, k, v = inputs
+    scale = ctx.attrs.get("scale", 1.0 / np.sqrt(ctx.block.extents[5]))
+    scores = np.einsum("bhsd,bhtd->bhst", q, k) * scale
+    if ctx.attrs.get("causal", False):
+        rows = ctx.block.starts[2] + np.arange(q.shape[2])[:, None]  # global query positions
+        scores = np.where(np.arange(k.shape[2])[None, :] <= rows, scores, -np.inf)
+    p = np.exp(scores - np.max(scores, axis=-1, keepdims=True))
+    p = p / np.sum(p, axis=-1, keepdims=True)
+    if wrt == 2:
+        return np.einsum("bhst,bhse->bhte", p, dy)
+    dp = np.einsum("bhse,bhte->bhst", dy, v)
+    ds = p * (dp - np.sum(p * dp, axis=-1, keepdims=True)) * scale
+    if wrt == 0:
+        return np.einsum("bhst,bhtd->bhsd", ds, k)
+    return np.einsum("bhst,bhsd->bhtd", ds, q)
+
+
+def _attention_grad_flops(nest: LoopNest, wrt: int) -> float:
+    b, h, s, e, t, d = nest.extents
+    scores, values, softmax = 2.0 * b * h * s * t * d, 2.0 * b * h * s * t * e, 5.0 * b * h * s * t
+    # each gradient recomputes the weights; q and k also need dP and the softmax backward
+    return scores + softmax + values + (values + scores + 3.0 * b * h * s * t if wrt in (0, 1) else 0.0)
+
+
+GRAD_RULES["attention"] = GradRule(_attention_grad, (0, 1, 2), _attention_grad_flops)
+
+
+# --- embedding: scatter-add of the output gradient into the looked-up rows -----------------
+def _embedding_grad(inputs: list[np.ndarray], dy: np.ndarray, ctx: Context, wrt: int) -> np.ndarray:
+    ids = inputs[0].astype(np.int64) - ctx.block.starts[-1]  # rows of this block of the vocabulary
+    rows, width = ctx.block.sizes[-1], ctx.block.sizes[-2]
+    out = np.zeros((rows, width), dtype=dy.dtype)
+    hit = (ids >= 0) & (ids < rows)
+    np.add.at(out, ids[hit], dy[hit])
+    return out
+
+
+GRAD_RULES["embedding"] = GradRule(_embedding_grad, (1,), lambda nest, wrt: float(np.prod(nest.extents[:-1])))
+
+
+# --- the row -----------------------------------------------------------------------------
+def _forward(attrs: Attrs) -> tuple[OpKind, GradRule, Attrs, int]:
+    of = attrs.get("of")
+    if of not in GRAD_RULES:
+        raise OpError(f"attribute 'of' must name a kind with a gradient rule, one of {sorted(GRAD_RULES)}; got {of!r}", "of")
+    forward = attrs.get("forward", {})
+    if not isinstance(forward, dict):
+        raise OpError(f"attribute 'forward' must be an object of {of} attributes, got {forward!r}", "forward")
+    kind = OP_KINDS[of]
+    for name in forward:
+        if name not in kind.attrs:
+            raise OpError(f"{of} takes no attribute {name!r}" + (f"; it takes {list(kind.attrs)}" if kind.attrs else ""), "forward")
+    wrt = attrs.get("wrt")
+    rule = GRAD_RULES[of]
+    if not isinstance(wrt, int) or isinstance(wrt, bool) or wrt not in rule.differentiable:
+        raise OpError(f"attribute 'wrt' must be the index of a differentiable {of} input, one of {list(rule.differentiable)}; got {wrt!r}", "wrt")
+    return kind, rule, forward, wrt
+
+
+def _grad_loops(shapes: Sequence[Shape], attrs: Attrs) -> LoopNest:
+    kind, _, forward, wrt = _forward(attrs)
+    inputs = list(shapes[:-1])
+    low, high = kind.num_inputs
+    if not shapes or len(inputs) < low or (high is not None and len(inputs) > high) or wrt >= len(inputs):
+        raise OpError(f"expected the {kind.name} inputs then the output gradient, with input {wrt} among them; got {len(shapes)} inputs")
+    nest = kind.loops(inputs, forward)
+    if tuple(shapes[-1]) != nest.output_shapes()[0]:
+        raise OpError(f"the output gradient (last input) must have the {kind.name} output shape {list(nest.output_shapes()[0])}, "
+                      f"got {list(shapes[-1])}")
+    target = nest.input_maps[wrt]
+    indexed = {loop for expr in target.results for loop in expr.loops}
+    iterators = tuple(INVALID if t == INVALID else PARALLEL if loop in indexed else REDUCTION
+                      for loop, t in enumerate(nest.iterator_types))
+    return LoopNest(nest.extents, iterators, nest.input_maps + nest.output_maps, (target,))
+
+
+def _grad_compute(inputs: list[np.ndarray], ctx: Context) -> list[np.ndarray]:
+    kind, rule, forward, wrt = _forward(ctx.attrs)
+    *fwd_inputs, dy = inputs
+    # The forward op over the same loops: its global input shapes are its maps' reach.
+    maps: tuple[AffineMap, ...] = ctx.nest.input_maps[:-1]
+    nest = kind.loops([map_extent(m, ctx.block.extents) for m in maps], forward)
+    fwd_ctx = Context(nest, ctx.block, forward, (map_extent(nest.output_maps[0], ctx.block.sizes),))
+    grad = rule.compute(fwd_inputs, dy, fwd_ctx, wrt)
+    return [np.asarray(grad).reshape(ctx.out_shapes[0])]
+
+
+def _grad_flops(nest: LoopNest, attrs: Attrs) -> float:
+    kind, rule, forward, wrt = _forward(attrs)
+    return rule.flops(nest, wrt)
+
+
+def _grad_dtype(in_dtypes: Sequence[str], attrs: Attrs) -> tuple[str, ...]:
+    _, _, _, wrt = _forward(attrs)
+    return (in_dtypes[wrt],)
+
+
+register(OpKind("grad", (2, None), _grad_loops, _grad_compute, _grad_flops, _grad_dtype, attrs=("of", "wrt", "forward"),
+                doc="gradient of a table op (attribute of) w.r.t. input wrt; inputs: the forward inputs, then the output gradient"))
