@@ -111,7 +111,8 @@ def run_local_op(mesh: Mesh, op: Op, option: ShardingOption, inputs: Sequence[Pl
         block = loop_block(mesh, nest, option, device)
         if 0 in block.sizes:
             # Nothing to compute: an empty shard, or the identity where only a reduction loop is empty.
-            values = [np.full(_block_shape(m, block), reduction_identity(nest.reduction_kind, dt), dt)
+            values = [np.full(tuple(r.stop - r.start for r in _written(m, block)),
+                              reduction_identity(nest.reduction_kind, dt), dt)
                       for m, dt in zip(nest.output_maps, dtypes)]
         else:
             cut = [cut_operand(op, i, value, mesh, device, block) for i, value in enumerate(inputs)]
@@ -123,24 +124,25 @@ def run_local_op(mesh: Mesh, op: Op, option: ShardingOption, inputs: Sequence[Pl
     return results
 
 
-def _block_shape(map_: AffineMap, block: Block) -> tuple[int, ...]:
-    """Shape of what `block` writes through `map_`: zero along dims an empty loop indexes."""
-    shape = []
+def _written(map_: AffineMap, block: Block) -> tuple[slice, ...]:
+    """The global range of a result that `block` writes through `map_` (result maps have
+    non-negative coefficients); empty along dims that an empty loop indexes."""
+    ranges = []
     for expr in map_.results:
+        first = expr.evaluate(block.starts)
         if any(block.sizes[l] == 0 for l in expr.loops):
-            shape.append(0)
+            ranges.append(slice(first, first))
         else:
-            low, high = expr.range_over(block.starts, block.sizes)
-            shape.append(high - low + 1)
-    return tuple(shape)
+            ranges.append(slice(first, expr.range_over(block.starts, block.sizes)[1] + 1))
+    return tuple(ranges)
 
 
 def _check_result(op: Op, index: int, value: np.ndarray, nest: LoopNest, block: Block, sharding: Sharding,
                   shape: tuple[int, ...], mesh: Mesh, device: Device) -> None:
     held = sharding.device_slices(mesh, shape, device)
-    expected = tuple(h.stop - h.start for h in held)
-    computed = nest.operand_range(nest.output_maps[index], block, shape)
-    if value.shape != expected or any(c.start != h.start for c, h in zip(computed, held) if h.stop > h.start):
+    computed = _written(nest.output_maps[index], block)
+    if (value.shape != tuple(h.stop - h.start for h in held)
+            or any(c.start != h.start for c, h in zip(computed, held) if h.stop > h.start)):
         raise ProgramError(f"op {op.name!r} on device {list(device)} computes {_describe(computed)} of result "
                            f"{index} ({op.outputs[index]!r}), but sharding {sharding} of {list(shape)} puts "
                            f"{_describe(held)} there", op.name, device)
