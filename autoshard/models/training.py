@@ -1,0 +1,80 @@
+"""A whole training step on a built forward graph: loss, backward ops, Adam update.
+
+Losses come with the gradient of the loss w.r.t. their input in closed form, so the backward
+pass starts from table ops and needs no constant seed. Adam keeps its moments as parameters in
+f32 and takes its step-dependent scalars as inputs (they change every step, as a learning-rate
+schedule does), in Kingma and Ba's folded form:
+
+    m' = m + (1 - beta1) (g - m)          v' = v + (1 - beta2) (g^2 - v)
+    p' = p - step_size * m' / (sqrt(v') + eps_hat)
+    step_size = lr sqrt(1 - beta2^t) / (1 - beta1^t),   eps_hat = eps sqrt(1 - beta2^t)
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from autoshard.models.backward import add_backward
+from autoshard.models.builder import GraphBuilder
+
+OPTIMIZER_DTYPE = "f32"
+ADAM_SCALARS = ("adam.one_minus_beta1", "adam.one_minus_beta2", "adam.step_size", "adam.eps_hat")
+
+
+def weighted_sum_loss(b: GraphBuilder, y: str) -> tuple[str, dict[str, str]]:
+    """loss = sum(y * labels), so d loss / d y = labels (an input of y's shape)."""
+    labels = b.input("labels", b.shape(y), b.dtype_of(y))
+    loss = b.op("reduce_sum", [b.op("mul", [y, labels], "loss.mul")], "loss")
+    return loss, {y: labels}
+
+
+def cross_entropy_loss(b: GraphBuilder, logits: str) -> tuple[str, dict[str, str]]:
+    """loss = -sum(labels * log_softmax(logits)) with dense label weights over the last dim
+    (one-hot targets divided by the token count give the mean token cross-entropy).
+
+    The log-softmax is written with max, exp and sums rather than `softmax`, so the vocabulary
+    dim stays splittable (partial maxima and sums). Its gradient, for any label weights, is
+    softmax(logits) * sum(labels) - labels.
+    """
+    labels = b.input("labels", b.shape(logits), b.dtype_of(logits))
+    last = len(b.shape(logits)) - 1
+    shifted = b.op("sub", [logits, b.op("reduce_max", [logits], "loss.max", dims=[last], keepdims=True)], "loss.shift")
+    e = b.op("exp", [shifted], "loss.exp")
+    total = b.op("reduce_sum", [e], "loss.sum_exp", dims=[last], keepdims=True)
+    log_p = b.op("sub", [shifted, b.op("log", [total], "loss.log_sum_exp")], "loss.log_softmax")
+    loss = b.op("neg", [b.op("reduce_sum", [b.op("mul", [labels, log_p], "loss.mul")], "loss.sum")], "loss")
+    weight = b.op("reduce_sum", [labels], "loss.label_weight", dims=[last], keepdims=True)
+    p = b.op("div", [e, total], "loss.softmax")
+    grad = b.op("sub", [b.op("mul", [p, weight], "grad.logits.scaled"), labels], "grad.logits")
+    return loss, {logits: grad}
+
+
+def add_adam(b: GraphBuilder, params: Sequence[str], grads: dict[str, str]) -> list[str]:
+    """Adam update of every parameter; returns the new parameters and moments."""
+    c1, c2, step, eps = (b.input(name, (), OPTIMIZER_DTYPE) for name in ADAM_SCALARS)
+    outputs = []
+    for p in params:
+        g = grads[p]
+        if b.dtype_of(g) != OPTIMIZER_DTYPE:
+            g = b.op("cast", [g], f"adam.{p}.grad", dtype=OPTIMIZER_DTYPE)
+        m = b.parameter(f"adam.{p}.m", b.shape(p), OPTIMIZER_DTYPE)
+        v = b.parameter(f"adam.{p}.v", b.shape(p), OPTIMIZER_DTYPE)
+        new_m = b.op("add", [m, b.op("mul", [b.op("sub", [g, m], f"adam.{p}.m_delta"), c1], f"adam.{p}.m_step")], f"adam.{p}.new_m")
+        square = b.op("square", [g], f"adam.{p}.grad_square")
+        new_v = b.op("add", [v, b.op("mul", [b.op("sub", [square, v], f"adam.{p}.v_delta"), c2], f"adam.{p}.v_step")], f"adam.{p}.new_v")
+        # abs: v' >= 0 for any real state, so it only keeps the update finite on arbitrary inputs
+        root = b.op("sqrt", [b.op("abs", [new_v], f"adam.{p}.v_abs")], f"adam.{p}.v_sqrt")
+        ratio = b.op("div", [new_m, b.op("add", [root, eps], f"adam.{p}.denominator")], f"adam.{p}.ratio")
+        update = b.op("mul", [ratio, step], f"adam.{p}.update")
+        if b.dtype_of(p) != OPTIMIZER_DTYPE:
+            update = b.op("cast", [update], f"adam.{p}.update_cast", dtype=b.dtype_of(p))
+        outputs += [b.op("sub", [p, update], f"{p}.new"), new_m, new_v]
+    return outputs
+
+
+def add_training_step(b: GraphBuilder, loss: str, seeds: dict[str, str]) -> None:
+    """Backward from the loss gradients to every parameter, then Adam; outputs the loss and the
+    updated parameters and moments."""
+    params = b.tensors_with_role("parameter")
+    grads = add_backward(b, seeds, params)
+    b.mark_outputs(loss, *add_adam(b, params, grads))
