@@ -1,0 +1,11 @@
+"""MLIR emission: the annotated module (a sharding on every value) and the partitioned SPMD
+module (local shapes and mesh collectives), in the seed reference's `mesh` spelling or upstream
+LLVM 22's `shard` spelling; and the real MLIR tools as verifiers."""
+
+from autoshard.mlir.annotated import emit_annotated
+from autoshard.mlir.dialect import DIALECTS, MESH, SHARD, Dialect
+from autoshard.mlir.partitioned import ARGUMENT_CONVENTIONS, emit_partitioned
+from autoshard.mlir.toolchain import ToolchainError, collectives, to_llvm19, upstream_partition, verify
+
+__all__ = ["emit_annotated", "emit_partitioned", "ARGUMENT_CONVENTIONS", "Dialect", "DIALECTS", "MESH", "SHARD",
+           "verify", "to_llvm19", "upstream_partition", "collectives", "ToolchainError"]

@@ -1,0 +1,157 @@
+"""One `CollectiveStep` as the dialect's collective op, on one device's buffers.
+
+`all_gather`, `all_slice`, `all_to_all`, `all_reduce` and `reduce_scatter` map one to one. A
+`permute` is a `shift` (with `rotate`) when every device receives its whole new buffer from the
+device a fixed offset away along one mesh axis; otherwise it is printed as rounds of `send`/`recv`
+(a device sends at most one tile and receives at most one tile per round) whose peers and tile
+boxes come from a per-device table indexed by the process's linear index. Idle devices exchange
+an empty tile with themselves. Every transfer of the step appears exactly once.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from autoshard.mesh import Device, Mesh
+from autoshard.mlir.device import DeviceIndex
+from autoshard.mlir.dialect import Dialect
+from autoshard.mlir.linalg import Operand, Spec, empty
+from autoshard.mlir.module import MESH_SYMBOL, axes_list
+from autoshard.mlir.text import Body, int_list, tensor_type
+from autoshard.resharding import CollectiveStep, Transfer
+
+_ATTRS = {"all_gather": ("gather_axis",), "all_slice": ("slice_axis",), "all_to_all": ("split_axis", "concat_axis"),
+          "all_reduce": ("reduction",), "reduce_scatter": ("reduction", "scatter_axis")}
+
+
+def emit_step(b: Body, dialect: Dialect, mesh: Mesh, step: CollectiveStep, x: Operand, out: Spec,
+              device: DeviceIndex, hint: str) -> Operand:
+    if step.kind == "permute":
+        return _permute(b, dialect, mesh, step, x, out, device, hint)
+    attrs = " ".join(f"{k} = {dialect.reduction(step.dims[k]) if k == 'reduction' else step.dims[k]}"
+                     for k in _ATTRS[step.kind])
+    name = b.name(hint)
+    b.emit(f"{name} = {dialect.op(step.kind)} {x.name} on {MESH_SYMBOL} {dialect.axes_attr} = "
+           f"{axes_list(mesh, step.mesh_axes)} {attrs} : {x.type} -> {out.type}")
+    return Operand(name, out)
+
+
+def _shift(mesh: Mesh, step: CollectiveStep, x: Operand, out: Spec) -> tuple[str, int] | None:
+    """(axis, offset) when the permute moves every whole buffer `offset` places along one axis."""
+    transfers: Sequence[Transfer] = step.dims["transfers"]
+    if x.shape != out.shape or len(transfers) != mesh.num_devices:
+        return None
+    whole = tuple((0, s) for s in x.shape)
+    moves = set()
+    for t in transfers:
+        if t.source_box != whole or t.target_box != whole:
+            return None
+        moved = [i for i, (a, c) in enumerate(zip(t.source, t.target)) if a != c]
+        if len(moved) != 1:
+            return None
+        axis = moved[0]
+        moves.add((axis, (t.target[axis] - t.source[axis]) % mesh.shape[axis]))
+    if len(moves) != 1:
+        return None
+    axis, offset = moves.pop()
+    name = mesh.axis_names[axis]
+    return (name, offset) if name in step.mesh_axes else None
+
+
+def _rounds(transfers: Sequence[Transfer]) -> list[list[Transfer]]:
+    """Transfers between distinct devices in rounds where a device sends once and receives once."""
+    rounds: list[tuple[set[Device], set[Device], list[Transfer]]] = []
+    for t in transfers:
+        if t.source == t.target:
+            continue
+        for senders, receivers, members in rounds:
+            if t.source not in senders and t.target not in receivers:
+                break
+        else:
+            senders, receivers, members = set(), set(), []
+            rounds.append((senders, receivers, members))
+        senders.add(t.source)
+        receivers.add(t.target)
+        members.append(t)
+    return [members for _, _, members in rounds]
+
+
+def _permute(b: Body, dialect: Dialect, mesh: Mesh, step: CollectiveStep, x: Operand, out: Spec,
+             device: DeviceIndex, hint: str) -> Operand:
+    shift = _shift(mesh, step, x, out)
+    if shift is not None:
+        axis, offset = shift
+        name = b.name(hint)
+        b.emit(f"{name} = {dialect.op('shift')} {x.name} on {MESH_SYMBOL} {dialect.axes_attr} = "
+               f"{axes_list(mesh, step.mesh_axes)} shift_axis = {mesh.axis_index(axis)} offset = {offset} rotate "
+               f": {x.type} -> {out.type}")
+        return Operand(name, out)
+    transfers: Sequence[Transfer] = step.dims["transfers"]
+    rank, axes, devices = len(x.shape), step.mesh_axes, list(mesh.devices())
+    tile = tensor_type(["?"] * rank, x.dtype)
+    buffer = empty(b, out, "received")
+    kept = {t.target: t for t in transfers if t.source == t.target}
+    if kept:
+        # The tile of its new buffer each device already holds (an empty one where it holds none).
+        row = _table(b, device, [_box(kept.get(d), True, rank) + _box(kept.get(d), False, rank)[:rank] for d in devices], "kept")
+        piece = _cut(b, x, row[:rank], row[rank:2 * rank], tile)
+        buffer = _insert(b, buffer, piece, row[2 * rank:], row[rank:2 * rank], tile, hint)
+    group, peers = axes_list(mesh, axes), len(axes)
+    types = ", ".join([tile] + ["index"] * peers)
+    for members in _rounds(transfers):
+        sends = {t.source: t for t in members}
+        receives = {t.target: t for t in members}
+        rows = [list(mesh.in_group_index(sends[d].target if d in sends else d, axes)) + _box(sends.get(d), True, rank)
+                + list(mesh.in_group_index(receives[d].source if d in receives else d, axes)) + _box(receives.get(d), False, rank)
+                for d in devices]
+        row = _table(b, device, rows, "round")
+        destination, source_box = row[:peers], row[peers:peers + 2 * rank]
+        source, target_box = row[peers + 2 * rank:2 * peers + 2 * rank], row[2 * peers + 2 * rank:]
+        piece = _cut(b, x, source_box[:rank], source_box[rank:], tile)
+        sent = b.name("sent")
+        b.emit(f"{sent} = {dialect.op('send')} {piece} on {MESH_SYMBOL} {dialect.axes_attr} = {group} "
+               f"destination = [{', '.join(destination)}] : ({types}) -> {tile}")
+        landing = b.name("landing")
+        b.emit(f"{landing} = tensor.empty({', '.join(target_box[rank:])}) : {tile}")
+        got = b.name("got")
+        b.emit(f"{got} = {dialect.op('recv')} {landing} on {MESH_SYMBOL} {dialect.axes_attr} = {group} "
+               f"source = [{', '.join(source)}] : ({types}) -> {tile}")
+        buffer = _insert(b, buffer, got, target_box[:rank], target_box[rank:], tile, hint)
+    return Operand(buffer.name, out)
+
+
+def _box(transfer: Transfer | None, source_side: bool, rank: int) -> list[int]:
+    """A transfer's tile on the sending or receiving side: offsets then sizes (zeros: none)."""
+    if transfer is None:
+        return [0] * 2 * rank
+    box = transfer.source_box if source_side else transfer.target_box
+    return [a for a, _ in box] + [e - a for a, e in box]
+
+
+def _table(b: Body, device: DeviceIndex, rows: list[list[int]], hint: str) -> list[str]:
+    """A constant table with one row per device; returns this device's row as SSA indices."""
+    width = len(rows[0])
+    name = b.name(hint)
+    kind = f"tensor<{len(rows)}x{width}xindex>"
+    b.emit(f"{name} = arith.constant dense<[{', '.join(int_list(r) for r in rows)}]> : {kind}")
+    me = device.linear()
+    values = []
+    for column in range(width):
+        value = b.name(f"{hint}_{column}")
+        b.emit(f"{value} = tensor.extract {name}[{me}, {device.const(column)}] : {kind}")
+        values.append(value)
+    return values
+
+
+def _cut(b: Body, x: Operand, offsets: list[str], sizes: list[str], tile: str) -> str:
+    piece = b.name("tile")
+    b.emit(f"{piece} = tensor.extract_slice {x.name}[{', '.join(offsets)}] [{', '.join(sizes)}] "
+           f"{int_list([1] * len(offsets))} : {x.type} to {tile}")
+    return piece
+
+
+def _insert(b: Body, buffer: Operand, piece: str, offsets: list[str], sizes: list[str], tile: str, hint: str) -> Operand:
+    name = b.name(hint)
+    b.emit(f"{name} = tensor.insert_slice {piece} into {buffer.name}[{', '.join(offsets)}] [{', '.join(sizes)}] "
+           f"{int_list([1] * len(offsets))} : {tile} into {buffer.type}")
+    return Operand(name, buffer.spec)

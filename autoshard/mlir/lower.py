@@ -1,0 +1,368 @@
+"""Graph ops as real MLIR: one lowering per op kind, in one table.
+
+An op whose meaning is one loop nest with a scalar payload (elementwise ops, casts,
+contractions, reductions, `generic`) becomes a `linalg.generic` with the op's own indexing maps
+and iterator types, or the named linalg op where one fits (`linalg.matmul`,
+`linalg.batch_matmul`). The other kinds become the `linalg`/`tensor` named op that exists
+(`linalg.softmax`, `linalg.transpose`, `tensor.expand_shape`/`collapse_shape`, `tensor.concat`,
+`tensor.extract_slice`, `linalg.conv_2d_nhwc_hwcf`) or a short sequence of `linalg.generic`s.
+
+Lowering reads operand and result shapes from the caller, so the same code prints the global op
+(annotated IR) and one device's local op (partitioned IR, shapes of the device's buffers). Ops
+whose result depends on global positions (an embedding's vocabulary index, a causal mask's query
+index) ask the caller for the block's first global index of that loop (`LoweringContext.offset`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from autoshard.affine import AffineExpr, AffineMap
+from autoshard.dtypes import DTYPES
+from autoshard.errors import InputError
+from autoshard.graph import Op
+from autoshard.mlir.linalg import Operand, Spec, empty, generic, ins_outs, linalg_index, reduction_init
+from autoshard.mlir.scalar import combine, constant, convert, payload
+from autoshard.mlir.text import Body, elem_type, int_list
+from autoshard.ops.loops import PARALLEL, REDUCTION
+from autoshard.ops.payloads import PAYLOADS
+
+
+@dataclass(frozen=True)
+class LoweringContext:
+    op: Op
+    inputs: tuple[Operand, ...]
+    outputs: tuple[Spec, ...]
+    extents: tuple[int, ...]  # loop extents of the computed block (global ones for the whole op)
+    offset: Callable[[int], str | None]  # first global index of a loop's block as an SSA index; None: 0
+
+    @property
+    def where(self) -> str:
+        return f"/ops/{self.op.name}"
+
+    @property
+    def out(self) -> Spec:
+        return self.outputs[0]
+
+    def require_float(self) -> None:
+        bad = [o.dtype for o in self.inputs[:1] if not DTYPES[o.dtype].is_float]
+        if bad:
+            raise InputError(f"op {self.op.name!r} ({self.op.kind}) is only lowered on floating-point values, got {bad[0]}",
+                             self.where)
+
+
+Lowering = Callable[[Body, LoweringContext], list[Operand]]
+
+
+def _loops(n: int, *loops: int) -> AffineMap:
+    return AffineMap(n, tuple(AffineExpr.loop(l) for l in loops))
+
+
+def _linalg_iterators(op: Op) -> list[str]:
+    """linalg's iterator of each loop: an `invalid` loop is parallel if it indexes a result."""
+    nest = op.nest
+    out_loops = {l for m in nest.output_maps for e in m.results for l in e.loops}
+    return ["reduction" if t == REDUCTION or (t != PARALLEL and l not in out_loops) else "parallel"
+            for l, t in enumerate(nest.iterator_types)]
+
+
+# --- payload loop nests -----------------------------------------------------------------
+
+def _payload_nest(b: Body, ctx: LoweringContext, name: str | None = None) -> list[Operand]:
+    """The op's loop nest as one linalg.generic: payload in the first input's dtype, then
+    converted to the result's dtype and folded with the reduction kind over reduction loops."""
+    op, nest, out = ctx.op, ctx.op.nest, ctx.out
+    name = name or op.attrs.get("payload") or op.op_kind.payload
+    reductions = bool(nest.reduction_loops)
+    fold = reductions and PAYLOADS[name].arity == len(ctx.inputs) + 1  # the payload is the combiner
+    in_dtype = ctx.inputs[0].dtype if ctx.inputs else out.dtype
+    init = reduction_init(b, out, nest.reduction_kind) if reductions else empty(b, out)
+
+    def region(b: Body, args: list[str], acc: str) -> str:
+        if fold:
+            return payload(b, name, [convert(b, args[0], ctx.inputs[0].dtype, out.dtype), acc], out.dtype, ctx.where)
+        values = [convert(b, a, o.dtype, in_dtype) for a, o in zip(args, ctx.inputs)]
+        value = convert(b, payload(b, name, values, in_dtype, ctx.where), in_dtype, out.dtype)
+        return combine(b, nest.reduction_kind, acc, value, out.dtype, ctx.where) if reductions else value
+
+    return [generic(b, nest.maps, _linalg_iterators(op), ctx.inputs, init, region, hint=op.outputs[0])]
+
+
+def _named_contraction(named: str, lhs_rank: int) -> Lowering:
+    def lower(b: Body, ctx: LoweringContext) -> list[Operand]:
+        lhs, rhs = ctx.inputs
+        if len(lhs.shape) != lhs_rank or len({lhs.dtype, rhs.dtype, ctx.out.dtype}) != 1:
+            return _payload_nest(b, ctx)
+        init = reduction_init(b, ctx.out, "sum")
+        result = b.name(ctx.op.outputs[0])
+        b.emit(f"{result} = {named} {ins_outs(ctx.inputs, [init])} -> {init.type}")
+        return [Operand(result, init.spec)]
+    return lower
+
+
+def _elementwise(b: Body, inputs: Sequence[Operand], out: Spec, fn: Callable[[Body, list[str]], str], hint: str,
+                 maps: Sequence[AffineMap] | None = None) -> Operand:
+    """A parallel linalg.generic writing `out`: inputs read through `maps` (default identity)."""
+    rank = len(out.shape)
+    maps = list(maps) if maps is not None else [AffineMap.identity(rank)] * len(inputs)
+    return generic(b, maps + [AffineMap.identity(rank)], ["parallel"] * rank, inputs, empty(b, out),
+                   lambda b, args, acc: fn(b, args), hint=hint)
+
+
+def _reduce_mean(b: Body, ctx: LoweringContext) -> list[Operand]:
+    (total,) = _payload_nest(b, ctx)
+    count = math.prod(ctx.op.nest.extents[l] for l in ctx.op.nest.reduction_loops)  # global: partial means add up
+    dtype = ctx.out.dtype
+
+    def divide(b: Body, args: list[str]) -> str:
+        return payload(b, "div", [args[0], constant(b, count, dtype, "count")], dtype, ctx.where)
+    return [_elementwise(b, [total], ctx.out, divide, ctx.op.outputs[0])]
+
+
+# --- normalisations and attention ---------------------------------------------------------
+
+def _softmax(b: Body, ctx: LoweringContext) -> list[Operand]:
+    ctx.require_float()
+    (x,) = ctx.inputs
+    axis = ctx.op.attrs.get("axis", -1) % len(x.shape)
+    out = empty(b, x.spec)
+    result = b.name(ctx.op.outputs[0])
+    b.emit(f"{result} = linalg.softmax dimension({axis}) {ins_outs([x], [out])} -> {out.type}")
+    return [Operand(result, x.spec)]
+
+
+def _sum_over(b: Body, x: Operand, axis: int, square: bool, hint: str) -> Operand:
+    """Sum (of squares) of `x` over `axis`, the axis dropped."""
+    rank = len(x.shape)
+    kept = [d for d in range(rank) if d != axis]
+    init = reduction_init(b, x.spec.take(kept), "sum")
+    iterators = ["reduction" if d == axis else "parallel" for d in range(rank)]
+
+    def region(b: Body, args: list[str], acc: str) -> str:
+        value = payload(b, "square", args, x.dtype, "") if square else args[0]
+        return payload(b, "add", [acc, value], x.dtype, "")
+    return generic(b, [AffineMap.identity(rank), _loops(rank, *kept)], iterators, [x], init, region, hint=hint)
+
+
+def _normalise(b: Body, ctx: LoweringContext, centre: bool) -> list[Operand]:
+    """layer_norm (`centre`) and rms_norm: y = (x [- mean]) / sqrt(mean of squares + eps) [* gamma] [+ beta]."""
+    ctx.require_float()
+    x, params = ctx.inputs[0], ctx.inputs[1:]
+    rank, dtype = len(x.shape), x.dtype
+    axis = ctx.op.attrs.get("axis", -1) % rank
+    n = ctx.extents[axis]  # the normalised axis is never split
+    kept = _loops(rank, *[d for d in range(rank) if d != axis])
+    identity = AffineMap.identity(rank)
+    eps = ctx.op.attrs.get("eps", 1e-5 if centre else 1e-6)
+
+    def mean(b: Body, total: str) -> str:
+        return payload(b, "div", [total, constant(b, n, dtype, "n")], dtype, "")
+
+    if centre:
+        total = _sum_over(b, x, axis, False, "sum")
+        x = _elementwise(b, [x, total], x.spec, lambda b, a: payload(b, "sub", [a[0], mean(b, a[1])], dtype, ""),
+                         "centred", [identity, kept])
+    squares = _sum_over(b, x, axis, True, "squares")
+
+    def scale(b: Body, args: list[str]) -> str:
+        var = payload(b, "add", [mean(b, args[1]), constant(b, eps, dtype, "eps")], dtype, "")
+        y = payload(b, "div", [args[0], payload(b, "sqrt", [var], dtype, "")], dtype, "")
+        if len(args) > 2:
+            y = payload(b, "mul", [y, args[2]], dtype, "")
+        if len(args) > 3:
+            y = payload(b, "add", [y, args[3]], dtype, "")
+        return y
+    maps = [identity, kept] + [_loops(rank, axis)] * len(params)
+    return [_elementwise(b, [x, squares, *params], x.spec, scale, ctx.op.outputs[0], maps)]
+
+
+def _attention(b: Body, ctx: LoweringContext) -> list[Operand]:
+    """scores = q k^T (generic), scaled and causally masked (generic), linalg.softmax over the
+    keys, then weights v (generic). Loops of the op: b0 h1 s2 e3 t4 d5."""
+    ctx.require_float()
+    q, k, v = ctx.inputs
+    dtype = q.dtype
+    scale = ctx.op.attrs.get("scale", 1.0 / math.sqrt(ctx.op.nest.extents[5]))
+    causal = bool(ctx.op.attrs.get("causal", False))
+    query_offset = ctx.offset(2) if causal else None  # outside the region: it is a top-level value
+    scores_spec = Spec(q.shape[:3] + (k.shape[2],), dtype, q.sizes[:3] + (k.sizes[2],))
+
+    def dot(b: Body, args: list[str], acc: str) -> str:
+        return payload(b, "add", [acc, payload(b, "mul", args, dtype, "")], dtype, "")
+    contraction = ["parallel"] * 4 + ["reduction"]
+    scores = generic(b, [_loops(5, 0, 1, 2, 4), _loops(5, 0, 1, 3, 4), _loops(5, 0, 1, 2, 3)], contraction, [q, k],
+                     reduction_init(b, scores_spec, "sum"), dot, hint="scores")
+
+    def scaled(b: Body, args: list[str]) -> str:
+        value = payload(b, "mul", [args[0], constant(b, scale, dtype, "scale")], dtype, "")
+        if not causal:
+            return value
+        query = linalg_index(b, 2, query_offset)
+        key = linalg_index(b, 3, None)
+        seen = b.name("seen")
+        b.emit(f"{seen} = arith.cmpi ule, {key}, {query} : index")
+        masked = b.name("masked")
+        b.emit(f"{masked} = arith.select {seen}, {value}, {constant(b, float('-inf'), dtype, 'ninf')} : {elem_type(dtype)}")
+        return masked
+    logits = _elementwise(b, [scores], scores_spec, scaled, "logits")
+    weights = Operand(b.name("weights"), scores_spec)
+    out = empty(b, scores_spec)
+    b.emit(f"{weights.name} = linalg.softmax dimension(3) {ins_outs([logits], [out])} -> {out.type}")
+    return [generic(b, [_loops(5, 0, 1, 2, 4), _loops(5, 0, 1, 4, 3), _loops(5, 0, 1, 2, 3)], contraction, [weights, v],
+                    reduction_init(b, ctx.out, "sum"), dot, hint=ctx.op.outputs[0])]
+
+
+def _conv2d(b: Body, ctx: LoweringContext) -> list[Operand]:
+    x, w = ctx.inputs
+    strides = ctx.op.attrs.get("strides", [1, 1])
+    (pt, pb), (pl, pr) = ctx.op.attrs.get("padding", [[0, 0], [0, 0]])
+    if pt or pb or pl or pr:
+        # Spatial dims are never split, so they are static.
+        grow = (0, pt + pb, pl + pr, 0)
+        spec = Spec(tuple(s + g for s, g in zip(x.shape, grow)), x.dtype,
+                    tuple(s if isinstance(s, str) else s + g for s, g in zip(x.sizes, grow)))
+        padded = Operand(b.name("padded"), spec)
+        zero = constant(b, 0, x.dtype, "zero")
+        b.emit(f"{padded.name} = tensor.pad {x.name} low[0, {pt}, {pl}, 0] high[0, {pb}, {pr}, 0] {{")
+        b.emit(f"^bb0({', '.join(b.name('p') + ': index' for _ in range(4))}):")
+        b.emit(f"  tensor.yield {zero} : {elem_type(x.dtype)}")
+        b.emit(f"}} : {x.type} to {padded.type}")
+        x = padded
+    init = reduction_init(b, ctx.out, "sum")
+    result = b.name(ctx.op.outputs[0])
+    b.emit(f"{result} = linalg.conv_2d_nhwc_hwcf {{dilations = dense<1> : tensor<2xi64>, "
+           f"strides = dense<{int_list(strides)}> : tensor<2xi64>}} {ins_outs([x, w], [init])} -> {init.type}")
+    return [Operand(result, init.spec)]
+
+
+def _embedding(b: Body, ctx: LoweringContext) -> list[Operand]:
+    """out[..., d] = sum over v of (ids[...] == v ? table[v, d] : 0): the op's own loop nest, so a
+    vocabulary split gives partial sums."""
+    ids, table = ctx.inputs
+    v_loop = len(ctx.op.nest.extents) - 1
+    dtype = ctx.out.dtype
+    vocab_offset = ctx.offset(v_loop)  # outside the region: it is a top-level value
+    init = reduction_init(b, ctx.out, "sum")
+
+    def region(b: Body, args: list[str], acc: str) -> str:
+        row = b.name("row")
+        b.emit(f"{row} = arith.index_cast {args[0]} : {elem_type(ids.dtype)} to index")
+        vocab = linalg_index(b, v_loop, vocab_offset)
+        hit = b.name("hit")
+        b.emit(f"{hit} = arith.cmpi eq, {row}, {vocab} : index")
+        picked = b.name("picked")
+        b.emit(f"{picked} = arith.select {hit}, {args[1]}, {constant(b, 0, dtype, 'zero')} : {elem_type(dtype)}")
+        return combine(b, "sum", acc, picked, dtype, ctx.where)
+    return [generic(b, ctx.op.nest.maps, _linalg_iterators(ctx.op), [ids, table], init, region, hint=ctx.op.outputs[0])]
+
+
+# --- data movement ------------------------------------------------------------------------
+
+def _transpose(b: Body, ctx: LoweringContext) -> list[Operand]:
+    (x,) = ctx.inputs
+    perm = ctx.op.attrs.get("perm", list(reversed(range(len(x.shape)))))
+    out = empty(b, ctx.out)
+    result = b.name(ctx.op.outputs[0])
+    b.emit(f"{result} = linalg.transpose {ins_outs([x], [out])} permutation = {int_list(perm)}")
+    return [Operand(result, out.spec)]
+
+
+def _groups(big: Sequence[int], small: Sequence[int]) -> list[list[int]] | None:
+    """Reassociation of `small`'s dims onto runs of `big`'s dims with equal products (unit dims
+    of `big` join a neighbouring run), or None when `big` is not a refinement of `small`."""
+    if not small:
+        return [] if all(s == 1 for s in big) else None
+    groups: list[list[int]] = [[] for _ in small]
+    j, acc = 0, 1
+    for i, size in enumerate(big):
+        if j == len(small):
+            if size != 1:
+                return None
+            groups[-1].append(i)
+            continue
+        groups[j].append(i)
+        acc *= size
+        if acc == small[j] and (i + 1 == len(big) or big[i + 1] != 1 or j + 1 == len(small)):
+            j, acc = j + 1, 1
+        elif acc > small[j]:
+            return None
+    return groups if j == len(small) else None
+
+
+def _reassociation(src: tuple[int, ...], dst: tuple[int, ...]) -> tuple[str, list[list[int]]] | None:
+    """The one tensor.expand_shape or tensor.collapse_shape taking `src` to `dst`, if one does."""
+    if len(dst) >= len(src):
+        groups = _groups(dst, src)
+        if groups is not None:
+            return "expand_shape", groups
+    if len(dst) <= len(src):
+        groups = _groups(src, dst)
+        if groups is not None:
+            return "collapse_shape", groups
+    return None
+
+
+def _reshape_to(b: Body, x: Operand, out: Spec, hint: str) -> Operand:
+    kind, groups = _reassociation(x.shape, out.shape) or ("", [])
+    assert kind, f"no single reassociation from {x.shape} to {out.shape}"
+    result = Operand(b.name(hint), out)
+    nested = "[" + ", ".join(int_list(g) for g in groups) + "]"
+    suffix = f" output_shape [{', '.join(str(d) for d in out.sizes)}]" if kind == "expand_shape" else ""
+    b.emit(f"{result.name} = tensor.{kind} {x.name} {nested}{suffix} : {x.type} into {result.type}")
+    return result
+
+
+def _reshape(b: Body, ctx: LoweringContext) -> list[Operand]:
+    """One expand or collapse when the reshape is one; else collapse to 1-D and expand (a
+    row-major reshape, which is also the local reshape of every contiguous block)."""
+    (x,) = ctx.inputs
+    if x.shape == ctx.out.shape:
+        return [x]
+    if _reassociation(x.shape, ctx.out.shape) is None:
+        dynamic = any(isinstance(d, str) for d in x.sizes)
+        x = _reshape_to(b, x, Spec((math.prod(x.shape),), x.dtype, ("?",) if dynamic else None), "flat")
+    return [_reshape_to(b, x, ctx.out, ctx.op.outputs[0])]
+
+
+def _concat(b: Body, ctx: LoweringContext) -> list[Operand]:
+    axis = ctx.op.attrs.get("axis", 0) % len(ctx.out.shape)
+    result = Operand(b.name(ctx.op.outputs[0]), ctx.out)
+    b.emit(f"{result.name} = tensor.concat dim({axis}) {', '.join(o.name for o in ctx.inputs)} : "
+           f"({', '.join(o.type for o in ctx.inputs)}) -> {result.type}")
+    return [result]
+
+
+def _slice(b: Body, ctx: LoweringContext) -> list[Operand]:
+    (x,) = ctx.inputs
+    rank = len(x.shape)
+    starts = ctx.op.attrs.get("starts", [0] * rank)
+    strides = ctx.op.attrs.get("strides", [1] * rank)
+    result = Operand(b.name(ctx.op.outputs[0]), ctx.out)
+    b.emit(f"{result.name} = tensor.extract_slice {x.name}{int_list(starts)} [{', '.join(str(d) for d in ctx.out.sizes)}] "
+           f"{int_list(strides)} : {x.type} to {result.type}")
+    return [result]
+
+
+LOWERINGS: dict[str, Lowering] = {
+    "matmul": _named_contraction("linalg.matmul", 2),
+    "batch_matmul": _named_contraction("linalg.batch_matmul", 3),
+    "reduce_mean": _reduce_mean,
+    "softmax": _softmax,
+    "layer_norm": lambda b, ctx: _normalise(b, ctx, True),
+    "rms_norm": lambda b, ctx: _normalise(b, ctx, False),
+    "attention": _attention,
+    "conv2d": _conv2d,
+    "embedding": _embedding,
+    "transpose": _transpose,
+    "reshape": _reshape,
+    "broadcast_in_dim": lambda b, ctx: _payload_nest(b, ctx, "copy"),
+    "concat": _concat,
+    "slice": _slice,
+}
+
+
+def lower(b: Body, ctx: LoweringContext) -> list[Operand]:
+    """Emit `ctx.op` and return its results; kinds not in the table are payload loop nests."""
+    return LOWERINGS.get(ctx.op.kind, _payload_nest)(b, ctx)

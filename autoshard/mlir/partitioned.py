@@ -1,0 +1,125 @@
+"""The partitioned IR: the SPMD program as every device runs it.
+
+Values have the device's local types: the largest shard per dim, and `?` for a dim whose shards
+differ in size between devices (their sizes computed from the process index where an op needs
+them). Every `LocalOp` is the graph op lowered on local shapes; every `Communicate` is the
+dialect's collective. Arguments follow one of the two conventions of the design:
+
+- `local`: the function receives every argument already partitioned (its local shard);
+- `global`: it receives the full tensors and cuts its shard with `all_slice`, one per split dim
+  (the reference's in-group pieces, which are exactly the sharding's shards).
+"""
+
+from __future__ import annotations
+
+from autoshard.errors import InputError
+from autoshard.mlir.collectives import emit_step
+from autoshard.mlir.device import DeviceIndex
+from autoshard.mlir.dialect import dialect as dialect_named
+from autoshard.mlir.linalg import Operand, Spec
+from autoshard.mlir.lower import LoweringContext, lower
+from autoshard.mlir.module import MESH_SYMBOL, axes_list, function_name, mesh_comment, module_text
+from autoshard.mlir.text import Body
+from autoshard.options import local_extents
+from autoshard.plan import Plan
+from autoshard.resharding import Price
+from autoshard.sharding import Sharding
+from autoshard.spmd import Communicate, LocalOp, SpmdProgram, Value, partition
+
+ARGUMENT_CONVENTIONS = ("local", "global")
+
+
+def _spec(device: DeviceIndex, sharding: Sharding, shape: tuple[int, ...], dtype: str) -> Spec:
+    """Local type of a value: static where every device's shard has the same size."""
+    mesh = device.mesh
+    largest = sharding.max_local_shape(mesh, shape)
+    dims: list[int | str] = []
+    for d, size in enumerate(shape):
+        even = len({stop - start for start, stop in sharding.dim_bounds(mesh, size, d)}) == 1
+        dims.append(largest[d] if even else device.shard_size(sharding, shape, d))
+    return Spec(largest, dtype, tuple(dims))
+
+
+def _value_spec(device: DeviceIndex, value: Value) -> Spec:
+    return _spec(device, value.sharding, value.shape, value.dtype)
+
+
+def emit_partitioned(program: SpmdProgram | Plan, dialect: str = "mesh", arguments: str = "local",
+                     price: Price | None = None) -> str:
+    """The SPMD module of a program (or of `partition(plan, price)`), in the `mesh` or `shard`
+    spelling, with arguments `local` (already partitioned) or `global` (full, sliced here)."""
+    if arguments not in ARGUMENT_CONVENTIONS:
+        raise InputError(f"unknown argument convention {arguments!r}; expected one of {list(ARGUMENT_CONVENTIONS)}",
+                         "arguments")
+    if isinstance(program, Plan):
+        program = partition(program, price)
+    d = dialect_named(dialect)
+    mesh = program.mesh
+    b = Body()
+    device = DeviceIndex(b, d, mesh)
+    values: dict[int, Operand] = {}
+    args = []
+    for value in program.arguments:
+        if arguments == "local":
+            arg = Operand(b.name(value.tensor), _value_spec(device, value))
+            args.append(arg)
+            values[value.id] = arg
+        else:
+            arg = Operand(b.name(value.tensor), Spec(value.shape, value.dtype))
+            args.append(arg)
+            values[value.id] = _slice_argument(b, device, value, arg)
+    for instruction in program.body:
+        if isinstance(instruction, LocalOp):
+            _emit_local_op(b, device, instruction, values)
+        else:
+            _emit_communicate(b, device, instruction, values)
+    results = [values[v.id] for v in program.results]
+    comments = [f"autoshard partitioned IR: graph {program.graph.name!r} on mesh {mesh} ({d.name} dialect), "
+                f"as every device runs it", mesh_comment(mesh),
+                "arguments: " + ("each device's local shard" if arguments == "local" else
+                                 "full tensors, each device cutting its shard with all_slice"),
+                "local types: the largest shard per dim; ? where shards differ between devices"]
+    return module_text(d, mesh, comments, function_name(program.graph.name), args, results, b)
+
+
+def _slice_argument(b: Body, device: DeviceIndex, value: Value, arg: Operand) -> Operand:
+    """Cut the device's shard of a full argument, one all_slice per split dim."""
+    mesh, sharding = device.mesh, value.sharding
+    if sharding.dims_offsets:
+        raise InputError(f"argument {value.tensor!r} is stored with sharded_dims_offsets, which all_slice cannot cut; "
+                         f"use arguments='local'", f"/tensors/{value.tensor}")
+    current, split = arg, [() for _ in value.shape]
+    for dim, axes in enumerate(sharding.split_axes):
+        if not axes:
+            continue
+        split[dim] = axes
+        spec = _spec(device, Sharding(tuple(split)), value.shape, value.dtype)
+        name = b.name(f"{value.tensor}_local")
+        b.emit(f"{name} = {device.dialect.op('all_slice')} {current.name} on {MESH_SYMBOL} "
+               f"{device.dialect.axes_attr} = {axes_list(mesh, axes)} slice_axis = {dim} : {current.type} -> {spec.type}")
+        current = Operand(name, spec)
+    return current
+
+
+def _emit_local_op(b: Body, device: DeviceIndex, instruction: LocalOp, values: dict[int, Operand]) -> None:
+    op, option, mesh = instruction.op, instruction.option, device.mesh
+    shardings = ", ".join(f"{v.tensor} {v.sharding}" for v in instruction.outputs)
+    b.comment(f"op {op.name} ({op.kind}), option {option}: {shardings}")
+
+    def offset(loop: int) -> str | None:
+        axes = option.loop_axes[loop]
+        return device.block_start(axes, op.nest.extents[loop]) if axes else None
+
+    inputs = tuple(values[v.id] for v in instruction.inputs)
+    specs = tuple(_value_spec(device, v) for v in instruction.outputs)
+    results = lower(b, LoweringContext(op, inputs, specs, local_extents(op.nest, option, mesh), offset))
+    for value, result in zip(instruction.outputs, results):
+        values[value.id] = result
+
+
+def _emit_communicate(b: Body, device: DeviceIndex, instruction: Communicate, values: dict[int, Operand]) -> None:
+    step = instruction.step
+    b.comment(f"{instruction.input.tensor}: {step.before} -> {step.after}")
+    out = _value_spec(device, instruction.output)
+    values[instruction.output.id] = emit_step(b, device.dialect, device.mesh, step, values[instruction.input.id], out,
+                                              device, instruction.output.tensor)

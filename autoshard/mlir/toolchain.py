@@ -1,0 +1,118 @@
+"""The real MLIR tools as verifiers and as the upstream partitioner.
+
+- `verify(text, dialect)`: the `shard` spelling goes to `mlir-opt-22` (parse + verify); the
+  `mesh` spelling to `mlir-opt-19`, after `to_llvm19` rewrites the reference's `mesh.sharding`
+  ops into the sharding attribute LLVM 19 has (`mesh.shard %x to <@mesh, [[0]], partial = sum[1]>`).
+- `upstream_partition(text)`: upstream's `sharding-propagation` then `shard-partition` on a
+  `shard` module; `collectives(text)` lists the collectives of a partitioned module, to compare
+  upstream's choice with ours.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from typing import Sequence
+
+from autoshard.errors import AutoshardError
+from autoshard.mesh import Mesh
+from autoshard.resharding import Price
+from autoshard.sharding import ceildiv
+
+TOOLS = {"shard": "mlir-opt-22", "mesh": "mlir-opt-19"}
+UPSTREAM_PIPELINE = "builtin.module(func.func(sharding-propagation,shard-partition))"
+
+
+class ToolchainError(AutoshardError):
+    """An MLIR tool is missing or rejected a module; the message carries the tool's diagnostics."""
+
+
+def mlir_opt(text: str, tool: str, args: Sequence[str] = ()) -> str:
+    """Run `tool` on `text`; returns the module it prints."""
+    if shutil.which(tool) is None:
+        raise ToolchainError(f"{tool} is not installed (Debian: apt-get install mlir-{tool.rsplit('-', 1)[1]}-tools)")
+    run = subprocess.run([tool, *args, "-"], input=text, capture_output=True, text=True, check=False)
+    if run.returncode != 0:
+        raise ToolchainError(f"{tool} rejected the module:\n{run.stderr.strip()}")
+    return run.stdout
+
+
+_SHARDING_OP = re.compile(r"^\s*(%[\w$.]+) = mesh\.sharding (@[\w$.]+) split_axes = (\[.*?\])"
+                          r"(?: partial = (\w+)(\[[\d, ]*\]))?( sharded_dims_offsets = .*)? : !mesh\.sharding$")
+
+
+def to_llvm19(text: str) -> str:
+    """The `mesh` spelling as LLVM 19 reads it: sharding ops folded into `mesh.shard`'s attribute.
+    Shardings with `sharded_dims_offsets` have no LLVM 19 form (ValueError)."""
+    attributes: dict[str, str] = {}
+    lines = []
+    for line in text.splitlines():
+        match = _SHARDING_OP.match(line)
+        if match is None:
+            lines.append(line)
+            continue
+        name, mesh, split, kind, axes, offsets = match.groups()
+        if offsets:
+            raise ValueError(f"{name}: sharded_dims_offsets has no LLVM 19 form")
+        attributes[name] = f"<{mesh}, {split}" + (f", partial = {kind}{axes}" if kind else "") + ">"
+    out = "\n".join(lines) + "\n"
+    return re.sub(r"(mesh\.shard \S+ to )(%[\w$.]+)", lambda m: m.group(1) + attributes[m.group(2)], out)
+
+
+def verify(text: str, dialect: str) -> str:
+    """Parse and verify a module with the real tool for its spelling; returns the tool's print."""
+    if dialect == "mesh":
+        return mlir_opt(to_llvm19(text), TOOLS["mesh"])
+    return mlir_opt(text, TOOLS["shard"])
+
+
+def upstream_partition(text: str) -> str:
+    """Upstream LLVM 22's partition of an annotated `shard` module (arguments become local)."""
+    return mlir_opt(text, TOOLS["shard"], [f"--pass-pipeline={UPSTREAM_PIPELINE}"])
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveUse:
+    """A collective found in a partitioned module, with its local input and output shapes."""
+
+    kind: str
+    mesh_axes: tuple[int, ...]
+    in_shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+    attrs: str  # the attributes after the axes (gather_axis = 1, reduction = sum, ...)
+
+    def names(self, mesh: Mesh) -> tuple[str, ...]:
+        return tuple(mesh.axis_names[a] for a in self.mesh_axes)
+
+    def bytes_per_device(self, mesh: Mesh, itemsize: float) -> float:
+        """The input buffer, padded to equal chunks along the cut dim (the planner's convention)."""
+        shape = list(self.in_shape)
+        cut = re.search(r"(?:split_axis|scatter_axis) = (\d+)", self.attrs)
+        if cut:
+            group = mesh.group_size(self.names(mesh))
+            shape[int(cut.group(1))] = ceildiv(shape[int(cut.group(1))], group) * group
+        return float(math.prod(shape)) * itemsize
+
+    def seconds(self, mesh: Mesh, price: Price, itemsize: float) -> float:
+        return price(self.kind, self.names(mesh), self.bytes_per_device(mesh, itemsize))
+
+
+_COLLECTIVE = re.compile(r"= (?:shard|mesh)\.(all_gather|all_slice|all_to_all|all_reduce|reduce_scatter|shift) \S+ "
+                         r"on @\w+ (?:grid|mesh)_axes = \[([\d, ]*)\](.*?) : tensor<([\dx]*)\w+> -> tensor<([\dx]*)\w+>")
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    return tuple(int(s) for s in text.split("x") if s)
+
+
+def collectives(text: str) -> list[CollectiveUse]:
+    """Every collective of a module, in order."""
+    found = []
+    for match in _COLLECTIVE.finditer(text):
+        kind, axes, attrs, src, dst = match.groups()
+        found.append(CollectiveUse(kind, tuple(int(a) for a in axes.split(",") if a.strip()), _shape(src), _shape(dst),
+                                   " ".join(attrs.split())))
+    return found
