@@ -79,7 +79,9 @@ def test_objective_equals_the_priced_plan_when_every_value_has_one_consumer():
     graph = graph_from_json(mlp(8, 8192, 32768, pin_output=[]), mesh)
     hw = bind_hardware("dgx-h100", mesh)
     result = make_plan(graph, mesh, hw, SETTINGS)
-    assert result.solver["objective_s"] == pytest.approx(result.report.step_s, rel=1e-6)
+    # equal up to the memory tie-breaker (1 ps per MiB held)
+    assert result.solver["objective_s"] == pytest.approx(result.report.step_s, rel=1e-4)
+    assert result.solver["objective_s"] >= result.report.step_s
 
 
 def test_data_parallel_for_large_batch_small_weights():
