@@ -1,0 +1,132 @@
+"""Execute a partitioned SPMD program on every device in numpy and hold it against the reference.
+
+The program is run as the IR emitter prints it: arguments laid out per their shardings,
+`Communicate` steps through the mesh collectives, `LocalOp`s on each device's block. After every
+body item its output is compared, device by device, with the reference evaluator's value of that
+tensor on the unsharded graph (same inputs), so a failure names the first op (in program order)
+and the first device where the values part. A program that cannot run at all (a device lacks a
+range an op reads, a shard of the wrong shape) fails at that op and device too.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import numpy as np
+
+from autoshard.dtypes import DTYPES
+from autoshard.errors import InputError
+from autoshard.evaluate import evaluate_graph, random_inputs
+from autoshard.plan import Plan
+from autoshard.resharding import Price
+from autoshard.sim.collectives import Shards, UndefinedValueError
+from autoshard.sim.compare import compare_shards
+from autoshard.sim.layout import distribute
+from autoshard.sim.local_op import Placed, ProgramError, run_local_op
+from autoshard.sim.reshard_exec import apply_step
+from autoshard.sim.verdict import Divergence, Verdict
+from autoshard.spmd import Communicate, Instruction, LocalOp, SpmdProgram, Value, partition
+from autoshard.summary import size
+
+DEFAULT_MAX_BYTES = 2 * 2 ** 30  # numpy on one host: every device's shards live at once
+
+
+class _Diverged(Exception):
+    def __init__(self, divergence: Divergence):
+        self.divergence = divergence
+
+
+def instruction_name(item: Instruction) -> str:
+    """How a body item is named in a verdict: the graph op, or the collective and its tensor."""
+    if isinstance(item, LocalOp):
+        return item.op.name
+    return f"{item.step.kind} over {list(item.step.mesh_axes)} of {item.input.tensor!r}"
+
+
+def simulation_bytes(program: SpmdProgram) -> int:
+    """Memory a simulation holds at most: every value on every device, plus the reference's tensors."""
+    mesh = program.mesh
+    local = sum(math.prod(v.local_shape(mesh, d)) * np.dtype(DTYPES[v.dtype].numpy).itemsize
+                for v in program.values() for d in mesh.devices())
+    reference = sum(math.prod(t.shape) * np.dtype(DTYPES[t.dtype].numpy).itemsize for t in program.graph.tensors.values())
+    return local + reference
+
+
+def simulate_program(program: SpmdProgram, inputs: Mapping[str, np.ndarray] | None = None, *,
+                     seed: int = 0, max_bytes: float = DEFAULT_MAX_BYTES) -> Verdict:
+    """Run `program` on every device and compare every value it computes with the reference
+    evaluator on the unsharded graph. `inputs` maps graph inputs and parameters to global
+    arrays (default: `random_inputs(program.graph, seed)`).
+
+    Every instruction's outputs are checked as they are made, so the program's results (which
+    are such outputs) are checked too: each device's shard of each result, partial groups
+    reduced, equals its slice of the reference's value within the dtype's tolerance.
+    Raises InputError if the simulation would hold more than `max_bytes`.
+    """
+    needed = simulation_bytes(program)
+    if needed > max_bytes:
+        raise InputError(f"simulating graph {program.graph.name!r} on {program.mesh.num_devices} devices needs about "
+                         f"{size(needed)}, over the limit of {size(max_bytes)}; simulate a smaller version of the "
+                         f"graph or raise the limit", "max_bytes")
+    inputs = inputs if inputs is not None else random_inputs(program.graph, seed)
+    reference = evaluate_graph(program.graph, inputs)
+    env: dict[int, Placed] = {v.id: Placed(distribute(inputs[v.tensor], program.mesh, v.sharding, v.shape),
+                                           v.sharding, v.shape) for v in program.arguments}
+    worst, checked = 0.0, 0
+    try:
+        for item in program.body:
+            name = instruction_name(item)
+            try:
+                produced = _run(item, env, program)
+            except ProgramError as error:
+                raise _Diverged(Divergence(name, item.outputs[0].tensor, error.device, None, None, None, str(error))) from None
+            for value, shards in produced:
+                env[value.id] = Placed(shards, value.sharding, value.shape)
+                worst = max(worst, _check(name, value, shards, program, reference))
+                checked += 1
+    except _Diverged as failure:
+        return Verdict(False, worst, failure.divergence, checked)
+    missing = [v for v in program.results if v.id not in env]
+    if missing:
+        message = f"result {missing[0].tensor!r} (value %{missing[0].id}) is never computed"
+        return Verdict(False, worst, Divergence("result", missing[0].tensor, None, None, None, None, message), checked)
+    return Verdict(True, worst, None, checked)
+
+
+def _run(item: Instruction, env: dict[int, Placed], program: SpmdProgram) -> list[tuple[Value, Shards]]:
+    undefined = [v for v in item.inputs if v.id not in env]
+    if undefined:
+        raise ProgramError(f"{instruction_name(item)} reads value %{undefined[0].id} ({undefined[0].tensor!r}) "
+                           f"before it is defined")
+    if isinstance(item, Communicate):
+        try:
+            shards = apply_step(env[item.input.id].shards, program.mesh, item.input.shape, item.step)
+        except (UndefinedValueError, ValueError) as error:  # the collective does not fit its operand
+            raise ProgramError(f"{instruction_name(item)}: {error}") from None
+        return [(item.output, shards)]
+    outputs = [(v.sharding, v.shape, v.dtype) for v in item.outputs]
+    results = run_local_op(program.mesh, item.op, item.option, [env[v.id] for v in item.inputs], outputs)
+    return list(zip(item.outputs, results))
+
+
+def _check(name: str, value: Value, shards: Shards, program: SpmdProgram, reference: Mapping[str, np.ndarray]) -> float:
+    what = f"{name}: value %{value.id} ({value.tensor!r}, sharding {value.sharding})"
+    try:
+        comparison = compare_shards(shards, program.mesh, value.sharding, reference[value.tensor], value.dtype, what)
+    except ProgramError as error:
+        raise _Diverged(Divergence(name, value.tensor, error.device, None, None, None, str(error))) from None
+    m = comparison.mismatch
+    if m is not None:
+        message = (f"{value.tensor!r}{list(m.index)} = {m.actual:.6g}, expected {m.expected:.6g} (error "
+                   f"{abs(m.actual - m.expected):.3g} > tolerance {comparison.tolerance:.3g}; value %{value.id}, "
+                   f"sharding {value.sharding})")
+        raise _Diverged(Divergence(name, value.tensor, m.device, m.index, m.actual, m.expected, message))
+    return comparison.max_error
+
+
+def verify_plan(plan: Plan, price: Price | None = None, seed: int = 0,
+                max_bytes: float = DEFAULT_MAX_BYTES) -> Verdict:
+    """Partition `plan` (reshardings chosen by `price`, default bytes moved) and simulate the
+    program on the graph's random inputs of `seed` (see `simulate_program`)."""
+    return simulate_program(partition(plan, price), seed=seed, max_bytes=max_bytes)
