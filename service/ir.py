@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from autoshard.costs import Hardware
+from autoshard.mlir import emit_annotated, emit_partitioned
 from autoshard.plan import Plan
 
 
@@ -10,10 +12,8 @@ def ir_arguments(stage: str, arguments: str) -> str:
     return arguments if stage == "partitioned" else ""
 
 
-def emit_ir(plan: Plan, stage: str, dialect: str, arguments: str = "local") -> str:
-    # imported on first use: most requests never ask for IR
-    from autoshard.mlir import emit_annotated, emit_partitioned
-
+def emit_ir(plan: Plan, hardware: Hardware, stage: str, dialect: str, arguments: str = "local") -> str:
+    """The partitioned IR's collectives are chosen with the hardware's prices, as the plan's reshardings are."""
     if stage == "annotated":
         return emit_annotated(plan, dialect=dialect)
-    return emit_partitioned(plan, dialect=dialect, arguments=arguments)
+    return emit_partitioned(plan, dialect=dialect, arguments=arguments, price=hardware.collective_seconds)

@@ -79,8 +79,8 @@ def run(canonical: Mapping[str, Any], conn: Connection) -> None:
         result = make_plan(inputs.graph, inputs.mesh, inputs.hardware, inputs.settings, progress=progress)
         progress.phase("emitting")
         document = plan_document(result, inputs.topology)
-        ir = [(stage, inputs.dialect, ir_arguments(stage, "local"), emit_ir(result.plan, stage, inputs.dialect))
-              for stage in inputs.emit]
+        ir = [(stage, inputs.dialect, ir_arguments(stage, "local"),
+               emit_ir(result.plan, inputs.hardware, stage, inputs.dialect)) for stage in inputs.emit]
         progress.phase("done")
         conn.send(("done", {"plan": document, "ir": ir}))
     except InputError as error:

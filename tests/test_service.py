@@ -15,6 +15,7 @@ from autoshard.client import Client, ServiceError
 from autoshard.errors import InputError
 from autoshard.hardware import bind_hardware
 from autoshard.mesh import Mesh
+from autoshard.mlir import verify
 from autoshard.plan import plan_from_json
 from autoshard.schema import graph_from_json
 from service.app import create_app
@@ -113,6 +114,9 @@ def test_plans_survive_a_restart_and_unfinished_jobs_are_marked_interrupted(tmp_
         interrupted = client.get(orphan.id)
         assert interrupted.status == "failed"
         assert interrupted.error["kind"] == "interrupted" and "restart" in interrupted.error["message"]
+        with pytest.raises(ServiceError) as no_ir:
+            client.ir(orphan.id)
+        assert no_ir.value.status == 409 and "failed" in str(no_ir.value)
 
 
 def test_cancelling_a_finished_plan_is_a_conflict_and_unknown_ids_are_404(client):
@@ -236,3 +240,19 @@ def test_topologies_health_and_openapi(http, client):
             "/v1/topologies"} <= set(spec["paths"])
     assert http.get("/docs").status_code == 200
     assert json.loads(http.get("/v1/nowhere").text)["error"]["kind"] == "not_found"
+
+
+def test_ir_emitted_with_the_plan_and_on_demand_passes_the_mlir_verifiers(client):
+    job = client.submit(MLP, "dp=2,tp=2", options=OPTIONS | {"emit": ["annotated", "partitioned"], "dialect": "shard"},
+                        wait_s=60)
+    assert job.status == "done" and set(job.ir) == {"annotated", "partitioned"}
+    assert client.ir(job.id, "annotated") == job.ir["annotated"]  # the plan's dialect by default
+    assert client.ir(job.id, "partitioned", "shard") == job.ir["partitioned"]
+    texts = {(stage, dialect, arguments): client.ir(job.id, stage, dialect, arguments)
+             for stage in ("annotated", "partitioned") for dialect in ("mesh", "shard")
+             for arguments in ("local", "global")}
+    assert texts[("annotated", "mesh", "local")] == texts[("annotated", "mesh", "global")]
+    assert texts[("partitioned", "shard", "local")] != texts[("partitioned", "shard", "global")]
+    for (stage, dialect, arguments), text in texts.items():
+        verify(text, dialect)
+

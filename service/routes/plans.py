@@ -15,7 +15,7 @@ from autoshard.schema import graph_from_json
 from service import deps
 from service.config import Settings
 from service.errors import Conflict, NotFound
-from service.inputs import canonical_plan_request, request_key
+from service.inputs import bind_topology, canonical_plan_request, request_key
 from service.ir import emit_ir, ir_arguments
 from service.routes import INPUT_ERRORS, errors
 from service.runner import Runner
@@ -88,9 +88,11 @@ def get_ir(plan_id: str, stage: Stage = "annotated", dialect: Dialect | None = N
     arguments = ir_arguments(stage, arguments)
     text = store.get_ir(plan_id, stage, dialect, arguments)
     if text is None:
-        mesh = Mesh.parse(job.request["mesh"])
-        plan = plan_from_json(job.plan, graph_from_json(job.request["graph"], mesh), mesh)
-        text = emit_ir(plan, stage, dialect, arguments or "local")
+        request = job.request
+        mesh = Mesh.parse(request["mesh"])
+        plan = plan_from_json(job.plan, graph_from_json(request["graph"], mesh), mesh)
+        hardware = bind_topology(request["topology"], request["topology_options"], mesh)
+        text = emit_ir(plan, hardware, stage, dialect, arguments or "local")
         store.put_ir(plan_id, stage, dialect, arguments, text)
     return PlainTextResponse(text)
 
