@@ -22,6 +22,8 @@ from autoshard.resharding import CollectiveStep, Transfer
 
 _ATTRS = {"all_gather": ("gather_axis",), "all_slice": ("slice_axis",), "all_to_all": ("split_axis", "concat_axis"),
           "all_reduce": ("reduction",), "reduce_scatter": ("reduction", "scatter_axis")}
+_CUT_ATTRS = ("slice_axis", "scatter_axis", "split_axis")  # the tensor dim a collective cuts into pieces
+_DIM_ATTRS = _CUT_ATTRS + ("gather_axis", "concat_axis")
 
 
 def emit_step(b: Body, dialect: Dialect, mesh: Mesh, step: CollectiveStep, x: Operand, out: Spec,
@@ -30,10 +32,30 @@ def emit_step(b: Body, dialect: Dialect, mesh: Mesh, step: CollectiveStep, x: Op
         return _permute(b, dialect, mesh, step, x, out, device, hint)
     attrs = " ".join(f"{k} = {dialect.reduction(step.dims[k]) if k == 'reduction' else step.dims[k]}"
                      for k in _ATTRS[step.kind])
+    cut = next((step.dims[k] for k in _CUT_ATTRS if k in step.dims), None)
+    if cut is not None and isinstance(x.sizes[cut], int) and x.sizes[cut] % mesh.group_size(step.mesh_axes):
+        x = _dynamic(b, x, cut)
+    # The verifier wants a dim the collective touches to be dynamic in the result where it is in the input.
+    touched = {step.dims[k] for k in _DIM_ATTRS if k in step.dims}
+    result = Spec(out.shape, out.dtype, tuple("?" if d in touched and isinstance(x.sizes[d], str) else size
+                                              for d, size in enumerate(out.sizes)))
     name = b.name(hint)
     b.emit(f"{name} = {dialect.op(step.kind)} {x.name} on {MESH_SYMBOL} {dialect.axes_attr} = "
-           f"{axes_list(mesh, step.mesh_axes)} {attrs} : {x.type} -> {out.type}")
+           f"{axes_list(mesh, step.mesh_axes)} {attrs} : {x.type} -> {result.type}")
+    if result.type != out.type:
+        cast = b.name(hint)
+        b.emit(f"{cast} = tensor.cast {name} : {result.type} to {out.type}")
+        name = cast
     return Operand(name, out)
+
+
+def _dynamic(b: Body, x: Operand, dim: int) -> Operand:
+    """`x` with `dim` made dynamic: the dialect's verifier wants a static dim that a collective
+    cuts to divide evenly, while the reference cuts uneven dims into ceildiv pieces."""
+    spec = Spec(x.shape, x.dtype, tuple("?" if d == dim else s for d, s in enumerate(x.sizes)))
+    name = b.name("uneven")
+    b.emit(f"{name} = tensor.cast {x.name} : {x.type} to {spec.type}")
+    return Operand(name, spec)
 
 
 def _shift(mesh: Mesh, step: CollectiveStep, x: Operand, out: Spec) -> tuple[str, int] | None:

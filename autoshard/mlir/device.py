@@ -32,8 +32,12 @@ class DeviceIndex:
     def coordinate(self, axis: str) -> str:
         """The device's coordinate along `axis`."""
         n = len(self.mesh.shape)
-        device = self._once(("device",), "device", f"{self.dialect.op('process_multi_index')} on {MESH_SYMBOL} axes = "
-                            f"{axes_list(self.mesh, self.mesh.axis_names)} : {', '.join(['index'] * n)}")
+        if ("device",) not in self.cache:
+            name = self.b.name("device")
+            self.b.emit(f"{name}{f':{n}' if n > 1 else ''} = {self.dialect.op('process_multi_index')} on {MESH_SYMBOL} "
+                        f"axes = {axes_list(self.mesh, self.mesh.axis_names)} : {', '.join(['index'] * n)}")
+            self.cache["device",] = name
+        device = self.cache["device",]
         return device if n == 1 else f"{device}#{self.mesh.axis_index(axis)}"
 
     def linear(self) -> str:
@@ -62,16 +66,24 @@ class DeviceIndex:
         stop = self._arith("minui", self._arith("addi", start, self.const(step), "stop"), self.const(extent), "stop")
         return self._arith("subi", stop, start, "size")
 
-    def shard_size(self, sharding: Sharding, shape: Sequence[int], dim: int) -> str:
-        """The size of the device's shard of `dim` under `sharding` (explicit offsets via a table)."""
+    def shard_start(self, sharding: Sharding, shape: Sequence[int], dim: int) -> str:
+        """Where the device's shard of `dim` under `sharding` starts (explicit offsets via a table)."""
         axes = sharding.dim_axes(dim)
-        if dim >= len(sharding.dims_offsets) or not sharding.dims_offsets[dim]:
+        offsets = sharding.dims_offsets[dim] if dim < len(sharding.dims_offsets) else ()
+        if not offsets:
+            return self.block_start(axes, shape[dim])
+        return self._offset(offsets, self.in_group(axes))
+
+    def shard_size(self, sharding: Sharding, shape: Sequence[int], dim: int) -> str:
+        axes = sharding.dim_axes(dim)
+        offsets = sharding.dims_offsets[dim] if dim < len(sharding.dims_offsets) else ()
+        if not offsets:
             return self.block_size(axes, shape[dim])
-        offsets = sharding.dims_offsets[dim]
-        table = self._once(("offsets", offsets), "offsets",
-                           f"arith.constant dense<{int_list(offsets)}> : tensor<{len(offsets)}xindex>")
         k = self.in_group(axes)
-        start = self._once(("extract", table, k), "start", f"tensor.extract {table}[{k}] : tensor<{len(offsets)}xindex>")
-        after = self._arith("addi", k, self.const(1), "next")
-        stop = self._once(("extract", table, after), "stop", f"tensor.extract {table}[{after}] : tensor<{len(offsets)}xindex>")
-        return self._arith("subi", stop, start, "size")
+        stop = self._offset(offsets, self._arith("addi", k, self.const(1), "next"))
+        return self._arith("subi", stop, self._offset(offsets, k), "size")
+
+    def _offset(self, offsets: tuple[int, ...], index: str) -> str:
+        kind = f"tensor<{len(offsets)}xindex>"
+        table = self._once(("offsets", offsets), "offsets", f"arith.constant dense<{int_list(offsets)}> : {kind}")
+        return self._once(("extract", table, index), "offset", f"tensor.extract {table}[{index}] : {kind}")

@@ -6,8 +6,9 @@ them). Every `LocalOp` is the graph op lowered on local shapes; every `Communica
 dialect's collective. Arguments follow one of the two conventions of the design:
 
 - `local`: the function receives every argument already partitioned (its local shard);
-- `global`: it receives the full tensors and cuts its shard with `all_slice`, one per split dim
-  (the reference's in-group pieces, which are exactly the sharding's shards).
+- `global`: it receives the full tensors and cuts its shard, one split dim at a time: with
+  `all_slice` (the reference's in-group pieces, exactly the sharding's shards) where the dim
+  splits evenly, else with `tensor.extract_slice` at the start the process index gives.
 """
 
 from __future__ import annotations
@@ -77,26 +78,32 @@ def emit_partitioned(program: SpmdProgram | Plan, dialect: str = "mesh", argumen
     comments = [f"autoshard partitioned IR: graph {program.graph.name!r} on mesh {mesh} ({d.name} dialect), "
                 f"as every device runs it", mesh_comment(mesh),
                 "arguments: " + ("each device's local shard" if arguments == "local" else
-                                 "full tensors, each device cutting its shard with all_slice"),
+                                 "full tensors, each device cutting its shard"),
                 "local types: the largest shard per dim; ? where shards differ between devices"]
     return module_text(d, mesh, comments, function_name(program.graph.name), args, results, b)
 
 
 def _slice_argument(b: Body, device: DeviceIndex, value: Value, arg: Operand) -> Operand:
-    """Cut the device's shard of a full argument, one all_slice per split dim."""
+    """Cut the device's shard of a full argument, one split dim at a time: `all_slice` where the
+    dim splits evenly, else `tensor.extract_slice` at the shard's start (from the process index)."""
     mesh, sharding = device.mesh, value.sharding
-    if sharding.dims_offsets:
-        raise InputError(f"argument {value.tensor!r} is stored with sharded_dims_offsets, which all_slice cannot cut; "
-                         f"use arguments='local'", f"/tensors/{value.tensor}")
-    current, split = arg, [() for _ in value.shape]
+    current, split, offsets = arg, [() for _ in value.shape], [() for _ in value.shape]
     for dim, axes in enumerate(sharding.split_axes):
         if not axes:
             continue
         split[dim] = axes
-        spec = _spec(device, Sharding(tuple(split)), value.shape, value.dtype)
+        offsets[dim] = sharding.dims_offsets[dim] if dim < len(sharding.dims_offsets) else ()
+        spec = _spec(device, Sharding(tuple(split), dims_offsets=tuple(offsets)), value.shape, value.dtype)
         name = b.name(f"{value.tensor}_local")
-        b.emit(f"{name} = {device.dialect.op('all_slice')} {current.name} on {MESH_SYMBOL} "
-               f"{device.dialect.axes_attr} = {axes_list(mesh, axes)} slice_axis = {dim} : {current.type} -> {spec.type}")
+        if isinstance(spec.sizes[dim], int):
+            b.emit(f"{name} = {device.dialect.op('all_slice')} {current.name} on {MESH_SYMBOL} "
+                   f"{device.dialect.axes_attr} = {axes_list(mesh, axes)} slice_axis = {dim} : {current.type} -> {spec.type}")
+        else:
+            start = device.shard_start(sharding, value.shape, dim)
+            starts = ", ".join(start if d == dim else "0" for d in range(len(value.shape)))
+            sizes = ", ".join(str(s) for s in spec.sizes)
+            b.emit(f"{name} = tensor.extract_slice {current.name}[{starts}] [{sizes}] [{', '.join(['1'] * len(value.shape))}] "
+                   f": {current.type} to {spec.type}")
         current = Operand(name, spec)
     return current
 

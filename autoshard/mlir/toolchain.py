@@ -69,6 +69,21 @@ def verify(text: str, dialect: str) -> str:
     return mlir_opt(text, TOOLS["shard"])
 
 
+def verify_all(texts: Sequence[str], dialect: str) -> None:
+    """Verify many modules with one tool run (`--split-input-file`); on failure, the error names
+    the first module the tool rejects."""
+    modules = [to_llvm19(t) if dialect == "mesh" else t for t in texts]
+    try:
+        mlir_opt("\n// -----\n".join(modules), TOOLS[dialect], ["--split-input-file"])
+    except ToolchainError:
+        for index, text in enumerate(texts):
+            try:
+                verify(text, dialect)
+            except ToolchainError as error:
+                raise ToolchainError(f"module {index} of {len(texts)}: {error}") from None
+        raise
+
+
 def upstream_partition(text: str) -> str:
     """Upstream LLVM 22's partition of an annotated `shard` module (arguments become local)."""
     return mlir_opt(text, TOOLS["shard"], [f"--pass-pipeline={UPSTREAM_PIPELINE}"])
