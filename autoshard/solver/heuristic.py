@@ -101,8 +101,10 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
     # Improve the best solution: tree moves and CP-SAT neighbourhoods.
     search.reset(search.best_x)
     lns_rounds = 0
-    while (rounds is None and time_left() > 0.2) or (rounds is not None and lns_rounds < rounds):
+    round_s = 0.0
+    while (rounds is None and time_left() > 0.2 + 1.5 * round_s) or (rounds is not None and lns_rounds < rounds):
         lns_rounds += 1
+        round_start = time.monotonic()
         accepted, improved = search.tree_moves(moves, 16)
         stats["tree_moves"] += moves
         seed_node = _expensive_node(fp, search.x, search.rng)
@@ -111,6 +113,7 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
         change = search.lns(nodes, budget, deterministic_time=1.0 if deterministic else None)
         stats["lns"] += 1
         stats["lns_improving"] += int(change < 0)
+        round_s = time.monotonic() - round_start
         report("improve")
     return HeuristicResult(search.best_x.copy(), search.best_obj, bound, stats)
 

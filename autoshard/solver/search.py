@@ -59,19 +59,23 @@ class Search:
         self.pen *= 0.5
         return accepted, improved
 
-    def ball(self, seed_node: int, size: int) -> np.ndarray:
-        """Up to `size` movable nodes around seed_node, breadth first, neighbours in random order."""
+    def ball(self, seed_node: int, size: int, max_strategies: int = 1500) -> np.ndarray:
+        """Up to `size` movable nodes around seed_node, breadth first, neighbours in random order,
+        with at most `max_strategies` strategies in all (keeps the CP-SAT model small)."""
         fp = self.fp
+        sizes = fp.sizes()
         seen = {seed_node}
         frontier = [seed_node]
+        budget = max_strategies - int(sizes[seed_node])
         head = 0
         while head < len(frontier) and len(frontier) < size:
             v = frontier[head]
             head += 1
             nbrs = fp.anbr[fp.aoff[v]:fp.aoff[v + 1]]
             for w in self.rng.permutation(nbrs).tolist():
-                if w not in seen and self.movable[w]:
+                if w not in seen and self.movable[w] and sizes[w] <= budget:
                     seen.add(w)
+                    budget -= int(sizes[w])
                     frontier.append(w)
                     if len(frontier) >= size:
                         break
