@@ -10,6 +10,7 @@ Each op takes a random option of `enumerate_options`, each stored tensor a rando
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
@@ -17,8 +18,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autoshard.autoplan import SolveSettings, make_plan
+from autoshard.graph import Graph
 from autoshard.hardware import bind_hardware
 from autoshard.mesh import Mesh
+from autoshard.models import GPTConfig, MLPConfig, MoEConfig, gpt, moe
+from autoshard.models import mlp as mlp_model
 from autoshard.options import ShardingOption
 from autoshard.plan import Plan
 from autoshard.resharding import bytes_moved_price
@@ -238,7 +242,10 @@ def random_plans(draw: Any, max_ops: int = 5) -> Plan:
         if draw(st.integers(0, 3)) == 0:
             pin = draw(st.sampled_from(enumerate_storage(b.shape(t), mesh)))
             constraints.append({"tensor": t, **pin.to_json()})
-    graph = graph_from_json(b.document(outputs, constraints), mesh)
+    return random_plan(draw, graph_from_json(b.document(outputs, constraints), mesh), mesh)
+
+
+def random_plan(draw: Any, graph: Graph, mesh: Mesh) -> Plan:
     options = {op.name: draw_split(draw, enumerate_options(op.nest, mesh)) for op in graph.ops}
     storage = {t.name: draw_split(draw, enumerate_storage(t.shape, mesh))
                for t in graph.tensors.values() if t.role != "intermediate"}
@@ -259,9 +266,9 @@ def describe_plan(plan: Plan) -> str:
 
 
 @settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
-@given(random_plans())
-def test_random_plans_simulate_to_the_reference(plan):
-    verdict = verify_plan(plan, bytes_moved_price(plan.mesh), seed=1)
+@given(random_plans(), st.booleans())
+def test_random_plans_simulate_to_the_reference(plan, widen):
+    verdict = verify_plan(plan, bytes_moved_price(plan.mesh), seed=1, widen=widen)
     assert verdict.passed, f"{verdict.summary()}\n{describe_plan(plan)}"
     assert verdict.values_checked >= len(plan.graph.ops)
     if all(t.dtype.startswith("i") for t in plan.graph.tensors.values()):
@@ -288,6 +295,31 @@ def test_blocks_left_empty_by_uneven_splits_compute_nothing_or_the_identity():
     assert col_max.outputs[0].sharding == Sharding((("y",),), ("x",), "max")
     verdict = simulate_program(program, seed=5)
     assert verdict.passed, verdict.summary()
+
+
+# --- generated models: forward passes and whole training steps (backward ops, Adam) ---------
+
+MODELS = {
+    "gpt-train": lambda: gpt(GPTConfig(layers=1, hidden=16, heads=2, seq=8, batch=2, vocab=32, dtype="f32"),
+                             training=True),
+    "llama": lambda: gpt(GPTConfig(layers=2, hidden=16, heads=4, seq=6, batch=2, vocab=24, dtype="f32", style="llama")),
+    "moe": lambda: moe(MoEConfig(batch=2, seq=8, hidden=8, experts=4, top_k=2, dtype="f32")),
+    "mlp-train": lambda: mlp_model(MLPConfig(layers=2, batch=4, hidden=12, dtype="f32"), training=True),
+}
+
+
+@functools.cache
+def model_graph(name: str, mesh: Mesh) -> Graph:
+    return graph_from_json(MODELS[name](), mesh)
+
+
+@settings(max_examples=16, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(st.sampled_from(sorted(MODELS)), st.sampled_from([Mesh.of(x=2, y=2), Mesh.of(x=4)]), st.data())
+def test_generated_models_under_random_plans_simulate_to_the_reference(name, mesh, data):
+    plan = random_plan(data.draw, model_graph(name, mesh), mesh)
+    verdict = verify_plan(plan, bytes_moved_price(mesh), seed=3)
+    assert verdict.passed, verdict.summary()
+    assert verdict.values_checked >= len(plan.graph.ops)
 
 
 # --- plans from the planner -------------------------------------------------------------------

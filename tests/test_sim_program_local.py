@@ -13,6 +13,8 @@ from autoshard.sharding import Sharding
 from autoshard.sim import assemble, distribute
 from autoshard.sim.compare import compare_shards, tolerance
 from autoshard.sim.local_op import Placed, ProgramError, loop_block, reduction_identity, run_local_op
+from autoshard.sim.precision import widen_graph, widen_inputs
+from autoshard.sim.program import comparison_dtypes
 
 MESH = Mesh.of(x=4)
 MESH_2x2 = Mesh.of(x=2, y=2)
@@ -146,3 +148,23 @@ def test_a_shard_of_the_wrong_shape_is_a_program_error_naming_the_device():
     shards[(2,)] = np.zeros((2, 2))
     with pytest.raises(ProgramError, match=r"device \[2\] holds shape \[2, 2\]; sharding \[\[x\]\] of \[4, 2\] gives \[1, 2\]"):
         compare_shards(shards, MESH, Sharding((("x",),)), reference, "f64", "value t")
+
+
+def test_widening_computes_floats_in_float64_and_keeps_integers():
+    doc = {"format": "autoshard.graph/v1", "name": "casts",
+           "tensors": {"ids": {"shape": [3], "dtype": "i32", "role": "input"},
+                       "x": {"shape": [3], "dtype": "bf16", "role": "input"},
+                       "f": {"shape": [3], "dtype": "f32"}, "h": {"shape": [3], "dtype": "f16"},
+                       "s": {"shape": [3], "dtype": "f16"}},
+           "ops": [{"name": "to_float", "kind": "cast", "inputs": ["ids"], "outputs": ["f"], "dtype": "f32"},
+                   {"name": "narrow", "kind": "cast", "inputs": ["f"], "outputs": ["h"], "dtype": "f16"},
+                   {"name": "add", "kind": "add", "inputs": ["h", "h"], "outputs": ["s"]}]}
+    graph = graph_from_json(doc)
+    wide = widen_graph(graph)
+    assert {n: t.dtype for n, t in wide.tensors.items()} == {"ids": "i32", "x": "f64", "f": "f64", "h": "f64", "s": "f64"}
+    assert [op.attrs.get("dtype") for op in wide.ops] == ["f64", "f64", None]
+    inputs = widen_inputs({"ids": np.arange(3, dtype=np.int32), "x": np.ones(3, np.float32)})
+    assert inputs["ids"].dtype == np.int32 and inputs["x"].dtype == np.float64
+    assert comparison_dtypes(graph, widen=True) == {"i32": "i32", "bf16": "f64", "f32": "f64", "f16": "f64"}
+    # In the declared dtypes a float may carry a narrower float's rounding: the loosest tolerance.
+    assert comparison_dtypes(graph, widen=False) == {"i32": "i32", "bf16": "f16", "f32": "f16", "f16": "f16"}

@@ -30,6 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     group.add_argument("--slice", help="TPU slice shape, e.g. 4x4x4")
     parser.add_argument("--max-memory", default="2GiB",
                         help="refuse simulations needing more host memory than this (default 2GiB)")
+    parser.add_argument("--declared-dtypes", action="store_true",
+                        help="compute floats in their declared dtypes, with those dtypes' tolerances "
+                             "(default: float64 everywhere, so rounding cannot pass for a wrong plan)")
     parser.add_argument("--json", action="store_true", help="print the verdict as JSON")
     parser.set_defaults(run=run)
 
@@ -76,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     plan = plan_from_json(document, graph, mesh)
     limit = parse_bytes(args.max_memory, "--max-memory")
     try:
-        verdict = verify_plan(plan, resharding_price(args, document, mesh), seed=args.seed, max_bytes=limit)
+        verdict = verify_plan(plan, resharding_price(args, document, mesh), seed=args.seed, max_bytes=limit,
+                              widen=not args.declared_dtypes)
     except InputError as error:
         # The library names its parameter; the user set the flag.
         raise InputError([Problem("--max-memory" if p.where == "max_bytes" else p.where, p.message)

@@ -22,9 +22,14 @@ from autoshard.sim.local_op import ProgramError
 RELATIVE_TOLERANCE = {np.dtype(np.float64): 1e-9, np.dtype(np.float32): 1e-4, np.dtype(np.float16): 1e-2}
 
 
+def relative_tolerance(dtype: str) -> float:
+    """Error accepted per unit of a tensor's magnitude (0 for integers and booleans)."""
+    return RELATIVE_TOLERANCE.get(np.dtype(DTYPES[dtype].numpy), 0.0)
+
+
 def tolerance(dtype: str, reference: np.ndarray) -> float:
     """Largest absolute error accepted for a tensor of `dtype` whose reference is `reference`."""
-    rel = RELATIVE_TOLERANCE.get(np.dtype(DTYPES[dtype].numpy), 0.0)
+    rel = relative_tolerance(dtype)
     if not rel:
         return 0.0
     finite = np.abs(reference[np.isfinite(reference)]) if reference.size else reference

@@ -6,6 +6,9 @@ body item its output is compared, device by device, with the reference evaluator
 tensor on the unsharded graph (same inputs), so a failure names the first op (in program order)
 and the first device where the values part. A program that cannot run at all (a device lacks a
 range an op reads, a shard of the wrong shape) fails at that op and device too.
+
+Floats are computed in float64 by default, on the devices and in the reference (see
+`autoshard.sim.precision`); `widen=False` keeps the declared dtypes and their tolerances.
 """
 
 from __future__ import annotations
@@ -18,12 +21,15 @@ import numpy as np
 from autoshard.dtypes import DTYPES
 from autoshard.errors import InputError
 from autoshard.evaluate import evaluate_graph, random_inputs
+from autoshard.graph import Graph
+from autoshard.mesh import Mesh
 from autoshard.plan import Plan
 from autoshard.resharding import Price
 from autoshard.sim.collectives import Shards, UndefinedValueError
-from autoshard.sim.compare import compare_shards
+from autoshard.sim.compare import compare_shards, relative_tolerance
 from autoshard.sim.layout import distribute
 from autoshard.sim.local_op import Placed, ProgramError, run_local_op
+from autoshard.sim.precision import widen_dtype, widen_graph, widen_inputs, widen_op
 from autoshard.sim.reshard_exec import apply_step
 from autoshard.sim.verdict import Divergence, Verdict
 from autoshard.spmd import Communicate, Instruction, LocalOp, SpmdProgram, Value, partition
@@ -44,17 +50,21 @@ def instruction_name(item: Instruction) -> str:
     return f"{item.step.kind} over {list(item.step.mesh_axes)} of {item.input.tensor!r}"
 
 
-def simulation_bytes(program: SpmdProgram) -> int:
+def _itemsize(dtype: str, widen: bool) -> int:
+    return np.dtype(DTYPES[widen_dtype(dtype) if widen else dtype].numpy).itemsize
+
+
+def simulation_bytes(program: SpmdProgram, widen: bool = True) -> int:
     """Memory a simulation holds at most: every value on every device, plus the reference's tensors."""
     mesh = program.mesh
-    local = sum(math.prod(v.local_shape(mesh, d)) * np.dtype(DTYPES[v.dtype].numpy).itemsize
+    local = sum(math.prod(v.local_shape(mesh, d)) * _itemsize(v.dtype, widen)
                 for v in program.values() for d in mesh.devices())
-    reference = sum(math.prod(t.shape) * np.dtype(DTYPES[t.dtype].numpy).itemsize for t in program.graph.tensors.values())
+    reference = sum(math.prod(t.shape) * _itemsize(t.dtype, widen) for t in program.graph.tensors.values())
     return local + reference
 
 
 def simulate_program(program: SpmdProgram, inputs: Mapping[str, np.ndarray] | None = None, *,
-                     seed: int = 0, max_bytes: float = DEFAULT_MAX_BYTES) -> Verdict:
+                     seed: int = 0, max_bytes: float = DEFAULT_MAX_BYTES, widen: bool = True) -> Verdict:
     """Run `program` on every device and compare every value it computes with the reference
     evaluator on the unsharded graph. `inputs` maps graph inputs and parameters to global
     arrays (default: `random_inputs(program.graph, seed)`).
@@ -64,13 +74,16 @@ def simulate_program(program: SpmdProgram, inputs: Mapping[str, np.ndarray] | No
     reduced, equals its slice of the reference's value within the dtype's tolerance.
     Raises InputError if the simulation would hold more than `max_bytes`.
     """
-    needed = simulation_bytes(program)
+    needed = simulation_bytes(program, widen)
     if needed > max_bytes:
         raise InputError(f"simulating graph {program.graph.name!r} on {program.mesh.num_devices} devices needs about "
                          f"{size(needed)}, over the limit of {size(max_bytes)}; simulate a smaller version of the "
                          f"graph or raise the limit", "max_bytes")
     inputs = inputs if inputs is not None else random_inputs(program.graph, seed)
-    reference = evaluate_graph(program.graph, inputs)
+    if widen:
+        inputs = widen_inputs(inputs)
+    reference = evaluate_graph(widen_graph(program.graph) if widen else program.graph, inputs)
+    judged_as = comparison_dtypes(program.graph, widen)
     env: dict[int, Placed] = {v.id: Placed(distribute(inputs[v.tensor], program.mesh, v.sharding, v.shape),
                                            v.sharding, v.shape) for v in program.arguments}
     worst, checked = 0.0, 0
@@ -78,12 +91,12 @@ def simulate_program(program: SpmdProgram, inputs: Mapping[str, np.ndarray] | No
         for item in program.body:
             name = instruction_name(item)
             try:
-                produced = _run(item, env, program)
+                produced = _run(item, env, program.mesh, widen)
             except ProgramError as error:
                 raise _Diverged(Divergence(name, item.outputs[0].tensor, error.device, None, None, None, str(error))) from None
             for value, shards in produced:
                 env[value.id] = Placed(shards, value.sharding, value.shape)
-                worst = max(worst, _check(name, value, shards, program, reference))
+                worst = max(worst, _check(name, value, shards, program.mesh, reference, judged_as[value.dtype]))
                 checked += 1
     except _Diverged as failure:
         return Verdict(False, worst, failure.divergence, checked)
@@ -94,26 +107,43 @@ def simulate_program(program: SpmdProgram, inputs: Mapping[str, np.ndarray] | No
     return Verdict(True, worst, None, checked)
 
 
-def _run(item: Instruction, env: dict[int, Placed], program: SpmdProgram) -> list[tuple[Value, Shards]]:
+def _run(item: Instruction, env: dict[int, Placed], mesh: Mesh, widen: bool) -> list[tuple[Value, Shards]]:
     undefined = [v for v in item.inputs if v.id not in env]
     if undefined:
         raise ProgramError(f"{instruction_name(item)} reads value %{undefined[0].id} ({undefined[0].tensor!r}) "
                            f"before it is defined")
     if isinstance(item, Communicate):
         try:
-            shards = apply_step(env[item.input.id].shards, program.mesh, item.input.shape, item.step)
+            shards = apply_step(env[item.input.id].shards, mesh, item.input.shape, item.step)
         except (UndefinedValueError, ValueError) as error:  # the collective does not fit its operand
             raise ProgramError(f"{instruction_name(item)}: {error}") from None
         return [(item.output, shards)]
-    outputs = [(v.sharding, v.shape, v.dtype) for v in item.outputs]
-    results = run_local_op(program.mesh, item.op, item.option, [env[v.id] for v in item.inputs], outputs)
+    outputs = [(v.sharding, v.shape, widen_dtype(v.dtype) if widen else v.dtype) for v in item.outputs]
+    op = widen_op(item.op) if widen else item.op
+    results = run_local_op(mesh, op, item.option, [env[v.id] for v in item.inputs], outputs)
     return list(zip(item.outputs, results))
 
 
-def _check(name: str, value: Value, shards: Shards, program: SpmdProgram, reference: Mapping[str, np.ndarray]) -> float:
+def comparison_dtypes(graph: Graph, widen: bool) -> dict[str, str]:
+    """For each declared dtype of the graph, the dtype whose tolerance its values are judged by.
+
+    Widened, every float is float64. In the declared dtypes a float value may carry the rounding
+    of a narrower float it was computed from, so every float gets the loosest float tolerance
+    of the graph; integers and booleans are exact either way.
+    """
+    declared = {t.dtype for t in graph.tensors.values()}
+    if widen:
+        return {d: widen_dtype(d) for d in declared}
+    floats = [d for d in declared if DTYPES[d].is_float]
+    loosest = max(floats, key=lambda d: relative_tolerance(d), default=None)
+    return {d: loosest if DTYPES[d].is_float else d for d in declared}
+
+
+def _check(name: str, value: Value, shards: Shards, mesh: Mesh, reference: Mapping[str, np.ndarray],
+           dtype: str) -> float:
     what = f"{name}: value %{value.id} ({value.tensor!r}, sharding {value.sharding})"
     try:
-        comparison = compare_shards(shards, program.mesh, value.sharding, reference[value.tensor], value.dtype, what)
+        comparison = compare_shards(shards, mesh, value.sharding, reference[value.tensor], dtype, what)
     except ProgramError as error:
         raise _Diverged(Divergence(name, value.tensor, error.device, None, None, None, str(error))) from None
     m = comparison.mismatch
@@ -126,7 +156,7 @@ def _check(name: str, value: Value, shards: Shards, program: SpmdProgram, refere
 
 
 def verify_plan(plan: Plan, price: Price | None = None, seed: int = 0,
-                max_bytes: float = DEFAULT_MAX_BYTES) -> Verdict:
+                max_bytes: float = DEFAULT_MAX_BYTES, widen: bool = True) -> Verdict:
     """Partition `plan` (reshardings chosen by `price`, default bytes moved) and simulate the
     program on the graph's random inputs of `seed` (see `simulate_program`)."""
-    return simulate_program(partition(plan, price), seed=seed, max_bytes=max_bytes)
+    return simulate_program(partition(plan, price), seed=seed, max_bytes=max_bytes, widen=widen)
