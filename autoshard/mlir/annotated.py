@@ -52,6 +52,6 @@ def emit_annotated(plan: Plan, dialect: str = "mesh") -> str:
     outputs = [read(t, plan.final(t), "return") for t in graph.outputs]
     comments = [f"autoshard annotated IR: graph {graph.name!r} on mesh {mesh} ({d.name} dialect)", mesh_comment(mesh),
                 "every value is annotated as produced; annotate_for_users gives the sharding a consumer reads"]
-    if not d.partial_in_sharding:
+    if not d.partial_in_sharding and any(plan.produced(t).is_partial for t in graph.tensors):
         comments.append(PARTIAL_NOTE)
     return module_text(d, mesh, comments, function_name(graph.name), args, outputs, b)
