@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -278,3 +279,35 @@ def test_generate_bad_arguments_name_the_flag(tmp_path, capsys):
     assert main(["generate", "moe", "--capacity-factor", "0", "-o", str(path)]) == 2
     assert "--capacity-factor: must be a positive number" in capsys.readouterr().err
     assert not path.exists()
+
+
+# --- examples -----------------------------------------------------------------------------
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+GENERATED = {
+    "mlp.json": (mlp, MLPConfig(layers=2, batch=8, hidden=64, ffn=256, dtype="f32"), False),
+    "gpt_tiny.json": (gpt, GPTConfig(layers=2, hidden=64, heads=4, seq=16, batch=2, vocab=128, dtype="f32"), False),
+    "gpt_tiny_training.json": (gpt, GPTConfig(layers=2, hidden=64, heads=4, seq=16, batch=2, vocab=128, dtype="f32"), True),
+    "moe_tiny.json": (moe, MoEConfig(layers=1, batch=2, seq=8, hidden=32, ffn=64, experts=4, top_k=2, dtype="f32"), False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GENERATED))
+def test_generated_examples_are_current_and_evaluate(name):
+    generate, config, training = GENERATED[name]
+    text = (EXAMPLES / name).read_text()
+    assert json.loads(text) == generate(config, training=training)
+    graph = load_graph(EXAMPLES / name)
+    values = evaluate_graph(graph, random_inputs(graph))
+    assert all(np.isfinite(values[t]).all() for t in graph.outputs)
+
+
+def test_weight_stationary_example_is_the_seeds_mlp_with_its_pins():
+    graph = load_graph(EXAMPLES / "weight_stationary_mlp.json")
+    assert graph.mesh_hint == "x=2,y=2,z=2"
+    assert [op.kind for op in graph.ops] == ["matmul", "relu", "matmul"]
+    pins = {c.tensor: (c.sharding.split_axes, c.required) for c in graph.constraints}
+    assert pins == {"in": (((), (), ("x", "y", "z")), True), "w1": ((("x",), ("y", "z")), True),
+                    "w2": ((("y", "z"), ("x",)), True), graph.outputs[0]: (((), (), ("x", "y", "z")), True)}
+    values = random_inputs(graph, seed=4)
+    out = evaluate_graph(graph, values)[graph.outputs[0]]
+    np.testing.assert_allclose(out, np.maximum(values["in"] @ values["w1"], 0) @ values["w2"], rtol=1e-5, atol=1e-6)

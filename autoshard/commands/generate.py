@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any, Callable
 
 from autoshard.errors import InputError, Problem
 from autoshard.models import GPTConfig, MLPConfig, MoEConfig, gpt, mlp, moe
+from autoshard.models.builder import document_text
 from autoshard.models.gpt import STYLES
 from autoshard.schema import graph_from_json
 from autoshard.summary import graph_summary
@@ -71,7 +71,7 @@ def _runner(config_type: type, generate: Callable[..., dict[str, Any]]) -> Calla
         document = generate(config, training=args.training)
         graph = graph_from_json(document)
         try:
-            Path(args.output).write_text(json.dumps(document, indent=1) + "\n")
+            Path(args.output).write_text(document_text(document))
         except OSError as error:
             raise InputError(f"cannot write file: {error.strerror}", "--output") from None
         print(f"wrote {args.output}: {graph_summary(graph)}")

@@ -8,6 +8,7 @@ so a generator can reuse one name per layer role. The document is a plain dict, 
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -121,3 +122,20 @@ class GraphBuilder:
         while candidate in self.tensors or candidate in self._op_names:
             candidate, n = f"{name}.{n}", n + 1
         return candidate
+
+
+def document_text(document: dict[str, Any]) -> str:
+    """JSON text with one tensor, op or constraint per line: diffable and still compact."""
+    def block(items: list[str], open_: str, close: str) -> str:
+        return open_ + ("\n  " + ",\n  ".join(items) + "\n " if items else "") + close
+
+    parts = []
+    for key, value in document.items():
+        if key == "tensors":
+            text = block([f"{json.dumps(n)}: {json.dumps(t)}" for n, t in value.items()], "{", "}")
+        elif key in ("ops", "constraints"):
+            text = block([json.dumps(item) for item in value], "[", "]")
+        else:
+            text = json.dumps(value)
+        parts.append(f" {json.dumps(key)}: {text}")
+    return "{\n" + ",\n".join(parts) + "\n}\n"
