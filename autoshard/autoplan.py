@@ -37,7 +37,8 @@ class PlanResult:
 
 
 def make_plan(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = SolveSettings(),
-              progress: Callable[[dict[str, Any]], None] | None = None) -> PlanResult:
+              progress: Callable[[str, float, float, float], None] | None = None) -> PlanResult:
+    """`progress(phase, incumbent_ps, bound_ps, elapsed_s)` is called as the solver improves."""
     started = time.perf_counter()
     budget = settings.memory_budget_bytes if settings.memory_budget_bytes is not None else hw.hbm_bytes
     formulation = formulate(graph, mesh, hw, memory_budget=budget, weights=settings.weights)

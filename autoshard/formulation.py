@@ -73,7 +73,7 @@ class ReshardingPrices:
                 found = (0.0, 0.0)
             else:
                 r = plan_resharding(self.mesh, shape, itemsize, source, target, self.price)
-                found = (r.seconds, float(sum(s.bytes_per_device for s in r.steps)))
+                found = (r.seconds, float(sum(s.bytes_per_device for s in r.steps if s.kind != "all_slice")))
             self._cache[key] = found
         return found
 

@@ -94,7 +94,7 @@ def estimate(plan: Plan, hw: Hardware) -> Report:
     per_axis_s: dict[str, float] = defaultdict(float)
     for tensor, consumer, index, resharding in plan_reshardings(plan, hw.collective_seconds):
         steps = [s.to_json() for s in resharding.steps]
-        moved = sum(s.bytes_per_device for s in resharding.steps)
+        moved = sum(_communicated(s) for s in resharding.steps)
         report.reshardings.append({"tensor": tensor, "consumer": consumer, "input": index,
                                    "from": plan.produced(tensor).to_json(),
                                    "to": (plan.final(tensor) if consumer == "output" else plan.required(graph.op_by_name[consumer], index)).to_json(),
@@ -104,7 +104,7 @@ def estimate(plan: Plan, hw: Hardware) -> Report:
         for s in resharding.steps:
             for axis in s.mesh_axes:
                 # a collective over several axes is charged to each of them
-                per_axis_bytes[axis] += s.bytes_per_device
+                per_axis_bytes[axis] += _communicated(s)
                 per_axis_s[axis] += s.seconds
         if consumer in by_name:
             by_name[consumer]["communication_s"] += resharding.seconds
@@ -113,6 +113,11 @@ def estimate(plan: Plan, hw: Hardware) -> Report:
     report.seconds_per_axis = dict(per_axis_s)
     _memory(plan, report, order)
     return report
+
+
+def _communicated(step) -> float:
+    """Bytes a step puts on the wire per device: an all_slice only keeps part of what is local."""
+    return 0.0 if step.kind == "all_slice" else step.bytes_per_device
 
 
 def _memory(plan: Plan, report: Report, order) -> None:

@@ -51,20 +51,16 @@ class ProgressLine:
         self.started = time.perf_counter()
         self.last = 0.0
 
-    def __call__(self, info: dict[str, Any]) -> None:
+    def __call__(self, phase: str, cost: float, bound: float, elapsed_s: float) -> None:
         now = time.perf_counter() - self.started
         if now < 1.0 or now - self.last < 1.0:
             return
         self.last = now
-        cost, bound = info.get("cost"), info.get("lower_bound")
-        gap = info.get("gap")
-        parts = [f"{now:6.1f}s"]
-        if cost is not None:
-            parts.append(f"incumbent {cost / 1e12:.6g} s")
-        if bound is not None:
+        parts = [f"{now:6.1f}s {phase}", f"incumbent {cost / 1e12:.6g} s"]
+        if bound > float("-inf"):
             parts.append(f"bound {bound / 1e12:.6g} s")
-        if gap is not None:
-            parts.append(f"gap {100 * gap:.2f}%")
+            if cost > 0:
+                parts.append(f"gap {100 * max(cost - bound, 0) / cost:.2f}%")
         print("  solving: " + ", ".join(parts), file=sys.stderr, flush=True)
 
 
