@@ -309,6 +309,22 @@ def _moves(ctx: _Context, state: Sharding) -> tuple[_Move, ...]:
 
 # --- the direct exchange ------------------------------------------------------------------
 
+@lru_cache(maxsize=65536)
+def _fan_in(mesh: Mesh, shape: tuple[int, ...], before: Sharding, after: Sharding) -> int:
+    """The most peers any device receives a tile from in the direct exchange: its new shard
+    cut along the old shards' bounds gives one tile per overlapping old shard, all but its own
+    from another device."""
+    old, new = _boxes(mesh, shape, before), _boxes(mesh, shape, after)
+    tiles = np.ones(len(new), np.int64)
+    for d, size in enumerate(shape):
+        bounds = np.array(before.dim_bounds(mesh, size, d))
+        low = np.maximum(bounds[None, :, 0], new[:, d, 0][:, None])
+        high = np.minimum(bounds[None, :, 1], new[:, d, 1][:, None])
+        tiles *= (high > low).sum(axis=1)
+    own = (np.clip(np.minimum(old[..., 1], new[..., 1]) - np.maximum(old[..., 0], new[..., 0]), 0, None).prod(axis=1) > 0)
+    return int((tiles - own).max())
+
+
 @lru_cache(maxsize=256)
 def _transfers(mesh: Mesh, shape: tuple[int, ...], before: Sharding, after: Sharding,
                axes: tuple[str, ...]) -> tuple[Transfer, ...]:
@@ -369,12 +385,7 @@ def _price_move(ctx: "_Context", state: Sharding, move: "_Move", price: Price) -
     it pays the same fixed costs as the collectives it replaces."""
     if move.kind != "permute":
         return price(move.kind, move.mesh_axes, move.bytes_per_device)
-    transfers = _transfers(ctx.mesh, ctx.shape, state, move.after, move.mesh_axes)
-    sources: dict[Device, set[Device]] = {}
-    for t in transfers:
-        if t.source != t.target:
-            sources.setdefault(t.target, set()).add(t.source)
-    if max((len(s) for s in sources.values()), default=0) <= 1:
+    if _fan_in(ctx.mesh, ctx.shape, state, move.after) <= 1:
         return price("send_recv", move.mesh_axes, move.bytes_per_device)
     group = ctx.mesh.group_size(move.mesh_axes)
     return price("all_to_all", move.mesh_axes, move.bytes_per_device * group / (group - 1))
