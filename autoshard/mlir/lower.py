@@ -5,7 +5,8 @@ contractions, reductions, `generic`) becomes a `linalg.generic` with the op's ow
 and iterator types, or the named linalg op where one fits (`linalg.matmul`,
 `linalg.batch_matmul`). The other kinds become the `linalg`/`tensor` named op that exists
 (`linalg.softmax`, `linalg.transpose`, `tensor.expand_shape`/`collapse_shape`, `tensor.concat`,
-`tensor.extract_slice`, `linalg.conv_2d_nhwc_hwcf`) or a short sequence of `linalg.generic`s.
+`tensor.extract_slice`, `linalg.conv_2d_nhwc_hwcf`) or a short sequence of `linalg.generic`s;
+`grad` ops are lowered per forward kind in `lower_grad`.
 
 Lowering reads operand and result shapes from the caller, so the same code prints the global op
 (annotated IR) and one device's local op (partitioned IR, shapes of the device's buffers). Ops
@@ -23,6 +24,7 @@ from autoshard.affine import AffineExpr, AffineMap
 from autoshard.dtypes import DTYPES
 from autoshard.errors import InputError
 from autoshard.graph import Op
+from autoshard.mlir.lower_grad import lower_grad
 from autoshard.mlir.linalg import Operand, Spec, empty, generic, ins_outs, linalg_index, reduction_init
 from autoshard.mlir.scalar import combine, constant, convert, payload
 from autoshard.mlir.text import Body, elem_type, int_list
@@ -360,6 +362,7 @@ LOWERINGS: dict[str, Lowering] = {
     "broadcast_in_dim": lambda b, ctx: _payload_nest(b, ctx, "copy"),
     "concat": _concat,
     "slice": _slice,
+    "grad": lambda b, ctx: lower_grad(b, ctx),
 }
 
 

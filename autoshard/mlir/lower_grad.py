@@ -1,0 +1,258 @@
+"""`grad` ops as MLIR: one lowering per forward kind, computing what `autoshard.ops.grads` computes.
+
+Inputs are the forward op's inputs, then the output gradient `dy`; the result is the gradient
+of input `wrt`. Loops of the forward op that do not index that input are summed over, so on a
+block of them the result is a partial sum, as the op table's block semantics say.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Callable
+
+from autoshard.affine import AffineMap
+from autoshard.errors import InputError
+from autoshard.mlir.linalg import Operand, Spec, empty, generic, ins_outs, linalg_index, reduction_init
+from autoshard.mlir.scalar import combine, constant, payload
+from autoshard.mlir.text import Body, elem_type
+from autoshard.ops.loops import REDUCTION
+
+if TYPE_CHECKING:
+    from autoshard.mlir.lower import LoweringContext
+
+
+class _Arith:
+    """Scalar arithmetic in one dtype, for the formulas below."""
+
+    def __init__(self, b: Body, dtype: str):
+        self.b, self.dtype = b, dtype
+
+    def op(self, name: str, *args: str) -> str:
+        return payload(self.b, name, list(args), self.dtype, "")
+
+    def const(self, value: float) -> str:
+        return constant(self.b, value, self.dtype)
+
+    def mul(self, *args: str) -> str:
+        value = args[0]
+        for a in args[1:]:
+            value = self.op("mul", value, a)
+        return value
+
+
+def _sign(a: _Arith, x: str) -> str:
+    """numpy's sign: 1, -1, or 0 at 0."""
+    zero = a.const(0.0)
+    positive, negative = a.b.name("pos"), a.b.name("negative")
+    a.b.emit(f"{positive} = arith.cmpf ogt, {x}, {zero} : {elem_type(a.dtype)}")
+    a.b.emit(f"{negative} = arith.cmpf olt, {x}, {zero} : {elem_type(a.dtype)}")
+    inner, outer = a.b.name("sign"), a.b.name("sign")
+    a.b.emit(f"{inner} = arith.select {negative}, {a.const(-1.0)}, {zero} : {elem_type(a.dtype)}")
+    a.b.emit(f"{outer} = arith.select {positive}, {a.const(1.0)}, {inner} : {elem_type(a.dtype)}")
+    return outer
+
+
+def _sigmoid(a: _Arith, x: str) -> str:
+    return a.op("sigmoid", x)
+
+
+def _gelu_slope(a: _Arith, x: str) -> str:
+    c, k = a.const(0.7978845608028654), a.const(0.044715)
+    x2 = a.mul(x, x)
+    t = a.op("tanh", a.mul(c, a.op("add", x, a.mul(k, x2, x))))
+    half, one = a.const(0.5), a.const(1.0)
+    left = a.mul(half, a.op("add", one, t))
+    right = a.mul(half, x, a.op("sub", one, a.mul(t, t)), c, a.op("add", one, a.mul(a.const(3.0), k, x2)))
+    return a.op("add", left, right)
+
+
+# d f(x) / dx for the elementwise kinds with a gradient rule, as in autoshard.ops.grads.SLOPES.
+SLOPES: dict[str, Callable[[_Arith, str], str]] = {
+    "neg": lambda a, x: a.const(-1.0),
+    "abs": _sign,
+    "exp": lambda a, x: a.op("exp", x),
+    "log": lambda a, x: a.op("div", a.const(1.0), x),
+    "sqrt": lambda a, x: a.op("div", a.const(0.5), a.op("sqrt", x)),
+    "rsqrt": lambda a, x: a.op("div", a.mul(a.const(-0.5), a.op("rsqrt", x)), x),
+    "tanh": lambda a, x: a.op("sub", a.const(1.0), a.op("square", a.op("tanh", x))),
+    "relu": lambda a, x: _step(a, x),
+    "gelu": _gelu_slope,
+    "sigmoid": lambda a, x: a.mul(_sigmoid(a, x), a.op("sub", a.const(1.0), _sigmoid(a, x))),
+    "silu": lambda a, x: _silu_slope(a, x),
+    "square": lambda a, x: a.mul(a.const(2.0), x),
+}
+
+
+def _step(a: _Arith, x: str) -> str:
+    """1 where x > 0, else 0 (relu's slope)."""
+    positive, value = a.b.name("pos"), a.b.name("step")
+    a.b.emit(f"{positive} = arith.cmpf ogt, {x}, {a.const(0.0)} : {elem_type(a.dtype)}")
+    a.b.emit(f"{value} = arith.select {positive}, {a.const(1.0)}, {a.const(0.0)} : {elem_type(a.dtype)}")
+    return value
+
+
+def _silu_slope(a: _Arith, x: str) -> str:
+    s = _sigmoid(a, x)
+    return a.mul(s, a.op("add", a.const(1.0), a.mul(x, a.op("sub", a.const(1.0), s))))
+
+
+# --- the lowerings ------------------------------------------------------------------------
+
+def _loops(n: int, *loops: int) -> AffineMap:
+    return AffineMap.from_callable(n, lambda *d: [d[l] for l in loops])
+
+
+def _parallel(b: Body, inputs: list[Operand], maps: list[AffineMap], out: Spec, fn: Callable[[_Arith, list[str]], str],
+              hint: str) -> Operand:
+    """A parallel generic writing `out` (identity output map), scalar body `fn`."""
+    rank = len(out.shape)
+    return generic(b, maps + [AffineMap.identity(rank)], ["parallel"] * rank, inputs, empty(b, out),
+                   lambda b, args, acc: fn(_Arith(b, out.dtype), args), hint=hint)
+
+
+def _summed(b: Body, inputs: list[Operand], maps: list[AffineMap], iterators: list[str], out: Spec,
+            fn: Callable[[_Arith, list[str]], str], hint: str) -> Operand:
+    """A generic summing `fn` of its inputs over the reduction loops into `out` (last map)."""
+    return generic(b, maps, iterators, inputs, reduction_init(b, out, "sum"),
+                   lambda b, args, acc: _Arith(b, out.dtype).op("add", acc, fn(_Arith(b, out.dtype), args)), hint=hint)
+
+
+def _elementwise_grad(b: Body, ctx: LoweringContext, of: str, wrt: int) -> list[Operand]:
+    x, dy = ctx.inputs[0], ctx.inputs[-1]
+    nest = ctx.op.nest
+    return [generic(b, [nest.input_maps[0], nest.input_maps[-1], nest.output_maps[0]], ["parallel"] * nest.num_loops,
+                    [x, dy], empty(b, ctx.out), lambda b, args, acc: _Arith(b, x.dtype).mul(
+                        args[1], SLOPES[of](_Arith(b, x.dtype), args[0])), hint=ctx.op.outputs[0])]
+
+
+def _reduce_mean_grad(b: Body, ctx: LoweringContext, of: str, wrt: int) -> list[Operand]:
+    dy, nest = ctx.inputs[-1], ctx.op.nest
+    kept = {loop for expr in nest.input_maps[-1].results for loop in expr.loops}
+    count = math.prod(e for loop, e in enumerate(nest.extents) if loop not in kept)  # global, as the forward op
+    return [generic(b, [nest.input_maps[-1], nest.output_maps[0]], ["parallel"] * nest.num_loops, [dy], empty(b, ctx.out),
+                    lambda b, args, acc: _Arith(b, dy.dtype).op("div", args[0], constant(b, count, dy.dtype, "count")),
+                    hint=ctx.op.outputs[0])]
+
+
+def _norm_grad(centred: bool) -> Callable:
+    def lower(b: Body, ctx: LoweringContext, of: str, wrt: int) -> list[Operand]:
+        forward = ctx.op.attrs.get("forward", {})
+        x, dy = ctx.inputs[0], ctx.inputs[-1]
+        gamma = ctx.inputs[1] if len(ctx.inputs) > 2 else None
+        rank, dtype = len(x.shape), x.dtype
+        axis = forward.get("axis", -1) % rank
+        n = ctx.extents[axis]  # the normalised axis is never split
+        eps = forward.get("eps", 1e-5 if centred else 1e-6)
+        identity, row = AffineMap.identity(rank), _loops(rank, *[d for d in range(rank) if d != axis])
+        rows = x.spec.take([d for d in range(rank) if d != axis])
+        over_axis = ["reduction" if d == axis else "parallel" for d in range(rank)]
+        if centred:
+            total = _summed(b, [x], [identity, row], over_axis, rows, lambda a, v: v[0], "sum")
+            x = _parallel(b, [x, total], [identity, row], x.spec,
+                          lambda a, v: a.op("sub", v[0], a.op("div", v[1], a.const(n))), "centred")
+        squares = _summed(b, [x], [identity, row], over_axis, rows, lambda a, v: a.op("square", v[0]), "squares")
+        inv_std = _parallel(b, [squares], [AffineMap.identity(rank - 1)], rows, lambda a, v: a.op(
+            "div", a.const(1.0), a.op("sqrt", a.op("add", a.op("div", v[0], a.const(n)), a.const(eps)))), "inv_std")
+        x_hat = _parallel(b, [x, inv_std], [identity, row], x.spec, lambda a, v: a.mul(v[0], v[1]), "x_hat")
+        if wrt in (1, 2):
+            over_rows = ["parallel" if d == axis else "reduction" for d in range(rank)]
+            out_map = _loops(rank, axis)
+            if wrt == 2:
+                return [_summed(b, [dy], [identity, out_map], over_rows, ctx.out, lambda a, v: v[0], ctx.op.outputs[0])]
+            return [_summed(b, [dy, x_hat], [identity, identity, out_map], over_rows, ctx.out, lambda a, v: a.mul(*v),
+                            ctx.op.outputs[0])]
+        g = dy if gamma is None else _parallel(b, [dy, gamma], [identity, _loops(rank, axis)], dy.spec,
+                                               lambda a, v: a.mul(*v), "g")
+        g_sum = _summed(b, [g], [identity, row], over_axis, rows, lambda a, v: v[0], "g_sum") if centred else None
+        gx_sum = _summed(b, [g, x_hat], [identity, identity, row], over_axis, rows, lambda a, v: a.mul(*v), "gx_sum")
+
+        def dx(a: _Arith, v: list[str]) -> str:
+            g_, x_hat_, inv, *sums = v
+            centred_g = a.op("sub", g_, a.op("div", sums[0], a.const(n))) if centred else g_
+            return a.mul(inv, a.op("sub", centred_g, a.mul(x_hat_, a.op("div", sums[-1], a.const(n)))))
+        inputs = [g, x_hat, inv_std] + ([g_sum] if centred else []) + [gx_sum]
+        maps = [identity, identity, row] + ([row] if centred else []) + [row]
+        return [_parallel(b, inputs, maps, ctx.out, dx, ctx.op.outputs[0])]
+    return lower
+
+
+def _attention_grad(b: Body, ctx: LoweringContext, of: str, wrt: int) -> list[Operand]:
+    """Recompute the weights p = softmax(mask(q k^T * scale)); then dv = p^T dy, or with
+    dp = dy v^T and ds = p (dp - rowsum(p dp)) scale: dq = ds k, dk = ds^T q."""
+    forward = ctx.op.attrs.get("forward", {})
+    q, k, v, dy = ctx.inputs
+    dtype = q.dtype
+    scale = forward.get("scale", 1.0 / math.sqrt(ctx.op.nest.extents[5]))
+    causal = bool(forward.get("causal", False))
+    query_offset = ctx.offset(2) if causal else None  # outside the regions: it is a top-level value
+    scores = Spec(q.shape[:3] + (k.shape[2],), dtype, q.sizes[:3] + (k.sizes[2],))
+    contract = ["parallel"] * 4 + ["reduction"]
+    dot = lambda a, args: a.mul(*args)  # noqa: E731
+    logits = _summed(b, [q, k], [_loops(5, 0, 1, 2, 4), _loops(5, 0, 1, 3, 4), _loops(5, 0, 1, 2, 3)], contract, scores,
+                     dot, "scores")
+
+    def masked(a: _Arith, args: list[str]) -> str:
+        value = a.mul(args[0], a.const(scale))
+        if not causal:
+            return value
+        query, key = linalg_index(a.b, 2, query_offset), linalg_index(a.b, 3, None)
+        seen, out = a.b.name("seen"), a.b.name("masked")
+        a.b.emit(f"{seen} = arith.cmpi ule, {key}, {query} : index")
+        a.b.emit(f"{out} = arith.select {seen}, {value}, {a.const(float('-inf'))} : {elem_type(dtype)}")
+        return out
+    logits = _parallel(b, [logits], [AffineMap.identity(4)], scores, masked, "logits")
+    p = Operand(b.name("weights"), scores)
+    out = empty(b, scores)
+    b.emit(f"{p.name} = linalg.softmax dimension(3) {ins_outs([logits], [out])} -> {out.type}")
+    name = ctx.op.outputs[0]
+    if wrt == 2:
+        return [_summed(b, [p, dy], [_loops(5, 0, 1, 4, 2), _loops(5, 0, 1, 4, 3), _loops(5, 0, 1, 2, 3)], contract,
+                        ctx.out, dot, name)]
+    dp = _summed(b, [dy, v], [_loops(5, 0, 1, 2, 4), _loops(5, 0, 1, 3, 4), _loops(5, 0, 1, 2, 3)], contract, scores,
+                 dot, "dp")
+    rowdot = _summed(b, [p, dp], [AffineMap.identity(4)] * 2 + [_loops(4, 0, 1, 2)], ["parallel"] * 3 + ["reduction"],
+                     scores.take([0, 1, 2]), dot, "rowdot")
+    ds = _parallel(b, [p, dp, rowdot], [AffineMap.identity(4)] * 2 + [_loops(4, 0, 1, 2)], scores,
+                   lambda a, v: a.mul(v[0], a.op("sub", v[1], v[2]), a.const(scale)), "ds")
+    if wrt == 0:
+        return [_summed(b, [ds, k], [_loops(5, 0, 1, 2, 4), _loops(5, 0, 1, 4, 3), _loops(5, 0, 1, 2, 3)], contract,
+                        ctx.out, dot, name)]
+    return [_summed(b, [ds, q], [_loops(5, 0, 1, 4, 2), _loops(5, 0, 1, 4, 3), _loops(5, 0, 1, 2, 3)], contract,
+                    ctx.out, dot, name)]
+
+
+def _embedding_grad(b: Body, ctx: LoweringContext, of: str, wrt: int) -> list[Operand]:
+    """d table[v, d] = sum over the ids of (id == v ? dy[..., d] : 0), over the forward loops."""
+    ids, dy = ctx.inputs[0], ctx.inputs[-1]
+    nest = ctx.op.nest
+    v_loop = nest.num_loops - 1
+    vocab_offset = ctx.offset(v_loop)  # outside the region: it is a top-level value
+    iterators = ["reduction" if t == REDUCTION else "parallel" for t in nest.iterator_types]
+
+    def region(b: Body, args: list[str], acc: str) -> str:
+        row, hit, picked = b.name("row"), b.name("hit"), b.name("picked")
+        b.emit(f"{row} = arith.index_cast {args[0]} : {elem_type(ids.dtype)} to index")
+        b.emit(f"{hit} = arith.cmpi eq, {row}, {linalg_index(b, v_loop, vocab_offset)} : index")
+        b.emit(f"{picked} = arith.select {hit}, {args[1]}, {constant(b, 0, dy.dtype, 'zero')} : {elem_type(dy.dtype)}")
+        return combine(b, "sum", acc, picked, dy.dtype, "")
+    return [generic(b, [nest.input_maps[0], nest.input_maps[-1], nest.output_maps[0]], iterators, [ids, dy],
+                    reduction_init(b, ctx.out, "sum"), region, hint=ctx.op.outputs[0])]
+
+
+GRAD_LOWERINGS: dict[str, Callable[[Body, "LoweringContext", str, int], list[Operand]]] = {
+    **{name: _elementwise_grad for name in SLOPES},
+    "reduce_mean": _reduce_mean_grad,
+    "layer_norm": _norm_grad(True),
+    "rms_norm": _norm_grad(False),
+    "attention": _attention_grad,
+    "embedding": _embedding_grad,
+}
+
+
+def lower_grad(b: Body, ctx: LoweringContext) -> list[Operand]:
+    of, wrt = ctx.op.attrs["of"], ctx.op.attrs["wrt"]
+    if of != "embedding":
+        ctx.require_float()
+    if of not in GRAD_LOWERINGS:
+        raise InputError(f"op {ctx.op.name!r}: no MLIR lowering for the gradient of {of}", ctx.where)
+    return GRAD_LOWERINGS[of](b, ctx, of, wrt)
