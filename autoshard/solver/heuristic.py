@@ -79,9 +79,14 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
     def time_left() -> float:
         return deadline - time.monotonic()
 
+    def proved_optimal() -> bool:
+        # Costs are integers, so a bound within one of a fitting incumbent closes the gap.
+        return search.best_obj - bound < 1.0 and fp.fits(search.best_x)
+
     # Relax-and-decode rounds, about half of the time.
     round_no = 0
-    while (rounds is None and time_left() > 0.5 * time_limit_s) or (rounds is not None and round_no < rounds):
+    while ((rounds is None and time_left() > 0.5 * time_limit_s) or (rounds is not None and round_no < rounds)) \
+            and not proved_optimal():
         round_no += 1
         x = relaxation.run(10)
         bound = max(bound, relaxation.bound())
@@ -102,7 +107,8 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
     search.reset(search.best_x)
     lns_rounds = 0
     round_s = 0.0
-    while (rounds is None and time_left() > 0.2 + 1.5 * round_s) or (rounds is not None and lns_rounds < rounds):
+    while ((rounds is None and time_left() > 0.2 + 1.5 * round_s) or (rounds is not None and lns_rounds < rounds)) \
+            and not proved_optimal():
         lns_rounds += 1
         round_start = time.monotonic()
         accepted, improved = search.tree_moves(moves, 16)

@@ -69,7 +69,7 @@ def solve(problem: Problem, *, time_limit_s: float, workers: int = 1, seed: int 
     candidates.append(found.x)
     bound = max(bound, found.bound)
     stats["heuristic"] = found.stats
-    if exact:
+    if exact and not (fp.fits(found.x) and found.objective - bound < 1.0):
         best_hint = min((c for c in candidates if fp.fits(c)), key=fp.objective, default=found.x)
 
         def on_solution(cost: float, cp_bound: float, elapsed: float) -> None:
@@ -97,8 +97,9 @@ def _result(problem: Problem, fp: FlatProblem, candidates: list[np.ndarray], bou
     else:
         best_score, best = scored[0]
     cost = best_score.cost
-    lower = min(math.floor(bound), cost) if math.isfinite(bound) and fitting else (
-        math.floor(bound) if math.isfinite(bound) else 0)
+    # Costs are integers: no solution costs less than the bound rounded up (less float noise).
+    integral = math.ceil(bound - 1e-9 * abs(bound) - 1e-6) if math.isfinite(bound) else 0
+    lower = min(integral, cost) if fitting else integral
     if not fitting:
         status = "infeasible" if infeasible else "unknown"
     elif optimal or lower >= cost:
