@@ -149,6 +149,7 @@ class PlanInputs:
     settings: SolveSettings
     emit: tuple[str, ...]
     dialect: str
+    verify: str
 
 
 def plan_inputs(canonical: Mapping[str, Any]) -> PlanInputs:
@@ -159,4 +160,5 @@ def plan_inputs(canonical: Mapping[str, Any]) -> PlanInputs:
                              weights=Weights(**options["weights"]))
     return PlanInputs(graph_from_json(canonical["graph"], mesh), mesh,
                       bind_topology(canonical["topology"], canonical["topology_options"], mesh),
-                      topology_name(canonical["topology"]), settings, tuple(options["emit"]), options["dialect"])
+                      topology_name(canonical["topology"]), settings, tuple(options["emit"]), options["dialect"],
+                      options.get("verify", "auto"))

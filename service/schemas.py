@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 JobStatus = Literal["queued", "solving", "done", "failed", "cancelled"]
 Stage = Literal["annotated", "partitioned"]
 Dialect = Literal["mesh", "shard"]
+VerifyPolicy = Literal["auto", "always", "never"]
 
 
 class _Wire(BaseModel):
@@ -53,6 +54,9 @@ class PlanOptions(_Wire):
     weights: Weights = Field(default_factory=Weights)
     emit: list[Stage] = Field(default_factory=list, description="IR to emit with the plan")
     dialect: Dialect = "mesh"
+    verify: VerifyPolicy = Field("auto", description="simulate the partitioned plan against the unsharded graph: "
+                                                     "auto (plans small enough to simulate in seconds), always, never; "
+                                                     "the verdict is the plan's `verification`")
     workers: int | None = Field(None, ge=1, description="solver threads (default and cap: server settings)")
     seed: int = Field(0, ge=0)
 

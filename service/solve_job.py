@@ -18,6 +18,7 @@ from typing import Any, Mapping
 from autoshard.autoplan import make_plan
 from autoshard.errors import AutoshardError, InfeasibleError, InputError
 from autoshard.plan_document import plan_document
+from autoshard.verification import verify_plan_now
 from service.inputs import plan_inputs
 from service.ir import emit_ir, ir_arguments
 
@@ -79,6 +80,8 @@ def run(canonical: Mapping[str, Any], conn: Connection) -> None:
         result = make_plan(inputs.graph, inputs.mesh, inputs.hardware, inputs.settings, progress=progress)
         progress.phase("emitting")
         document = plan_document(result, inputs.topology)
+        progress.phase("verifying")
+        document["verification"] = verify_plan_now(result.plan, inputs.hardware.collective_seconds, inputs.verify)
         ir = [(stage, inputs.dialect, ir_arguments(stage, "local"),
                emit_ir(result.plan, inputs.hardware, stage, inputs.dialect)) for stage in inputs.emit]
         progress.phase("done")

@@ -13,9 +13,15 @@ from autoshard.autoplan import SolveSettings, make_plan
 from autoshard.cli_args import add_hardware_args, hardware_from_args, mesh_from_args, parse_bytes
 from autoshard.errors import InputError
 from autoshard.formulation import Weights
+from autoshard.mlir import ARGUMENT_CONVENTIONS, emit_annotated, emit_partitioned
+from autoshard.mlir.dialect import DIALECTS
 from autoshard.plan_document import plan_document
 from autoshard.schema import load_graph
+from autoshard.spmd import partition
 from autoshard.summary import si, size
+from autoshard.verification import check_policy, verify_program
+
+STAGES = ("annotated", "partitioned")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,7 +34,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--weights", default="time=1", help="objective weights, e.g. time=1,comm_bytes=1e-12")
     parser.add_argument("-o", "--output", help="directory to write plan.json (and IR) into")
+    parser.add_argument("--emit", default="", help="IR to write beside plan.json: annotated, partitioned or both "
+                                                   "(comma-separated; needs -o)")
+    parser.add_argument("--dialect", default="mesh", help="IR spelling: mesh (default) or shard (upstream LLVM 22)")
+    parser.add_argument("--arguments", default="local",
+                        help="partitioned IR's function arguments: local shards (default) or global values sliced "
+                             "by process index")
+    parser.add_argument("--verify", default="auto",
+                        help="run the partitioned plan in the simulator and compare with the unsharded graph: "
+                             "auto (default: plans small enough to simulate in seconds), always, never; "
+                             "exit 1 if it fails")
     parser.set_defaults(run=run)
+
+
+def parse_emit(text: str, output: str | None) -> tuple[str, ...]:
+    stages = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    unknown = [s for s in stages if s not in STAGES]
+    if unknown:
+        raise InputError(f"unknown IR stage {unknown[0]!r}; expected {' or '.join(STAGES)}", "--emit")
+    if stages and not output:
+        raise InputError("writing IR needs an output directory (-o DIR)", "--emit")
+    return stages
 
 
 def parse_weights(text: str) -> Weights:
@@ -73,17 +99,33 @@ def run(args: argparse.Namespace) -> int:
     settings = SolveSettings(time_limit_s=args.time_limit, workers=args.workers, seed=args.seed,
                              memory_budget_bytes=parse_bytes(args.memory_budget, "--memory-budget") if args.memory_budget else None,
                              weights=parse_weights(args.weights))
+    stages = parse_emit(args.emit, args.output)
+    if args.dialect not in DIALECTS:
+        raise InputError(f"expected {' or '.join(DIALECTS)}, got {args.dialect!r}", "--dialect")
+    dialect = args.dialect
+    if args.arguments not in ARGUMENT_CONVENTIONS:
+        raise InputError(f"expected {' or '.join(ARGUMENT_CONVENTIONS)}, got {args.arguments!r}", "--arguments")
+    policy = check_policy(args.verify, "--verify")
     result = make_plan(graph, mesh, hw, settings, progress=ProgressLine())
     document = plan_document(result, args.topology)
+    # The partitioned program runs the collectives the plan priced, in the IR and the simulator alike.
+    program = partition(result.plan, hw.collective_seconds)
+    document["verification"] = verify_program(program, policy)
+    files = {"plan.json": json.dumps(document, indent=1) + "\n"}
+    if "annotated" in stages:
+        files["annotated.mlir"] = emit_annotated(result.plan, dialect=dialect)
+    if "partitioned" in stages:
+        files["partitioned.mlir"] = emit_partitioned(program, dialect=dialect, arguments=args.arguments)
     if args.output:
         out = Path(args.output)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "plan.json").write_text(json.dumps(document, indent=1) + "\n")
-    print_summary(document, args.output)
-    return 0
+        for name, text in files.items():
+            (out / name).write_text(text)
+    print_summary(document, [Path(args.output) / name for name in files] if args.output else [])
+    return 1 if document["verification"]["status"] == "failed" else 0
 
 
-def print_summary(document: dict[str, Any], output: str | None) -> None:
+def print_summary(document: dict[str, Any], written: list[Path]) -> None:
     totals, solver = document["totals"], document["solver"]
     mesh = ",".join(f"{a['name']}={a['size']}" for a in document["mesh"]["axes"])
     print(f"plan for {document['graph']} on mesh {mesh} "
@@ -99,5 +141,10 @@ def print_summary(document: dict[str, Any], output: str | None) -> None:
           f"activations {size(totals['activation_bytes_at_peak_per_device'])}; budget {size(solver['memory_budget_bytes'])})")
     print(f"  {len(document['reshardings'])} reshardings; problem: {solver['problem']['nodes']} nodes, "
           f"{solver['problem']['edges']} edges, {solver['problem']['strategies']} strategies")
-    if output:
-        print(f"  wrote {Path(output) / 'plan.json'}")
+    verification = document["verification"]
+    if verification["status"] == "skipped":
+        print(f"  simulator: not run ({verification['reason']})")
+    else:
+        print(f"  simulator: {verification['summary']}")
+    if written:
+        print(f"  wrote {', '.join(str(path) for path in written)}")

@@ -1,0 +1,100 @@
+"""`autoshard plan`: the plan file, the IR beside it (verified by the real MLIR tools), the
+simulator's verdict on the plan, and errors naming the flag."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from autoshard.cli import main
+from autoshard.commands import plan as plan_command
+from autoshard.mlir import verify
+from autoshard.spmd import LocalOp
+
+BATCH, HIDDEN, FFN = 16, 256, 1024
+
+
+def mlp_graph(path) -> str:
+    """An f32 MLP whose weights (1 MiB each) cannot all be held replicated under a 1.5 MiB budget,
+    with its output pinned replicated: whatever the split, some collective assembles it."""
+    doc = {"format": "autoshard.graph/v1", "name": "mlp",
+           "tensors": {"x": {"shape": [BATCH, HIDDEN], "dtype": "f32", "role": "input"},
+                       "w1": {"shape": [HIDDEN, FFN], "dtype": "f32", "role": "parameter"},
+                       "w2": {"shape": [FFN, HIDDEN], "dtype": "f32", "role": "parameter"},
+                       "h": {"shape": [BATCH, FFN], "dtype": "f32"}, "a": {"shape": [BATCH, FFN], "dtype": "f32"},
+                       "y": {"shape": [BATCH, HIDDEN], "dtype": "f32"}},
+           "ops": [{"name": "fc1", "kind": "matmul", "inputs": ["x", "w1"], "outputs": ["h"]},
+                   {"name": "act", "kind": "gelu", "inputs": ["h"], "outputs": ["a"]},
+                   {"name": "fc2", "kind": "matmul", "inputs": ["a", "w2"], "outputs": ["y"]}],
+           "outputs": ["y"], "constraints": [{"tensor": "y", "split_axes": [], "required": True}]}
+    file = path / "mlp.json"
+    file.write_text(json.dumps(doc))
+    return str(file)
+
+
+def plan_args(tmp_path, *extra: str) -> list[str]:
+    return ["plan", mlp_graph(tmp_path), "--mesh", "tp=4", "--topology", "dgx-h100", "--memory-budget", "1.5MiB",
+            "--time-limit", "5", "-o", str(tmp_path / "out"), *extra]
+
+
+@pytest.mark.parametrize("dialect", ["mesh", "shard"])
+def test_plan_writes_verified_ir_and_a_simulated_verdict(tmp_path, capsys, dialect):
+    assert main(plan_args(tmp_path, "--emit", "annotated,partitioned", "--dialect", dialect)) == 0
+    out = tmp_path / "out"
+    document = json.loads((out / "plan.json").read_text())
+    # the budget forces the weights apart and the pin makes a collective: three ops and at least
+    # one collective are simulated and checked
+    storage = {name: entry["split_axes"] for name, entry in document["tensors"].items() if name in ("w1", "w2")}
+    assert any(axes != [] for axes in storage.values()), storage
+    assert document["totals"]["peak_memory_bytes_per_device"] <= 1.5 * 2 ** 20
+    assert document["verification"]["status"] == "passed" and document["verification"]["values_checked"] >= 4
+    annotated, partitioned = (out / "annotated.mlir").read_text(), (out / "partitioned.mlir").read_text()
+    verify(annotated, dialect)
+    verify(partitioned, dialect)
+    prefix = "mesh" if dialect == "mesh" else "shard"
+    assert f"{prefix}.shard" in annotated and "linalg.matmul" in annotated
+    assert any(f"{prefix}.{kind}" in partitioned for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"))
+    printed = capsys.readouterr().out
+    assert "simulator: PASS" in printed and "partitioned.mlir" in printed
+
+
+def test_a_wrong_program_fails_verification_with_exit_1_naming_the_op(tmp_path, capsys, monkeypatch):
+    real_partition = plan_command.partition
+
+    def relu_for_gelu(plan, price):
+        """The program with the activation computing relu where the graph says gelu."""
+        program = real_partition(plan, price)
+        body = tuple(dataclasses.replace(i, op=dataclasses.replace(i.op, kind="relu"))
+                     if isinstance(i, LocalOp) and i.op.name == "act" else i for i in program.body)
+        return dataclasses.replace(program, body=body)
+
+    monkeypatch.setattr(plan_command, "partition", relu_for_gelu)
+    assert main(plan_args(tmp_path)) == 1
+    verification = json.loads((tmp_path / "out" / "plan.json").read_text())["verification"]
+    assert verification["status"] == "failed" and verification["first_divergence"]["op"] == "act"
+    assert "simulator: FAIL at op 'act'" in capsys.readouterr().out
+
+
+def test_verification_can_be_switched_off_and_is_skipped_with_a_reason_when_too_big(tmp_path, capsys):
+    assert main(plan_args(tmp_path, "--verify", "never")) == 0
+    assert json.loads((tmp_path / "out" / "plan.json").read_text())["verification"]["status"] == "skipped"
+    assert "simulator: not run" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags, where, words", [
+    (["--emit", "lowered"], "--emit", "annotated or partitioned"),
+    (["--dialect", "tosa"], "--dialect", "mesh or shard"),
+    (["--arguments", "sharded"], "--arguments", "local or global"),
+    (["--verify", "sometimes"], "--verify", "auto, always, never"),
+])
+def test_bad_flags_exit_2_naming_the_flag(tmp_path, capsys, flags, where, words):
+    assert main(plan_args(tmp_path, *flags)) == 2
+    err = capsys.readouterr().err
+    assert where in err and words in err
+
+
+def test_emitting_ir_needs_an_output_directory(tmp_path, capsys):
+    assert main(["plan", mlp_graph(tmp_path), "--mesh", "tp=4", "--emit", "annotated"]) == 2
+    assert "-o DIR" in capsys.readouterr().err
