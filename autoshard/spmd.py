@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Iterator, Union
 
 from autoshard.errors import InputError, Problem, ShardingError
-from autoshard.graph import Graph, Op, topological_order
+from autoshard.graph import Graph, Op, Tensor, topological_order
 from autoshard.mesh import Device, Mesh
 from autoshard.options import ShardingOption, result_shardings
 from autoshard.plan import Plan, validate_plan
@@ -245,6 +245,21 @@ def partition(plan: Plan, price: Price | None = None) -> SpmdProgram:
         builder.body.append(LocalOp(op, option, inputs, outputs))
     results = tuple(builder.obtain(t, plan.final(t)) for t in graph.outputs)
     return SpmdProgram(plan.mesh, graph, arguments, tuple(builder.body), results, price)
+
+
+def resharding_program(mesh: Mesh, resharding: Resharding, dtype: str, price: Price,
+                       tensor: str = "x", name: str = "reshard") -> SpmdProgram:
+    """The program of one resharding: a graph `name` whose only tensor `tensor` is an input
+    (the argument, at the source sharding) and the output (at the target), one `Communicate`
+    per step in between."""
+    graph = Graph(name, {tensor: Tensor(tensor, resharding.shape, dtype, "input")}, (), (tensor,))
+    argument = value = Value(0, tensor, canonical(mesh, resharding.source), resharding.shape, dtype)
+    body: list[Instruction] = []
+    for step in resharding.steps:
+        out = Value(value.id + 1, tensor, step.after, resharding.shape, dtype)
+        body.append(Communicate(step, value, out))
+        value = out
+    return SpmdProgram(mesh, graph, (argument,), tuple(body), (value,), price)
 
 
 def describe(program: SpmdProgram) -> list[str]:
