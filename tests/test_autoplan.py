@@ -3,6 +3,7 @@ parallelism, memory budgets, and exhaustive enumeration on small graphs."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -18,9 +19,21 @@ from autoshard.plan import plan_from_json
 from autoshard.report import estimate
 from autoshard.schema import graph_from_json
 from autoshard.sharding import Sharding
+from autoshard.sim.program import verify_plan
 from autoshard.solver.problem import score
 
 SETTINGS = SolveSettings(time_limit_s=20, workers=1, seed=0, deterministic=True)
+
+
+def assert_simulates(result, hw, small_doc: dict | None = None) -> None:
+    """The plan, partitioned with the collectives it was priced with, computes what its graph
+    computes. A plan for a graph too large to simulate is run on `small_doc`: the same graph
+    with smaller dims (options name mesh axes per loop, so they carry over unchanged)."""
+    plan = result.plan
+    if small_doc is not None:
+        plan = dataclasses.replace(plan, graph=graph_from_json(small_doc, plan.mesh))
+    verdict = verify_plan(plan, hw.collective_seconds)
+    assert verdict.passed, verdict.summary()
 
 
 def mlp(batch: int, hidden: int, ffn: int, pin_output: list | None = None, mesh: str | None = None) -> dict:
@@ -72,6 +85,7 @@ def test_megatron_layout_for_weight_dominated_mlp_on_tensor_parallel_mesh():
     # nothing cheaper exists
     assert result.solver["objective_ps"] == brute_force_cost(formulate(graph, mesh, hw, memory_budget=hw.hbm_bytes))
     assert result.solver["gap"] <= 1e-9
+    assert_simulates(result, hw, mlp(8, 16, 64, pin_output=[]))
 
 
 def test_objective_equals_the_priced_plan_when_every_value_has_one_consumer():
@@ -87,11 +101,13 @@ def test_objective_equals_the_priced_plan_when_every_value_has_one_consumer():
 def test_data_parallel_for_large_batch_small_weights():
     mesh = Mesh.parse("dp=8")
     graph = graph_from_json(mlp(16384, 512, 512), mesh)
-    result = make_plan(graph, mesh, bind_hardware("dgx-h100", mesh), SETTINGS)
+    hw = bind_hardware("dgx-h100", mesh)
+    result = make_plan(graph, mesh, hw, SETTINGS)
     for op in ("fc1", "act", "fc2"):
         assert result.plan.options[op].loop_axes[0] == ("dp",), op
     assert result.plan.storage["w1"] == Sharding() and result.plan.storage["x"] == Sharding((("dp",),))
     assert result.report.communication_s == 0.0
+    assert_simulates(result, hw, mlp(32, 8, 8))
 
 
 def test_weights_over_budget_are_stored_sharded_and_the_plan_fits():
@@ -104,6 +120,7 @@ def test_weights_over_budget_are_stored_sharded_and_the_plan_fits():
     assert result.plan.storage["w1"] != Sharding() and result.plan.storage["w2"] != Sharding()
     unconstrained = make_plan(graph, mesh, hw, SETTINGS)
     assert unconstrained.report.step_s <= result.report.step_s
+    assert_simulates(result, hw, mlp(16, 16, 64))
 
 
 def test_impossible_budget_is_explained():
@@ -155,6 +172,7 @@ def test_weight_stationary_mlp_no_worse_than_the_slides():
                                          "w2": [["y", "z"], ["x"]]}}, graph, mesh)
     assert ours.report.step_s <= estimate(slides, hw).step_s * (1 + 1e-9)
     assert ours.plan.final("out") == Sharding(((), (), ("x", "y", "z")))
+    assert_simulates(ours, hw)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -177,3 +195,4 @@ def test_solver_optimum_equals_exhaustive_enumeration_on_random_graphs(seed):
     formulation = formulate(graph, mesh, hw, memory_budget=hw.hbm_bytes)
     result = make_plan(graph, mesh, hw, SETTINGS)
     assert result.solver["objective_ps"] == brute_force_cost(formulation)
+    assert_simulates(result, hw)
