@@ -109,6 +109,10 @@ def plan_from_json(document: Any, graph: Graph, mesh: Mesh) -> Plan:
             shardings[name] = Sharding.parse(value)
         except ShardingError as error:
             problems.extend(Problem(f"/tensors/{name}", p.message) for p in error.problems)
+    problems.extend(Problem(f"/ops/{name}", f"graph {graph.name!r} has no op {name!r}")
+                    for name in ops_doc if name not in graph.op_by_name)
+    problems.extend(Problem(f"/tensors/{name}", f"graph {graph.name!r} has no tensor {name!r}")
+                    for name in tensors_doc if name not in graph.tensors)
     options: dict[str, ShardingOption] = {}
     for op in graph.ops:
         entry = ops_doc.get(op.name)
@@ -130,4 +134,18 @@ def plan_from_json(document: Any, graph: Graph, mesh: Mesh) -> Plan:
         raise InputError(problems)
     plan = Plan(graph, mesh, options, storage)
     validate_plan(plan)
+    # A sharding given for a value an op's option produces must be the one it produces.
+    contradicted = [Problem(f"/tensors/{name}", f"given as {given} but op {graph.producers[name].name!r} with its "
+                                                f"option produces {plan.produced(name)}")
+                    for name, given in shardings.items()
+                    if name in graph.producers and not _same_layout(given, plan.produced(name))]
+    if contradicted:
+        raise InputError(contradicted)
     return plan
+
+
+def _same_layout(a: Sharding, b: Sharding) -> bool:
+    """Equal as layouts: partial axes compared as a set, the kind only where something is partial."""
+    return (a.split_axes == b.split_axes and a.dims_offsets == b.dims_offsets
+            and set(a.partial_axes) == set(b.partial_axes)
+            and (not a.partial_axes or a.partial_kind == b.partial_kind))

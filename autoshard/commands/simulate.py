@@ -23,11 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--plan", required=True, help="plan JSON (format autoshard.plan/v1)")
     parser.add_argument("--mesh", help="mesh axes, e.g. dp=2,tp=4 (default: the plan's mesh)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
-    parser.add_argument("--topology", help="price reshardings with this profile, as `plan` did "
-                                           "(default: the plan's topology if it names one, else bytes moved)")
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--nodes", type=int, help="number of GPU nodes (GPU profiles)")
-    group.add_argument("--slice", help="TPU slice shape, e.g. 4x4x4")
+    add_pricing_args(parser)
     parser.add_argument("--max-memory", default="2GiB",
                         help="refuse simulations needing more host memory than this (default 2GiB)")
     parser.add_argument("--declared-dtypes", action="store_true",
@@ -35,6 +31,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                              "(default: float64 everywhere, so rounding cannot pass for a wrong plan)")
     parser.add_argument("--json", action="store_true", help="print the verdict as JSON")
     parser.set_defaults(run=run)
+
+
+def add_pricing_args(parser: argparse.ArgumentParser) -> None:
+    """Flags choosing the prices that pick each resharding's collectives (see `resharding_price`)."""
+    parser.add_argument("--topology", help="price reshardings with this profile, as `plan` did "
+                                           "(default: the plan's topology if it names one, else bytes moved)")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--nodes", type=int, help="number of GPU nodes (GPU profiles)")
+    group.add_argument("--slice", help="TPU slice shape, e.g. 4x4x4")
 
 
 def plan_mesh(document: object, given: str | None) -> Mesh:
