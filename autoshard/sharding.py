@@ -82,6 +82,10 @@ class Sharding:
         if not isinstance(axes, list) or not all(isinstance(a, str) for a in axes):
             raise ShardingError("partial axes must be a list of mesh axis names", "partial/axes")
         offsets = value.get("sharded_dims_offsets", [])
+        if not isinstance(offsets, list) or not all(
+                isinstance(d, list) and all(isinstance(o, int) and not isinstance(o, bool) for o in d) for d in offsets):
+            raise ShardingError("sharded_dims_offsets must be a list of integer lists, one per dim",
+                                "sharded_dims_offsets")
         return cls(tuple(tuple(d) for d in split), tuple(axes), partial.get("kind", "sum"), tuple(tuple(o) for o in offsets))
 
     # --- queries ------------------------------------------------------------------------

@@ -98,6 +98,19 @@ def test_sharding_parse_forms_and_mlir_attrs():
     assert Sharding.parse("[[x], []]") == Sharding.parse("[[x]]")
 
 
+@pytest.mark.parametrize("document, where", [
+    ({"split_axes": "x"}, "split_axes"),
+    ({"split_axes": [["x"]], "partial": ["x"]}, "partial"),
+    ({"split_axes": [["x"]], "partial": {"axes": "x"}}, "partial/axes"),
+    ({"split_axes": [["x"]], "sharded_dims_offsets": 3}, "sharded_dims_offsets"),
+    ({"split_axes": [["x"]], "sharded_dims_offsets": [[0, "2", 4]]}, "sharded_dims_offsets"),
+])
+def test_malformed_sharding_documents_name_the_field(document, where):
+    with pytest.raises(ShardingError) as caught:
+        Sharding.parse(document)
+    assert caught.value.problems[0].where == where
+
+
 def test_sharding_check_names_the_problem():
     mesh = Mesh.of(x=2, y=3)
     with pytest.raises(ShardingError, match="unknown mesh axis 'z'"):
