@@ -98,3 +98,41 @@ def test_bad_flags_exit_2_naming_the_flag(tmp_path, capsys, flags, where, words)
 def test_emitting_ir_needs_an_output_directory(tmp_path, capsys):
     assert main(["plan", mlp_graph(tmp_path), "--mesh", "tp=4", "--emit", "annotated"]) == 2
     assert "-o DIR" in capsys.readouterr().err
+
+
+def two_partial_sums(path) -> str:
+    """y = x1 @ w1 + x2 @ w2 with both contractions pinned split over tp: each product is a partial
+    sum, and the add is linear in them, so one all_reduce of the sum can replace two."""
+    doc = {"format": "autoshard.graph/v1", "name": "two_partials",
+           "tensors": {"x1": {"shape": [16, 1024], "dtype": "f32", "role": "input"},
+                       "x2": {"shape": [16, 1024], "dtype": "f32", "role": "input"},
+                       "w1": {"shape": [1024, 16], "dtype": "f32", "role": "parameter"},
+                       "w2": {"shape": [1024, 16], "dtype": "f32", "role": "parameter"},
+                       "p1": {"shape": [16, 16], "dtype": "f32"}, "p2": {"shape": [16, 16], "dtype": "f32"},
+                       "y": {"shape": [16, 16], "dtype": "f32"}},
+           "ops": [{"name": "mm1", "kind": "matmul", "inputs": ["x1", "w1"], "outputs": ["p1"]},
+                   {"name": "mm2", "kind": "matmul", "inputs": ["x2", "w2"], "outputs": ["p2"]},
+                   {"name": "sum", "kind": "add", "inputs": ["p1", "p2"], "outputs": ["y"]}],
+           "outputs": ["y"],
+           "constraints": [{"tensor": t, "split_axes": axes, "required": True} for t, axes in
+                           [("x1", [[], ["tp"]]), ("x2", [[], ["tp"]]), ("w1", [["tp"]]), ("w2", [["tp"]]), ("y", [])]]}
+    file = path / "two_partials.json"
+    file.write_text(json.dumps(doc))
+    return str(file)
+
+
+def test_collective_optimisations_apply_to_the_partitioned_program_and_are_simulated(tmp_path, capsys):
+    args = ["plan", two_partial_sums(tmp_path), "--mesh", "tp=4", "--topology", "dgx-h100", "--time-limit", "5",
+            "--emit", "partitioned", "--dialect", "shard"]
+    assert main([*args, "-o", str(tmp_path / "opt")]) == 0
+    document = json.loads((tmp_path / "opt" / "plan.json").read_text())
+    optimized = document["collective_optimizations"]
+    assert [c["rewrite"] for c in optimized["changes"]] == ["reassociate_all_reduce"]
+    assert optimized["communication_s_after"] == pytest.approx(optimized["communication_s_before"] / 2)
+    assert document["verification"]["status"] == "passed"
+    assert (tmp_path / "opt" / "partitioned.mlir").read_text().count("shard.all_reduce") == 1
+    assert "collective optimisations: 1 rewrite(s)" in capsys.readouterr().out
+
+    assert main([*args, "--no-collective-opt", "-o", str(tmp_path / "planned")]) == 0
+    assert "collective_optimizations" not in json.loads((tmp_path / "planned" / "plan.json").read_text())
+    assert (tmp_path / "planned" / "partitioned.mlir").read_text().count("shard.all_reduce") == 2

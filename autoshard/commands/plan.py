@@ -11,6 +11,7 @@ from typing import Any
 
 from autoshard.autoplan import SolveSettings, make_plan
 from autoshard.cli_args import add_hardware_args, hardware_from_args, mesh_from_args, parse_bytes
+from autoshard.collective_opt import optimize
 from autoshard.errors import InputError
 from autoshard.formulation import Weights
 from autoshard.mlir import ARGUMENT_CONVENTIONS, emit_annotated, emit_partitioned
@@ -44,6 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="run the partitioned plan in the simulator and compare with the unsharded graph: "
                              "auto (default: plans small enough to simulate in seconds), always, never; "
                              "exit 1 if it fails")
+    parser.add_argument("--no-collective-opt", action="store_true",
+                        help="keep the partitioned program's collectives as planned (default: fold, reassociate "
+                             "and move them where that lowers communication time)")
     parser.set_defaults(run=run)
 
 
@@ -110,6 +114,13 @@ def run(args: argparse.Namespace) -> int:
     document = plan_document(result, args.topology)
     # The partitioned program runs the collectives the plan priced, in the IR and the simulator alike.
     program = partition(result.plan, hw.collective_seconds)
+    if not args.no_collective_opt:
+        planned_s = program.communication_seconds()
+        program, changes = optimize(program)
+        document["collective_optimizations"] = {
+            "communication_s_before": planned_s, "communication_s_after": program.communication_seconds(),
+            "changes": [{"rewrite": c.rewrite, "detail": c.detail, "seconds_before": c.seconds_before,
+                         "seconds_after": c.seconds_after} for c in changes]}
     document["verification"] = verify_program(program, policy)
     files = {"plan.json": json.dumps(document, indent=1) + "\n"}
     if "annotated" in stages:
@@ -141,6 +152,11 @@ def print_summary(document: dict[str, Any], written: list[Path]) -> None:
           f"activations {size(totals['activation_bytes_at_peak_per_device'])}; budget {size(solver['memory_budget_bytes'])})")
     print(f"  {len(document['reshardings'])} reshardings; problem: {solver['problem']['nodes']} nodes, "
           f"{solver['problem']['edges']} edges, {solver['problem']['strategies']} strategies")
+    optimized = document.get("collective_optimizations")
+    if optimized and optimized["changes"]:
+        print(f"  collective optimisations: {len(optimized['changes'])} rewrite(s), communication "
+              f"{optimized['communication_s_before'] * 1e3:.4g} ms -> {optimized['communication_s_after'] * 1e3:.4g} ms "
+              f"in the partitioned program")
     verification = document["verification"]
     if verification["status"] == "skipped":
         print(f"  simulator: not run ({verification['reason']})")
