@@ -10,10 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from autoshard.errors import InputError
-from autoshard.plan import Plan
-from autoshard.resharding import Price
 from autoshard.sim.program import simulate_program, simulation_bytes
-from autoshard.spmd import SpmdProgram, partition
+from autoshard.spmd import SpmdProgram
 from autoshard.summary import size
 
 VERIFY_POLICIES = ("auto", "always", "never")
@@ -43,8 +41,3 @@ def verify_program(program: SpmdProgram, policy: str, seed: int = 0) -> dict[str
     verdict = simulate_program(program, seed=seed, max_bytes=limit)
     return {"status": "passed" if verdict.passed else "failed", "seed": seed, "summary": verdict.summary(),
             **verdict.to_json()}
-
-
-def verify_plan_now(plan: Plan, price: Price, policy: str, seed: int = 0) -> dict[str, Any]:
-    """`verify_program` on the plan partitioned with the collectives `price` chooses."""
-    return verify_program(partition(plan, price), policy, seed)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from autoshard.costs import Hardware
+from autoshard.deliverables import partitioned_program
 from autoshard.mlir import emit_annotated, emit_partitioned
 from autoshard.plan import Plan
 
@@ -13,7 +14,9 @@ def ir_arguments(stage: str, arguments: str) -> str:
 
 
 def emit_ir(plan: Plan, hardware: Hardware, stage: str, dialect: str, arguments: str = "local") -> str:
-    """The partitioned IR's collectives are chosen with the hardware's prices, as the plan's reshardings are."""
+    """The partitioned IR's collectives are chosen with the hardware's prices, as the plan's
+    reshardings are, then optimised: the program `autoshard plan` emits and simulates."""
     if stage == "annotated":
         return emit_annotated(plan, dialect=dialect)
-    return emit_partitioned(plan, dialect=dialect, arguments=arguments, price=hardware.collective_seconds)
+    program, _ = partitioned_program(plan, hardware)
+    return emit_partitioned(program, dialect=dialect, arguments=arguments)

@@ -16,11 +16,10 @@ from multiprocessing.connection import Connection
 from typing import Any, Mapping
 
 from autoshard.autoplan import make_plan
+from autoshard.deliverables import deliver
 from autoshard.errors import AutoshardError, InfeasibleError, InputError
-from autoshard.plan_document import plan_document
-from autoshard.verification import verify_plan_now
 from service.inputs import plan_inputs
-from service.ir import emit_ir, ir_arguments
+from service.ir import ir_arguments
 
 PROGRESS_INTERVAL_S = 0.25
 
@@ -79,13 +78,11 @@ def run(canonical: Mapping[str, Any], conn: Connection) -> None:
         inputs = plan_inputs(canonical)
         result = make_plan(inputs.graph, inputs.mesh, inputs.hardware, inputs.settings, progress=progress)
         progress.phase("emitting")
-        document = plan_document(result, inputs.topology)
-        progress.phase("verifying")
-        document["verification"] = verify_plan_now(result.plan, inputs.hardware.collective_seconds, inputs.verify)
-        ir = [(stage, inputs.dialect, ir_arguments(stage, "local"),
-               emit_ir(result.plan, inputs.hardware, stage, inputs.dialect)) for stage in inputs.emit]
+        delivered = deliver(result, inputs.hardware, inputs.topology, emit=inputs.emit, dialect=inputs.dialect,
+                            verify=inputs.verify)
+        ir = [(stage, inputs.dialect, ir_arguments(stage, "local"), text) for stage, text in delivered.ir.items()]
         progress.phase("done")
-        conn.send(("done", {"plan": document, "ir": ir}))
+        conn.send(("done", {"plan": delivered.document, "ir": ir}))
     except InputError as error:
         conn.send(("failed", failure("input", str(error), [{"where": p.where, "message": p.message}
                                                             for p in error.problems])))

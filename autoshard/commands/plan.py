@@ -11,18 +11,12 @@ from typing import Any
 
 from autoshard.autoplan import SolveSettings, make_plan
 from autoshard.cli_args import add_hardware_args, hardware_from_args, mesh_from_args, parse_bytes
-from autoshard.collective_opt import optimize
-from autoshard.errors import InputError
+from autoshard.deliverables import check_ir_request, deliver
+from autoshard.errors import InputError, Problem
 from autoshard.formulation import Weights
-from autoshard.mlir import ARGUMENT_CONVENTIONS, emit_annotated, emit_partitioned
-from autoshard.mlir.dialect import DIALECTS
-from autoshard.plan_document import plan_document
 from autoshard.schema import load_graph
-from autoshard.spmd import partition
 from autoshard.summary import si, size
-from autoshard.verification import check_policy, verify_program
-
-STAGES = ("annotated", "partitioned")
+from autoshard.verification import check_policy
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -53,9 +47,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def parse_emit(text: str, output: str | None) -> tuple[str, ...]:
     stages = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
-    unknown = [s for s in stages if s not in STAGES]
-    if unknown:
-        raise InputError(f"unknown IR stage {unknown[0]!r}; expected {' or '.join(STAGES)}", "--emit")
     if stages and not output:
         raise InputError("writing IR needs an output directory (-o DIR)", "--emit")
     return stages
@@ -104,29 +95,18 @@ def run(args: argparse.Namespace) -> int:
                              memory_budget_bytes=parse_bytes(args.memory_budget, "--memory-budget") if args.memory_budget else None,
                              weights=parse_weights(args.weights))
     stages = parse_emit(args.emit, args.output)
-    if args.dialect not in DIALECTS:
-        raise InputError(f"expected {' or '.join(DIALECTS)}, got {args.dialect!r}", "--dialect")
-    dialect = args.dialect
-    if args.arguments not in ARGUMENT_CONVENTIONS:
-        raise InputError(f"expected {' or '.join(ARGUMENT_CONVENTIONS)}, got {args.arguments!r}", "--arguments")
-    policy = check_policy(args.verify, "--verify")
+    try:
+        check_ir_request(stages, args.dialect, args.arguments)
+        check_policy(args.verify, "verify")
+    except InputError as error:
+        # The library names its parameter; the user set the flag.
+        raise InputError([Problem(f"--{p.where}", p.message) for p in error.problems]) from None
     result = make_plan(graph, mesh, hw, settings, progress=ProgressLine())
-    document = plan_document(result, args.topology)
-    # The partitioned program runs the collectives the plan priced, in the IR and the simulator alike.
-    program = partition(result.plan, hw.collective_seconds)
-    if not args.no_collective_opt:
-        planned_s = program.communication_seconds()
-        program, changes = optimize(program)
-        document["collective_optimizations"] = {
-            "communication_s_before": planned_s, "communication_s_after": program.communication_seconds(),
-            "changes": [{"rewrite": c.rewrite, "detail": c.detail, "seconds_before": c.seconds_before,
-                         "seconds_after": c.seconds_after} for c in changes]}
-    document["verification"] = verify_program(program, policy)
+    delivered = deliver(result, hw, args.topology, emit=stages, dialect=args.dialect, arguments=args.arguments,
+                        verify=args.verify, optimize_collectives=not args.no_collective_opt)
+    document = delivered.document
     files = {"plan.json": json.dumps(document, indent=1) + "\n"}
-    if "annotated" in stages:
-        files["annotated.mlir"] = emit_annotated(result.plan, dialect=dialect)
-    if "partitioned" in stages:
-        files["partitioned.mlir"] = emit_partitioned(program, dialect=dialect, arguments=args.arguments)
+    files.update({f"{stage}.mlir": text for stage, text in delivered.ir.items()})
     if args.output:
         out = Path(args.output)
         out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,72 @@
+"""What a finished plan is handed over as: the plan document, the IR asked for, the collective
+optimisations applied and the simulator's verdict, from one partitioned program.
+
+The CLI writes these as files and the service stores them; both take them from here, so the IR
+a user reads is the program the simulator ran.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from autoshard.autoplan import PlanResult
+from autoshard.collective_opt import optimize
+from autoshard.costs import Hardware
+from autoshard.errors import InputError
+from autoshard.mlir import ARGUMENT_CONVENTIONS, DIALECTS, emit_annotated, emit_partitioned
+from autoshard.plan import Plan
+from autoshard.plan_document import plan_document
+from autoshard.spmd import SpmdProgram, partition
+from autoshard.verification import check_policy, verify_program
+
+STAGES = ("annotated", "partitioned")
+
+
+@dataclass(frozen=True)
+class Deliverables:
+    document: dict[str, Any]  # autoshard.plan/v1, with `collective_optimizations` and `verification`
+    ir: dict[str, str]  # stage -> module text, for the stages asked for
+
+
+def check_ir_request(stages: Sequence[str], dialect: str, arguments: str) -> None:
+    """Raise InputError naming each unknown stage, dialect or argument convention."""
+    problems = [f"unknown IR stage {s!r}; expected {' or '.join(STAGES)}" for s in stages if s not in STAGES]
+    if problems:
+        raise InputError(problems[0], "emit")
+    if dialect not in DIALECTS:
+        raise InputError(f"expected {' or '.join(DIALECTS)}, got {dialect!r}", "dialect")
+    if arguments not in ARGUMENT_CONVENTIONS:
+        raise InputError(f"expected {' or '.join(ARGUMENT_CONVENTIONS)}, got {arguments!r}", "arguments")
+
+
+def partitioned_program(plan: Plan, hardware: Hardware, optimize_collectives: bool = True) -> tuple[SpmdProgram, list]:
+    """The plan's SPMD program with the collectives its reshardings were priced with, then
+    (unless switched off) the collective optimisations that lower communication time; returns
+    the program and the optimisations applied."""
+    program = partition(plan, hardware.collective_seconds)
+    if not optimize_collectives:
+        return program, []
+    return optimize(program)
+
+
+def deliver(result: PlanResult, hardware: Hardware, topology: str, *, emit: Sequence[str] = (),
+            dialect: str = "mesh", arguments: str = "local", verify: str = "auto",
+            optimize_collectives: bool = True, seed: int = 0) -> Deliverables:
+    check_ir_request(emit, dialect, arguments)
+    check_policy(verify, "verify")
+    document = plan_document(result, topology)
+    program, changes = partitioned_program(result.plan, hardware, optimize_collectives)
+    if optimize_collectives:
+        before = changes[0].seconds_before if changes else program.communication_seconds()
+        document["collective_optimizations"] = {
+            "communication_s_before": before, "communication_s_after": program.communication_seconds(),
+            "changes": [{"rewrite": c.rewrite, "detail": c.detail, "seconds_before": c.seconds_before,
+                         "seconds_after": c.seconds_after} for c in changes]}
+    document["verification"] = verify_program(program, verify, seed)
+    ir = {}
+    if "annotated" in emit:
+        ir["annotated"] = emit_annotated(result.plan, dialect=dialect)
+    if "partitioned" in emit:
+        ir["partitioned"] = emit_partitioned(program, dialect=dialect, arguments=arguments)
+    return Deliverables(document, ir)
