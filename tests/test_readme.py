@@ -55,3 +55,14 @@ def test_service_curl_example_answers_with_a_verified_plan(tmp_path):
     job = json.loads(answer.stdout)
     assert job["status"] == "done", job
     assert job["plan"]["format"] == "autoshard.plan/v1" and job["plan"]["verification"]["status"] == "passed"
+
+
+def test_python_api_example_runs_and_delivers_verified_ir(monkeypatch, capsys):
+    code = re.search(r"## Python API\n.*?```python\n(.*?)```", README, re.S).group(1)
+    monkeypatch.chdir(ROOT)
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    delivered = namespace["delivered"]
+    assert delivered.document["verification"]["status"] == "passed"
+    assert sorted(delivered.ir) == ["annotated", "partitioned"] and "shard.grid @mesh" in delivered.ir["partitioned"]
+    assert "PASS" in capsys.readouterr().out
