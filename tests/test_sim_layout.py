@@ -26,6 +26,13 @@ def test_partial_layout_round_trips(dtype, kind):
         assert any(not np.array_equal(shards[(0, 0)], shards[(0, k)]) for k in (1, 2))
 
 
+@pytest.mark.parametrize("kind", ["sum", "max", "min", "product"])
+def test_partial_bool_layout_round_trips(kind):
+    array = (np.arange(35).reshape(5, 7) % 3) == 0
+    sharding = Sharding((("x",),), ("y",), kind)
+    np.testing.assert_array_equal(assemble(distribute(array, MESH, sharding), MESH, sharding, array.shape), array)
+
+
 def test_partial_sum_not_reduced_is_caught():
     array = np.arange(12).reshape(3, 4)
     shards = distribute(array, MESH, Sharding((), ("y",)))

@@ -28,6 +28,11 @@ def _partial_parts(array: np.ndarray, kind: str, count: int, seed: int) -> list[
     """`count` arrays whose reduction with `kind`, in order, is `array`."""
     if count == 1:
         return [array]
+    if array.dtype == np.bool_:
+        # No arithmetic on bools: one part holds the value, the others the kind's identity
+        # (False for sum = or and max, True for min and product).
+        identity = np.full_like(array, kind in ("min", "product"))
+        return [array, *(identity for _ in range(count - 1))]
     rng = np.random.default_rng(seed)
     noise = [rng.integers(0, 5, array.shape).astype(array.dtype) for _ in range(count - 1)]
     if kind == "sum":
