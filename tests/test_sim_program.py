@@ -14,10 +14,11 @@ import functools
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from autoshard.autoplan import SolveSettings, make_plan
+from autoshard.errors import InfeasibleError
 from autoshard.graph import Graph
 from autoshard.hardware import bind_hardware
 from autoshard.mesh import Mesh
@@ -224,7 +225,8 @@ KINDS = ["unary", "binary", "matmul", "batch_matmul", "dot_general", "reduce_sum
 
 
 @st.composite
-def random_plans(draw: Any, max_ops: int = 5) -> Plan:
+def random_graphs(draw: Any, max_ops: int = 5) -> tuple[Graph, Mesh]:
+    """A small graph of op-table kinds on one of `MESHES`, some outputs pinned."""
     mesh = draw(st.sampled_from(MESHES))
     dtype = draw(st.sampled_from(["f32", "f32", "f64", "i32"]))
     b = GraphBuilder(draw, dtype)
@@ -242,7 +244,13 @@ def random_plans(draw: Any, max_ops: int = 5) -> Plan:
         if draw(st.integers(0, 3)) == 0:
             pin = draw(st.sampled_from(enumerate_storage(b.shape(t), mesh)))
             constraints.append({"tensor": t, **pin.to_json()})
-    return random_plan(draw, graph_from_json(b.document(outputs, constraints), mesh), mesh)
+    return graph_from_json(b.document(outputs, constraints), mesh), mesh
+
+
+@st.composite
+def random_plans(draw: Any, max_ops: int = 5) -> Plan:
+    graph, mesh = draw(random_graphs(max_ops))
+    return random_plan(draw, graph, mesh)
 
 
 def random_plan(draw: Any, graph: Graph, mesh: Mesh) -> Plan:
@@ -323,6 +331,26 @@ def test_generated_models_under_random_plans_simulate_to_the_reference(name, mes
 
 
 # --- plans from the planner -------------------------------------------------------------------
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(random_graphs(), st.sampled_from([None, 0.5, 0.25]))
+def test_planner_plans_of_random_graphs_simulate_to_the_reference(graph_and_mesh, budget_share):
+    """Random graphs planned by the solver, unconstrained or with a budget of a half or a quarter
+    of the unsharded footprint (which makes it store or split values, when anything fits)."""
+    graph, mesh = graph_and_mesh
+    hw = bind_hardware("tpu-v5e", mesh)
+    footprint = sum(t.bytes for t in graph.tensors.values()) if budget_share else None
+    settings_ = SolveSettings(time_limit_s=2, workers=1, deterministic=True,
+                              memory_budget_bytes=footprint * budget_share if footprint else None)
+    try:
+        result = make_plan(graph, mesh, hw, settings_)
+    except InfeasibleError:
+        assume(False)
+    if budget_share:
+        assert result.report.peak_memory_bytes <= footprint * budget_share
+    verdict = verify_plan(result.plan, hw.collective_seconds, seed=4)
+    assert verdict.passed, f"{verdict.summary()}\n{describe_plan(result.plan)}"
+
 
 def tensor(shape: list[int], role: str | None = None, dtype: str = "f32") -> dict[str, Any]:
     return {"shape": shape, "dtype": dtype, **({"role": role} if role else {})}
