@@ -24,7 +24,7 @@ from autoshard.graph import Graph, live_ranges, topological_order
 from autoshard.mesh import Mesh
 from autoshard.options import ShardingOption, operand_shardings, result_shardings
 from autoshard.plan import Plan
-from autoshard.resharding import plan_resharding
+from autoshard.resharding import PricedMoves, resharding_cost
 from autoshard.sharding import Sharding
 from autoshard.solver.problem import Problem
 from autoshard.strategies import enumerate_options, enumerate_storage
@@ -62,7 +62,7 @@ class ReshardingPrices:
     """Resharding seconds and bytes per (shape, itemsize, source, target), computed once."""
 
     def __init__(self, mesh: Mesh, price: Callable[[str, tuple[str, ...], float], float]):
-        self.mesh, self.price = mesh, price
+        self.mesh, self.moves = mesh, PricedMoves(price)
         self._cache: dict[tuple, tuple[float, float]] = {}
 
     def __call__(self, shape: tuple[int, ...], itemsize: int, source: Sharding, target: Sharding) -> tuple[float, float]:
@@ -72,8 +72,7 @@ class ReshardingPrices:
             if source == target:
                 found = (0.0, 0.0)
             else:
-                r = plan_resharding(self.mesh, shape, itemsize, source, target, self.price)
-                found = (r.seconds, float(sum(s.bytes_per_device for s in r.steps if s.kind != "all_slice")))
+                found = resharding_cost(self.mesh, shape, itemsize, source, target, self.moves)
             self._cache[key] = found
         return found
 

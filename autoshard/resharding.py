@@ -171,12 +171,16 @@ def _effective_target(mesh: Mesh, source: Sharding, target: Sharding) -> Shardin
 
 @dataclass(frozen=True, slots=True)
 class _Context:
+    """What the moves out of a state depend on. The goal enters only through the partial axes it
+    keeps (never reduced) and through the permute straight into it (`_goal_permute`), so one
+    context serves every goal with those partial axes."""
+
     mesh: Mesh
     shape: tuple[int, ...]
     dtype_bytes: float
     axes: tuple[str, ...]
     dims: tuple[int, ...]
-    goal: Sharding
+    goal_partial: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,11 +218,59 @@ def _volume(box: Box) -> int:
     return math.prod(b - a for a, b in box)
 
 
+@lru_cache(maxsize=1024)
+def _shard_of_device(mesh: Mesh, axes: tuple[str, ...]) -> np.ndarray:
+    """Per device (linear index): the index of its shard of a dim split over `axes`."""
+    coords = np.indices(mesh.shape).reshape(len(mesh.shape), -1)
+    shard = np.zeros(coords.shape[1], np.int64)
+    for axis in axes:
+        shard = shard * mesh.axis_size(axis) + coords[mesh.axis_index(axis)]
+    return shard
+
+
+_WHOLE = (1, ())  # the cut of a dim split over no axes, without explicit offsets
+
+
+@lru_cache(maxsize=65536)
+def _layout(mesh: Mesh, rank: int, sharding: Sharding) -> tuple[tuple[tuple[int, tuple[int, ...]], np.ndarray], ...]:
+    """Per dim: what its shard bounds depend on (shard count, explicit offsets) and the shard
+    index of every device (linear index)."""
+    return tuple(((mesh.group_size(sharding.dim_axes(d)), _dim_offsets(sharding, d)),
+                  _shard_of_device(mesh, sharding.dim_axes(d))) for d in range(rank))
+
+
+@lru_cache(maxsize=65536)
+def _dim_overlap(size: int, before: tuple[int, tuple[int, ...]], after: tuple[int, tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Along one dim cut as `before` and as `after` (see `_layout`): `[old shard, new shard]`
+    overlap lengths, each new shard's length, and how many old shards each new shard meets."""
+    old, new = (np.array(list(zip(offsets, offsets[1:])) if offsets else _pieces(size, count)).reshape(-1, 2)
+                for count, offsets in (before, after))
+    overlap = np.clip(np.minimum(old[:, None, 1], new[None, :, 1]) - np.maximum(old[:, None, 0], new[None, :, 0]), 0, None)
+    return overlap, new[:, 1] - new[:, 0], (overlap > 0).sum(axis=0)
+
+
+@lru_cache(maxsize=4096)
+def _overlaps(mesh: Mesh, shape: tuple[int, ...], before: Sharding, after: Sharding) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per device: elements of its new shard, of those its old shard holds, and the old shards
+    its new shard meets. Dims are independent: each device's shard is a box, one range per dim
+    picked by the device's coordinates on that dim's axes."""
+    new_volume = held = tiles = 1
+    for size, (old_cut, old_shard), (new_cut, new_shard) in zip(shape, _layout(mesh, len(shape), before),
+                                                                _layout(mesh, len(shape), after)):
+        if old_cut == _WHOLE and new_cut == _WHOLE:
+            new_volume, held, tiles = new_volume * size, held * size, tiles * (size > 0)
+            continue
+        overlap, length, met = _dim_overlap(size, old_cut, new_cut)
+        new_volume = new_volume * length[new_shard]
+        held = held * overlap[old_shard, new_shard]
+        tiles = tiles * met[new_shard]
+    return tuple(x if isinstance(x, np.ndarray) else np.full(mesh.num_devices, x, np.int64) for x in (new_volume, held, tiles))
+
+
 def _missing(mesh: Mesh, shape: tuple[int, ...], before: Sharding, after: Sharding) -> np.ndarray:
     """Per device: elements of its new shard that its old shard does not hold."""
-    old, new = _boxes(mesh, shape, before), _boxes(mesh, shape, after)
-    overlap = np.clip(np.minimum(old[..., 1], new[..., 1]) - np.maximum(old[..., 0], new[..., 0]), 0, None)
-    return (new[..., 1] - new[..., 0]).prod(axis=1) - overlap.prod(axis=1)
+    new_volume, held, _ = _overlaps(mesh, shape, before, after)
+    return new_volume - held
 
 
 def _exchange_axes(mesh: Mesh, rank: int, before: Sharding, after: Sharding) -> tuple[str, ...]:
@@ -237,7 +289,9 @@ def _dim_offsets(sharding: Sharding, dim: int) -> tuple[int, ...]:
 
 
 @lru_cache(maxsize=65536)
-def _moves(ctx: _Context, state: Sharding) -> tuple[_Move, ...]:
+def _moves(ctx: _Context, state: Sharding) -> tuple[tuple[_Move, ...], tuple[_Move, ...]]:
+    """The moves out of `state` but the permute into the goal: those offered before it and the
+    axis-order permutes offered after it."""
     mesh, shape, rank = ctx.mesh, ctx.shape, len(ctx.shape)
     split = [state.dim_axes(d) for d in range(rank)]
     offsets = [_dim_offsets(state, d) for d in range(rank)]
@@ -259,7 +313,7 @@ def _moves(ctx: _Context, state: Sharding) -> tuple[_Move, ...]:
     def with_dim(seq: list, d: int, value: Any) -> list:
         return seq[:d] + [value] + seq[d + 1:]
 
-    drop = [a for a in partial if a not in ctx.goal.partial_axes]
+    drop = [a for a in partial if a not in ctx.goal_partial]
     for k in range(1, len(drop) + 1):
         for axes in itertools.combinations(drop, k):
             rest = [a for a in partial if a not in axes]
@@ -292,37 +346,40 @@ def _moves(ctx: _Context, state: Sharding) -> tuple[_Move, ...]:
             if _slice_exact(shape[d], count(split[d]), count(order)):
                 add("all_slice", order, {"slice_axis": d}, with_dim(split, d, split[d] + order), partial, offsets)
 
-    targets = []
-    goal_split = {a for axes in ctx.goal.split_axes for a in axes}
-    if set(ctx.goal.partial_axes) <= set(partial) and not goal_split & set(partial):
-        targets.append(_state(mesh, ctx.goal.split_axes, partial, kind, ctx.goal.dims_offsets))
+    swaps = []
     for d in ctx.dims:
         if len(split[d]) > 1 and not offsets[d]:
-            targets += [_state(mesh, with_dim(split, d, order), partial, kind, offsets)
-                        for order in itertools.permutations(split[d]) if order != split[d]]
-    for after in targets:
-        if after != state:
-            moved = int(_missing(mesh, shape, state, after).max()) * ctx.dtype_bytes
-            moves.append(_Move("permute", _exchange_axes(mesh, rank, state, after), (), after, moved))
-    return tuple(moves)
+            swaps += [_permute(mesh, shape, ctx.dtype_bytes, state, _state(mesh, with_dim(split, d, order), partial, kind, offsets))
+                      for order in itertools.permutations(split[d]) if order != split[d]]
+    return tuple(moves), tuple(swaps)
+
+
+def _goal_after(mesh: Mesh, state: Sharding, goal: Sharding) -> Sharding | None:
+    """Where the permute into the goal's split leads from `state` (keeping its partial axes, to be
+    reduced later), or None when it is not offered: the state lacks a partial axis the goal
+    keeps, or the goal splits a dim over an axis the state is partial over."""
+    partial = state.partial_axes
+    if not partial and not goal.partial_axes:  # the common case, without building the state
+        return goal if goal != state else None
+    if not set(goal.partial_axes) <= set(partial) or any(a in partial for axes in goal.split_axes for a in axes):
+        return None
+    after = _state(mesh, goal.split_axes, partial, state.partial_kind, goal.dims_offsets)
+    return after if after != state else None
+
+
+def _permute(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, state: Sharding, after: Sharding) -> _Move:
+    moved = int(_missing(mesh, shape, state, after).max()) * dtype_bytes
+    return _Move("permute", _exchange_axes(mesh, len(shape), state, after), (), after, moved)
 
 
 # --- the direct exchange ------------------------------------------------------------------
 
-@lru_cache(maxsize=65536)
 def _fan_in(mesh: Mesh, shape: tuple[int, ...], before: Sharding, after: Sharding) -> int:
     """The most peers any device receives a tile from in the direct exchange: its new shard
     cut along the old shards' bounds gives one tile per overlapping old shard, all but its own
     from another device."""
-    old, new = _boxes(mesh, shape, before), _boxes(mesh, shape, after)
-    tiles = np.ones(len(new), np.int64)
-    for d, size in enumerate(shape):
-        bounds = np.array(before.dim_bounds(mesh, size, d))
-        low = np.maximum(bounds[None, :, 0], new[:, d, 0][:, None])
-        high = np.minimum(bounds[None, :, 1], new[:, d, 1][:, None])
-        tiles *= (high > low).sum(axis=1)
-    own = (np.clip(np.minimum(old[..., 1], new[..., 1]) - np.maximum(old[..., 0], new[..., 0]), 0, None).prod(axis=1) > 0)
-    return int((tiles - own).max())
+    _, held, tiles = _overlaps(mesh, shape, before, after)
+    return int((tiles - (held > 0)).max())
 
 
 @lru_cache(maxsize=256)
@@ -378,56 +435,259 @@ def _build_step(mesh: Mesh, shape: tuple[int, ...], before: Sharding, move: _Mov
                           move.after.max_local_shape(mesh, shape), move.bytes_per_device, seconds, before, move.after)
 
 
-def _price_move(ctx: "_Context", state: Sharding, move: "_Move", price: Price) -> float:
+def _price_move(mesh: Mesh, shape: tuple[int, ...], state: Sharding, move: _Move, price: Price) -> float:
     """A collective's own price; a permute in which every device receives from at most one
     other device is point-to-point traffic (send_recv of the most any device receives), while
     one that gathers from several peers is an all-to-all exchange and is priced as one, so that
     it pays the same fixed costs as the collectives it replaces."""
     if move.kind != "permute":
         return price(move.kind, move.mesh_axes, move.bytes_per_device)
-    if _fan_in(ctx.mesh, ctx.shape, state, move.after) <= 1:
+    if _fan_in(mesh, shape, state, move.after) <= 1:
         return price("send_recv", move.mesh_axes, move.bytes_per_device)
-    group = ctx.mesh.group_size(move.mesh_axes)
+    group = mesh.group_size(move.mesh_axes)
     return price("all_to_all", move.mesh_axes, move.bytes_per_device * group / (group - 1))
 
 
-def plan_resharding(mesh: Mesh, shape: Sequence[int], dtype_bytes: float, source: Sharding, target: Sharding,
-                    price: Price) -> Resharding:
-    """The cheapest sequence of collectives under `price` that turns `source` into `target`."""
-    shape = tuple(shape)
+class _Edge(NamedTuple):
+    after: int  # state id in its _Space
+    seconds: float
+    permutes: int
+    move: _Move
+
+
+class _Space:
+    """The states of one context as small ints, with their priced moves, filled in as searches
+    reach them (ints hash and compare far faster than shardings)."""
+
+    def __init__(self, ctx: _Context, moves: "PricedMoves"):
+        self.ctx, self.moves = ctx, moves
+        self.states: list[Sharding] = []
+        self.ids: dict[Sharding, int] = {}
+        self.out: list[tuple[tuple[_Edge, ...], tuple[_Edge, ...]] | None] = []
+        self.into_goal: dict[tuple[int, int], _Edge | None] = {}
+        self.trees: dict[int, _PathTree] = {}
+
+    def id(self, state: Sharding) -> int:
+        found = self.ids.get(state)
+        if found is None:
+            found = self.ids[state] = len(self.states)
+            self.states.append(state)
+            self.out.append(None)
+        return found
+
+    def edges(self, state: int, goal: int) -> tuple[_Edge, ...]:
+        """Every move out of `state` towards `goal`, in the order Dijkstra relaxes them: the
+        goal-independent ones with the permute into the goal between `head` and `swaps`."""
+        head, swaps = self.base_edges(state)
+        edge = self.goal_edge(state, goal)
+        return head + swaps if edge is None else head + (edge,) + swaps
+
+    def base_edges(self, state: int) -> tuple[tuple[_Edge, ...], tuple[_Edge, ...]]:
+        out = self.out[state]
+        if out is None:
+            head, swaps = _moves(self.ctx, self.states[state])
+            out = self.out[state] = (tuple(self._edge(state, m) for m in head), tuple(self._edge(state, m) for m in swaps))
+        return out
+
+    def goal_edge(self, state: int, goal: int) -> _Edge | None:
+        """The permute from `state` into `goal`'s split, if offered."""
+        key = (state, goal)
+        if key not in self.into_goal:
+            after = _goal_after(self.ctx.mesh, self.states[state], self.states[goal])
+            self.into_goal[key] = None if after is None else self._edge(state, self.moves.permute(self.ctx, self.states[state], after))
+        return self.into_goal[key]
+
+    def tree(self, start: int) -> "_PathTree":
+        found = self.trees.get(start)
+        if found is None:
+            found = self.trees[start] = _PathTree(self, start)
+        return found
+
+    def _edge(self, state: int, move: _Move) -> _Edge:
+        seconds = self.moves.seconds(self.ctx, self.states[state], move)
+        return _Edge(self.id(move.after), seconds, int(move.kind == "permute"), move)
+
+
+class PricedMoves:
+    """The moves out of each state with their prices under one `price`, kept across searches:
+    a graph's identical layers ask about the same states for many sources and targets. Pass
+    one to `plan_resharding` / `resharding_cost` for every resharding priced by `price`."""
+
+    def __init__(self, price: Price):
+        self._price, self._prices = price, {}
+        self._spaces: dict[_Context, _Space] = {}
+        self._permutes: dict[tuple, tuple[_Move, float]] = {}  # permutes priced once for every context
+
+    def price(self, kind: str, mesh_axes: tuple[str, ...], bytes_per_device: float) -> float:
+        """`price`, called once per distinct collective (the same buffers recur across states)."""
+        key = (kind, mesh_axes, bytes_per_device)
+        found = self._prices.get(key)
+        if found is None:
+            found = self._prices[key] = self._price(kind, mesh_axes, bytes_per_device)
+        return found
+
+    def space(self, ctx: _Context) -> _Space:
+        found = self._spaces.get(ctx)
+        if found is None:
+            found = self._spaces[ctx] = _Space(ctx, self)
+        return found
+
+    def permute(self, ctx: _Context, state: Sharding, after: Sharding) -> _Move:
+        return self._priced_permute(ctx, state, after)[0]
+
+    def seconds(self, ctx: _Context, state: Sharding, move: _Move) -> float:
+        if move.kind == "permute":
+            return self._priced_permute(ctx, state, move.after)[1]
+        return self.price(move.kind, move.mesh_axes, move.bytes_per_device)
+
+    def _priced_permute(self, ctx: _Context, state: Sharding, after: Sharding) -> tuple[_Move, float]:
+        key = (ctx.mesh, ctx.shape, ctx.dtype_bytes, state, after)
+        found = self._permutes.get(key)
+        if found is None:
+            move = _permute(ctx.mesh, ctx.shape, ctx.dtype_bytes, state, after)
+            found = self._permutes[key] = (move, _price_move(ctx.mesh, ctx.shape, state, move, self.price))
+        return found
+
+
+class _PathTree:
+    """Dijkstra from one state over the goal-independent moves, run only as far as some goal
+    needs and kept for the next goal.
+
+    From a start with no partial axes no state is partial, so the permute into the goal leads
+    to the goal itself and ends the search: a search towards any goal pops the same states in
+    the same order as this tree until it pops the goal, and differs only in the candidates the
+    permutes add for the goal. `cost` replays exactly that, so every goal of the space reads
+    its answer off one tree (the same path as `_search`, ties included)."""
+
+    def __init__(self, space: _Space, start: int):
+        self.space = space
+        self.order: list[int] = []  # settled states, in the order Dijkstra pops them
+        self.rank: dict[int, int] = {}
+        self.best: dict[int, tuple[float, int, int]] = {start: (0.0, 0, 0)}
+        self.came: dict[int, tuple[int, int]] = {}  # state -> (predecessor, index of the move in its edges)
+        self.bytes: dict[int, float] = {start: 0}  # summed along the path as resharding_cost sums them
+        self._tie = itertools.count()
+        self._frontier = [((0.0, 0, 0), next(self._tie), start)]
+
+    def settle(self, goal: int) -> None:
+        """Pop states until `goal` is settled or none is left."""
+        best, came, frontier = self.best, self.came, self._frontier
+        while goal not in self.rank and frontier:
+            key, _, state = heapq.heappop(frontier)
+            if key > best[state]:
+                continue
+            self.rank[state] = len(self.order)
+            self.order.append(state)
+            head, swaps = self.space.base_edges(state)
+            if state in came:
+                before, index = came[state]
+                move = self._edge(before, index).move
+                self.bytes[state] = self.bytes[before] + (move.bytes_per_device if move.kind != "all_slice" else 0)
+            for index, (after, seconds, permutes, _) in enumerate(head + swaps):
+                new_key = (key[0] + seconds, key[1] + permutes, key[2] + 1)
+                known = best.get(after)
+                if known is None or new_key < known:
+                    best[after] = new_key
+                    came[after] = (state, index)
+                    heapq.heappush(frontier, (new_key, next(self._tie), after))
+
+    def cost(self, goal: int) -> tuple[float, float]:
+        """Seconds and bytes of the path `_search` finds to `goal`."""
+        self.settle(goal)
+        key = position = None
+        bytes_ = 0.0
+        if goal in self.rank:
+            key, bytes_ = self.best[goal], self.bytes[goal]
+            if goal in self.came:
+                # Relaxations happen in pop order, then in edge order with the goal permute
+                # between head and swaps; the first one reaching the least key is kept.
+                before, index = self.came[goal]
+                position = (self.rank[before], 0 if index < len(self.space.base_edges(before)[0]) else 2)
+        for state in self.order:
+            at = self.best[state]
+            if key is not None and not at < key:
+                break
+            edge = self.space.goal_edge(state, goal)
+            if edge is None:
+                continue
+            new_key = (at[0] + edge.seconds, at[1] + 1, at[2] + 1)
+            if key is None or new_key < key or (new_key == key and (self.rank[state], 1) < position):
+                key, position = new_key, (self.rank[state], 1)
+                bytes_ = self.bytes[state] + edge.move.bytes_per_device
+        if key is None:
+            raise ShardingError(f"no resharding reaches {self.space.states[goal]}", "target")
+        return key[0], float(bytes_)
+
+    def _edge(self, state: int, index: int) -> _Edge:
+        head, swaps = self.space.base_edges(state)
+        return head[index] if index < len(head) else swaps[index - len(head)]
+
+
+def _space(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, source: Sharding, target: Sharding,
+           moves: PricedMoves) -> tuple[_Space, int, int]:
+    """The space a search from `source` to `target` runs in, and its start and goal."""
     source.check(mesh, shape, "source")
     target.check(mesh, shape, "target")
     start = _state(mesh, source.split_axes, source.partial_axes, source.partial_kind, source.dims_offsets)
     goal = _effective_target(mesh, source, target)
     used = set(source.used_axes()) | set(target.used_axes())
     dims = tuple(d for d in range(len(shape)) if source.dim_axes(d) or target.dim_axes(d))
-    ctx = _Context(mesh, shape, dtype_bytes, tuple(a for a in mesh.axis_names if a in used), dims, goal)
+    space = moves.space(_Context(mesh, shape, dtype_bytes, tuple(a for a in mesh.axis_names if a in used), dims,
+                                 goal.partial_axes))
+    return space, space.id(start), space.id(goal)
 
-    best: dict[Sharding, tuple[float, int, int]] = {start: (0.0, 0, 0)}
-    came: dict[Sharding, tuple[Sharding, _Move, float]] = {}
+
+def _search(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, source: Sharding, target: Sharding,
+            moves: PricedMoves) -> list[tuple[Sharding, _Move, float]]:
+    """Dijkstra from `source` to `target` (ties: fewer permutes, then fewer steps): the cheapest
+    path as (state before, move, seconds) steps."""
+    space, first, last = _space(mesh, shape, dtype_bytes, source, target, moves)
+    best: dict[int, tuple[float, int, int]] = {first: (0.0, 0, 0)}
+    came: dict[int, tuple[int, _Move, float]] = {}
     tie = itertools.count()
-    frontier = [(best[start], next(tie), start)]
+    frontier = [(best[first], next(tie), first)]
     while frontier:
         key, _, state = heapq.heappop(frontier)
-        if state == goal:
+        if state == last:
             break
         if key > best[state]:
             continue
-        for move in _moves(ctx, state):
-            seconds = _price_move(ctx, state, move, price)
-            new_key = (key[0] + seconds, key[1] + (move.kind == "permute"), key[2] + 1)
-            if move.after not in best or new_key < best[move.after]:
-                best[move.after] = new_key
-                came[move.after] = (state, move, seconds)
-                heapq.heappush(frontier, (new_key, next(tie), move.after))
+        for after, seconds, permutes, move in space.edges(state, last):
+            new_key = (key[0] + seconds, key[1] + permutes, key[2] + 1)
+            known = best.get(after)
+            if known is None or new_key < known:
+                best[after] = new_key
+                came[after] = (state, move, seconds)
+                heapq.heappush(frontier, (new_key, next(tie), after))
 
     path = []
-    state = goal
-    while state != start:
+    state = last
+    while state != first:
         before, move, seconds = came[state]
-        path.append(_build_step(mesh, shape, before, move, seconds))
+        path.append((space.states[before], move, seconds))
         state = before
-    steps = tuple(reversed(path))
+    return path[::-1]
+
+
+def resharding_cost(mesh: Mesh, shape: Sequence[int], dtype_bytes: float, source: Sharding, target: Sharding,
+                    moves: PricedMoves) -> tuple[float, float]:
+    """`plan_resharding(...)`'s seconds and the bytes per device its steps are priced on (all_slice,
+    which moves nothing, left out), without building the steps."""
+    shape = tuple(shape)
+    if not source.partial_axes:
+        space, first, last = _space(mesh, shape, dtype_bytes, source, target, moves)
+        return space.tree(first).cost(last)
+    path = _search(mesh, shape, dtype_bytes, source, target, moves)
+    return sum(seconds for _, _, seconds in path), float(sum(m.bytes_per_device for _, m, _ in path if m.kind != "all_slice"))
+
+
+def plan_resharding(mesh: Mesh, shape: Sequence[int], dtype_bytes: float, source: Sharding, target: Sharding,
+                    price: Price, moves: PricedMoves | None = None) -> Resharding:
+    """The cheapest sequence of collectives under `price` that turns `source` into `target`
+    (`moves`, if given, must have been made with the same `price`)."""
+    shape = tuple(shape)
+    path = _search(mesh, shape, dtype_bytes, source, target, moves if moves is not None else PricedMoves(price))
+    steps = tuple(_build_step(mesh, shape, before, move, seconds) for before, move, seconds in path)
     totals = {d: 0.0 for d in mesh.devices()}
     for step in steps:
         for d, elements in _received_elements(mesh, shape, step).items():
