@@ -14,13 +14,13 @@ stays far below 2**63.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from autoshard.costs import Hardware, op_cost, result_bytes, tensor_bytes
 from autoshard.errors import InfeasibleError
-from autoshard.graph import Graph, live_ranges, topological_order
+from autoshard.graph import Graph, Op, live_ranges, topological_order
 from autoshard.mesh import Mesh
 from autoshard.options import ShardingOption, operand_shardings, result_shardings
 from autoshard.plan import Plan
@@ -87,6 +87,18 @@ def _cost(seconds: float, comm_bytes: float, memory: float, w: Weights) -> int:
                      + memory * (w.memory_bytes + TIE_BREAK_PS_PER_BYTE)))
 
 
+@dataclass(frozen=True)
+class _NodeKind:
+    """What nodes with the same signature share (a graph's identical layers give many of them):
+    strategies, their costs and memory, and per strategy the shardings on the node's edges."""
+
+    choices: list
+    costs: np.ndarray
+    usages: np.ndarray
+    results: tuple[list[Sharding], ...]  # per output position, per strategy
+    operands: tuple[list[Sharding], ...] = ()  # per input index, per strategy
+
+
 def formulate(graph: Graph, mesh: Mesh, hw: Hardware, *, memory_budget: float | None = None,
               weights: Weights = Weights()) -> Formulation:
     order = topological_order(graph)
@@ -97,65 +109,43 @@ def formulate(graph: Graph, mesh: Mesh, hw: Hardware, *, memory_budget: float | 
     hints = {c.tensor: c.sharding for c in graph.constraints if not c.required}
 
     nodes: list[tuple[str, str]] = []
-    choices: list[list] = []
-    costs, usages, intervals, hint = [], [], [], []
+    kinds: list[int] = []  # per node: its signature's number
+    signatures: dict[tuple, int] = {}
+    shared: list[_NodeKind] = []
+    intervals, hint = [], []
     index: dict[str, int] = {}  # tensor -> node producing or storing it
-    produced: list[list[Sharding]] = []  # per node, per strategy: the sharding of its (first) tensor
+
+    def kind_of(signature: tuple, make: Callable[[], _NodeKind]) -> int:
+        found = signatures.get(signature)
+        if found is None:
+            found = signatures[signature] = len(shared)
+            shared.append(make())
+        return found
 
     for tensor in graph.tensors.values():
         if tensor.role == "intermediate":
             continue
-        options = enumerate_storage(tensor.shape, mesh)
-        if tensor.name in pins:
-            options = [pins[tensor.name]]
+        signature = ("storage", tensor.shape, tensor.itemsize, pins.get(tensor.name))
+        k = kind_of(signature, lambda: _storage_kind(tensor.shape, tensor.itemsize, pins.get(tensor.name), mesh, weights))
         index[tensor.name] = len(nodes)
         nodes.append(("storage", tensor.name))
-        choices.append(options)
-        produced.append(options)
-        held = [tensor_bytes(tensor.shape, tensor.itemsize, s, mesh) for s in options]
-        costs.append(np.array([_cost(0.0, 0.0, b, weights) for b in held], dtype=np.int64))
-        usages.append(np.array(held, dtype=np.int64))
+        kinds.append(k)
         first, last = ranges[tensor.name]
         intervals.append((first, last + 1))
-        hint.append(_hint_index(options, hints.get(tensor.name)))
+        hint.append(_hint_index(shared[k].results[0], hints.get(tensor.name)))
 
     for op in order:
-        options = enumerate_options(op.nest, mesh)
-        for position, t in enumerate(op.outputs):
-            if t in pins and t not in graph.outputs:
-                # A pinned intermediate is produced as pinned (partial allowed: reducing it is
-                # priced on its edges); a pinned graph output is resharded to its pin at the end.
-                options = [o for o in options
-                           if result_shardings(op.nest, o)[position].without_partial() == pins[t].without_partial()]
-        if not options:
-            pinned = [t for t in op.outputs if t in pins]
-            raise InfeasibleError(f"no option of op {op.name!r} ({op.kind}) produces the pinned sharding "
-                                  f"{[str(pins[t]) for t in pinned]} of {pinned}")
+        signature = _op_signature(graph, op, pins)
+        k = kind_of(signature, lambda: _op_kind(graph, op, mesh, hw, pins, prices, weights))
         for t in op.outputs:
             index[t] = len(nodes)
         nodes.append(("op", op.name))
-        choices.append(options)
-        node_costs, node_usage, first_results = [], [], []
-        for option in options:
-            results = result_shardings(op.nest, option)
-            seconds = op_cost(graph, op, option, mesh, hw).seconds
-            comm = 0.0
-            for t, s in zip(op.outputs, results):
-                if t in graph.outputs:  # the graph hands its outputs over reduced (or as pinned)
-                    target = pins.get(t, s.without_partial())
-                    r_s, r_b = prices(graph.tensors[t].shape, graph.tensors[t].itemsize, s, target)
-                    seconds, comm = seconds + r_s, comm + r_b
-            held = result_bytes(graph, op, option, mesh)
-            node_costs.append(_cost(seconds, comm, held, weights))
-            node_usage.append(held)
-            first_results.append(results[0])
-        costs.append(np.array(node_costs, dtype=np.int64))
-        usages.append(np.array(node_usage, dtype=np.int64))
-        produced.append(first_results)
+        kinds.append(k)
         last = max(ranges[t][1] for t in op.outputs)
         intervals.append((step[op.name], last + 1))
-        hint.append(_hint_index([result_shardings(op.nest, o)[0] for o in options], hints.get(op.outputs[0])))
+        hint.append(_hint_index(shared[k].results[0], hints.get(op.outputs[0])))
 
+    matrices: dict[tuple[int, int, int, int], np.ndarray] = {}
     edges, edge_costs, uses = [], [], []
     for op in order:
         v = index[op.outputs[0]]
@@ -163,16 +153,74 @@ def formulate(graph: Graph, mesh: Mesh, hw: Hardware, *, memory_budget: float | 
             u = index[t]
             tensor = graph.tensors[t]
             out_pos = 0 if nodes[u][0] == "storage" else graph.producers[t].outputs.index(t)
-            sources = produced[u] if out_pos == 0 else [
-                result_shardings(graph.producers[t].nest, o)[out_pos] for o in choices[u]]
-            targets = [operand_shardings(op.nest, o)[i] for o in choices[v]]
-            edge_costs.append(_pair_matrix(sources, targets, lambda s, d: _cost(*prices(tensor.shape, tensor.itemsize, s, d), 0.0, weights)))
+            key = (kinds[u], out_pos, kinds[v], i)  # the signatures fix the shape and both lists
+            matrix = matrices.get(key)
+            if matrix is None:
+                matrix = matrices[key] = _pair_matrix(
+                    shared[kinds[u]].results[out_pos], shared[kinds[v]].operands[i],
+                    lambda s, d: _cost(*prices(tensor.shape, tensor.itemsize, s, d), 0.0, weights))
+            edge_costs.append(matrix)
             edges.append((u, v))
             uses.append((t, op.name, i))
-    problem = Problem(tuple(costs), tuple(usages), np.array(intervals, dtype=np.int64).reshape(-1, 2),
+    problem = Problem(tuple(shared[k].costs for k in kinds), tuple(shared[k].usages for k in kinds),
+                      np.array(intervals, dtype=np.int64).reshape(-1, 2),
                       np.array(edges, dtype=np.int64).reshape(-1, 2), tuple(edge_costs),
                       int(memory_budget) if memory_budget is not None else None, graph.name)
-    return Formulation(graph, mesh, problem, nodes, choices, uses, hint)
+    return Formulation(graph, mesh, problem, nodes, [shared[k].choices for k in kinds], uses, hint)
+
+
+def _op_signature(graph: Graph, op: Op, pins: dict[str, Sharding]) -> tuple:
+    """Everything an op node's strategies and costs depend on, its name and neighbours aside."""
+    inputs = tuple((graph.tensors[t].shape, graph.tensors[t].dtype) for t in op.inputs)
+    outputs = tuple((graph.tensors[t].shape, graph.tensors[t].dtype, t in graph.outputs, pins.get(t)) for t in op.outputs)
+    return op.kind, op.nest, _hashable(op.attrs), inputs, outputs
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_hashable(v) for v in value)
+    return value
+
+
+def _storage_kind(shape: tuple[int, ...], itemsize: int, pin: Sharding | None, mesh: Mesh, weights: Weights) -> _NodeKind:
+    options = [pin] if pin is not None else enumerate_storage(shape, mesh)
+    held = [tensor_bytes(shape, itemsize, s, mesh) for s in options]
+    return _NodeKind(options, np.array([_cost(0.0, 0.0, b, weights) for b in held], dtype=np.int64),
+                     np.array(held, dtype=np.int64), (options,))
+
+
+def _op_kind(graph: Graph, op: Op, mesh: Mesh, hw: Hardware, pins: dict[str, Sharding], prices: ReshardingPrices,
+             weights: Weights) -> _NodeKind:
+    options = enumerate_options(op.nest, mesh)
+    for position, t in enumerate(op.outputs):
+        if t in pins and t not in graph.outputs:
+            # A pinned intermediate is produced as pinned (partial allowed: reducing it is
+            # priced on its edges); a pinned graph output is resharded to its pin at the end.
+            options = [o for o in options
+                       if result_shardings(op.nest, o)[position].without_partial() == pins[t].without_partial()]
+    if not options:
+        pinned = [t for t in op.outputs if t in pins]
+        raise InfeasibleError(f"no option of op {op.name!r} ({op.kind}) produces the pinned sharding "
+                              f"{[str(pins[t]) for t in pinned]} of {pinned}")
+    node_costs, node_usage, results = [], [], []
+    for option in options:
+        produced = result_shardings(op.nest, option)
+        seconds = op_cost(graph, op, option, mesh, hw).seconds
+        comm = 0.0
+        for t, s in zip(op.outputs, produced):
+            if t in graph.outputs:  # the graph hands its outputs over reduced (or as pinned)
+                target = pins.get(t, s.without_partial())
+                r_s, r_b = prices(graph.tensors[t].shape, graph.tensors[t].itemsize, s, target)
+                seconds, comm = seconds + r_s, comm + r_b
+        held = result_bytes(graph, op, option, mesh)
+        node_costs.append(_cost(seconds, comm, held, weights))
+        node_usage.append(held)
+        results.append(produced)
+    operands = [operand_shardings(op.nest, o) for o in options]
+    return _NodeKind(options, np.array(node_costs, dtype=np.int64), np.array(node_usage, dtype=np.int64),
+                     tuple(list(r) for r in zip(*results)), tuple(list(r) for r in zip(*operands)))
 
 
 def _pair_matrix(sources: list[Sharding], targets: list[Sharding], cost: Callable[[Sharding, Sharding], int]) -> np.ndarray:
