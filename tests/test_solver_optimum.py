@@ -91,3 +91,16 @@ def test_deterministic_solve_repeats_itself():
     first = solve(problem, time_limit_s=5, seed=3, deterministic=True)
     second = solve(problem, time_limit_s=5, seed=3, deterministic=True)
     assert first.solution == second.solution and first.lower_bound == second.lower_bound
+
+
+@pytest.mark.parametrize("scale", [1, 10**6, 10**9, 10**12])
+def test_proved_optimal_at_any_cost_scale(scale):
+    """Independent nodes: the relaxation's bound is the optimum. Whether the heuristic's bound
+    closes the gap or CP-SAT proves it, the answer is optimal with the bound equal to the cost,
+    never a bound above it."""
+    costs = tuple(np.array([3, 5, 7]) * scale + i for i in range(4))
+    usages = tuple(np.array([0, 1, 2]) for _ in range(4))
+    problem = Problem(costs, usages, np.array([[i, i + 1] for i in range(4)]), np.zeros((0, 2)), (), None)
+    result = solve(problem, time_limit_s=2, deterministic=True)
+    assert result.solution == (0, 0, 0, 0)
+    assert result.status == "optimal" and result.lower_bound == result.cost == 12 * scale + 6 and result.gap == 0.0

@@ -21,6 +21,7 @@ import numpy as np
 from autoshard.solver import kernels
 from autoshard.solver.flat import FlatProblem
 from autoshard.solver.lagrange import Relaxation
+from autoshard.solver.problem import certified_lower
 from autoshard.solver.search import Search
 
 Progress = Callable[[str, float, float, float], None]  # (phase, cost, bound, elapsed_s)
@@ -80,8 +81,7 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
         return deadline - time.monotonic()
 
     def proved_optimal() -> bool:
-        # Costs are integers, so a bound within one of a fitting incumbent closes the gap.
-        return search.best_obj - bound < 1.0 and fp.fits(search.best_x)
+        return math.isfinite(bound) and search.best_obj <= certified_lower(bound) and fp.fits(search.best_x)
 
     # Relax-and-decode rounds, about half of the time.
     round_no = 0

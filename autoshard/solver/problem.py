@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -187,6 +188,13 @@ def check_solution(problem: Problem, solution: Sequence[int] | np.ndarray) -> np
         raise InputError([Issue(f"/solution/{i}", f"strategy {x[i]} out of range 0..{len(problem.node_costs[i]) - 1}")
                           for i in bad[:20].tolist()])
     return x
+
+
+def certified_lower(bound: float) -> int:
+    """The integer lower bound a float bound certifies. Costs are integers, so nothing costs less
+    than the bound rounded up; the bound is first lowered by more than the rounding error a
+    float sum of many large costs can carry. `bound` must be finite."""
+    return math.ceil(bound - 1e-11 * abs(bound) - 1e-6)
 
 
 def exact_sum(values: np.ndarray) -> int:

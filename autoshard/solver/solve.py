@@ -18,7 +18,7 @@ import numpy as np
 from autoshard.solver.exact import solve_exact
 from autoshard.solver.flat import FlatProblem, flatten
 from autoshard.solver.heuristic import run_heuristic, smallest_usage
-from autoshard.solver.problem import Problem, check_solution, score
+from autoshard.solver.problem import Problem, certified_lower, check_solution, score
 
 EXACT_PAIR_LIMIT = 400_000
 Progress = Callable[[str, float, float, float], None]  # (phase, cost, bound, elapsed_s)
@@ -62,14 +62,15 @@ def solve(problem: Problem, *, time_limit_s: float, workers: int = 1, seed: int 
     bound = -math.inf
     optimal = infeasible = False
     exact = _pair_count(fp) <= EXACT_PAIR_LIMIT
-    stats["method"] = "cp-sat" if exact else "heuristic"
     heuristic_share = 0.15 if exact else 1.0
     found = run_heuristic(fp, time_limit_s=remaining * heuristic_share, seed=seed, hint=flat_hint,
                           progress=progress, deterministic=deterministic)
     candidates.append(found.x)
     bound = max(bound, found.bound)
     stats["heuristic"] = found.stats
-    if exact and not (fp.fits(found.x) and found.objective - bound < 1.0):
+    bound_met = math.isfinite(bound) and fp.fits(found.x) and found.objective <= certified_lower(bound)
+    stats["method"] = "cp-sat" if exact and not bound_met else "heuristic"
+    if exact and not bound_met:
         best_hint = min((c for c in candidates if fp.fits(c)), key=fp.objective, default=found.x)
 
         def on_solution(cost: float, cp_bound: float, elapsed: float) -> None:
@@ -97,8 +98,7 @@ def _result(problem: Problem, fp: FlatProblem, candidates: list[np.ndarray], bou
     else:
         best_score, best = scored[0]
     cost = best_score.cost
-    # Costs are integers: no solution costs less than the bound rounded up (less float noise).
-    integral = math.ceil(bound - 1e-9 * abs(bound) - 1e-6) if math.isfinite(bound) else 0
+    integral = certified_lower(bound) if math.isfinite(bound) else 0
     lower = min(integral, cost) if fitting else integral
     if not fitting:
         status = "infeasible" if infeasible else "unknown"
