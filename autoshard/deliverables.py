@@ -8,17 +8,19 @@ a user reads is the program the simulator ran.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from types import MappingProxyType
+from typing import Any, Mapping, Sequence
 
 from autoshard.autoplan import PlanResult
-from autoshard.collective_opt import optimize
+from autoshard.collective_opt import Change, optimize
 from autoshard.costs import Hardware
-from autoshard.errors import InputError
+from autoshard.errors import InputError, Problem
 from autoshard.mlir import ARGUMENT_CONVENTIONS, DIALECTS, emit_annotated, emit_partitioned
 from autoshard.plan import Plan
 from autoshard.plan_document import plan_document
+from autoshard.resharding import Price
 from autoshard.spmd import SpmdProgram, partition
-from autoshard.verification import check_policy, verify_program
+from autoshard.verification import ALWAYS_LIMIT_BYTES, VERIFY_POLICIES, policy_problem, verify_program
 
 STAGES = ("annotated", "partitioned")
 
@@ -29,22 +31,25 @@ class Deliverables:
     ir: dict[str, str]  # stage -> module text, for the stages asked for
 
 
-def check_ir_request(stages: Sequence[str], dialect: str, arguments: str) -> None:
-    """Raise InputError naming each unknown stage, dialect or argument convention."""
-    problems = [f"unknown IR stage {s!r}; expected {' or '.join(STAGES)}" for s in stages if s not in STAGES]
-    if problems:
-        raise InputError(problems[0], "emit")
+def ir_request_problems(stages: Sequence[str], dialect: str, arguments: str,
+                        where: Mapping[str, str] = MappingProxyType({})) -> list[Problem]:
+    """Every unknown stage, dialect or argument convention; `where` renames the parameters
+    (`emit`, `dialect`, `arguments`) to what the caller's user set, e.g. a flag."""
+    problems = [Problem(where.get("emit", "emit"), f"unknown IR stage {s!r}; expected {' or '.join(STAGES)}")
+                for s in stages if s not in STAGES]
     if dialect not in DIALECTS:
-        raise InputError(f"expected {' or '.join(DIALECTS)}, got {dialect!r}", "dialect")
+        problems.append(Problem(where.get("dialect", "dialect"), f"expected {' or '.join(DIALECTS)}, got {dialect!r}"))
     if arguments not in ARGUMENT_CONVENTIONS:
-        raise InputError(f"expected {' or '.join(ARGUMENT_CONVENTIONS)}, got {arguments!r}", "arguments")
+        problems.append(Problem(where.get("arguments", "arguments"),
+                                f"expected {' or '.join(ARGUMENT_CONVENTIONS)}, got {arguments!r}"))
+    return problems
 
 
-def partitioned_program(plan: Plan, hardware: Hardware, optimize_collectives: bool = True) -> tuple[SpmdProgram, list]:
-    """The plan's SPMD program with the collectives its reshardings were priced with, then
-    (unless switched off) the collective optimisations that lower communication time; returns
-    the program and the optimisations applied."""
-    program = partition(plan, hardware.collective_seconds)
+def partitioned_program(plan: Plan, price: Price, optimize_collectives: bool = True) -> tuple[SpmdProgram, list[Change]]:
+    """The plan's SPMD program with the collectives `price` chooses (the hardware's, as the plan's
+    reshardings were priced), then (unless switched off) the collective optimisations that lower
+    communication time; returns the program and the optimisations applied."""
+    program = partition(plan, price)
     if not optimize_collectives:
         return program, []
     return optimize(program)
@@ -52,18 +57,22 @@ def partitioned_program(plan: Plan, hardware: Hardware, optimize_collectives: bo
 
 def deliver(result: PlanResult, hardware: Hardware, topology: str, *, emit: Sequence[str] = (),
             dialect: str = "mesh", arguments: str = "local", verify: str = "auto",
-            optimize_collectives: bool = True, seed: int = 0) -> Deliverables:
-    check_ir_request(emit, dialect, arguments)
-    check_policy(verify, "verify")
+            optimize_collectives: bool = True, seed: int = 0,
+            verify_max_bytes: float = ALWAYS_LIMIT_BYTES) -> Deliverables:
+    problems = ir_request_problems(emit, dialect, arguments)
+    if verify not in VERIFY_POLICIES:
+        problems.append(policy_problem(verify, "verify"))
+    if problems:
+        raise InputError(problems)
     document = plan_document(result, topology)
-    program, changes = partitioned_program(result.plan, hardware, optimize_collectives)
+    program, changes = partitioned_program(result.plan, hardware.collective_seconds, optimize_collectives)
     if optimize_collectives:
         before = changes[0].seconds_before if changes else program.communication_seconds()
         document["collective_optimizations"] = {
             "communication_s_before": before, "communication_s_after": program.communication_seconds(),
             "changes": [{"rewrite": c.rewrite, "detail": c.detail, "seconds_before": c.seconds_before,
                          "seconds_after": c.seconds_after} for c in changes]}
-    document["verification"] = verify_program(program, verify, seed)
+    document["verification"] = verify_program(program, verify, seed, verify_max_bytes)
     ir = {}
     if "annotated" in emit:
         ir["annotated"] = emit_annotated(result.plan, dialect=dialect)

@@ -102,7 +102,12 @@ def plan_from_json(document: Any, graph: Graph, mesh: Mesh) -> Plan:
         raise InputError("a plan is a JSON object", "/")
     ops_doc = document.get("ops", {}) or {}
     tensors_doc = document.get("tensors", {}) or {}
-    problems: list[Problem] = []
+    problems = [Problem(f"/{key}", f"expected an object keyed by {key[:-1]} name")
+                for key, value in (("ops", ops_doc), ("tensors", tensors_doc)) if not isinstance(value, dict)]
+    if problems:
+        raise InputError(problems)
+    problems.extend(Problem(f"/ops/{name}", 'expected an object such as {"option": [["dp"], [], ["tp"]]}')
+                    for name, entry in ops_doc.items() if not isinstance(entry, dict))
     shardings: dict[str, Sharding] = {}
     for name, value in tensors_doc.items():
         try:
@@ -116,7 +121,11 @@ def plan_from_json(document: Any, graph: Graph, mesh: Mesh) -> Plan:
     options: dict[str, ShardingOption] = {}
     for op in graph.ops:
         entry = ops_doc.get(op.name)
-        if isinstance(entry, dict) and "option" in entry:
+        if isinstance(entry, dict) and "option" not in entry:
+            problems.append(Problem(f"/ops/{op.name}", "no option given: expected mesh axes per loop, e.g. "
+                                                       '{"option": [["dp"], [], ["tp"]]}'))
+            continue
+        if isinstance(entry, dict):
             loops = entry["option"]
             if not isinstance(loops, list) or not all(isinstance(a, list) and all(isinstance(x, str) for x in a) for a in loops):
                 problems.append(Problem(f"/ops/{op.name}/option", "expected a list of mesh axis name lists, one per loop"))
@@ -138,14 +147,9 @@ def plan_from_json(document: Any, graph: Graph, mesh: Mesh) -> Plan:
     contradicted = [Problem(f"/tensors/{name}", f"given as {given} but op {graph.producers[name].name!r} with its "
                                                 f"option produces {plan.produced(name)}")
                     for name, given in shardings.items()
-                    if name in graph.producers and not _same_layout(given, plan.produced(name))]
+                    if name in graph.producers
+                    and not given.same_layout(plan.produced(name), mesh, graph.tensors[name].shape)]
     if contradicted:
         raise InputError(contradicted)
     return plan
 
-
-def _same_layout(a: Sharding, b: Sharding) -> bool:
-    """Equal as layouts: partial axes compared as a set, the kind only where something is partial."""
-    return (a.split_axes == b.split_axes and a.dims_offsets == b.dims_offsets
-            and set(a.partial_axes) == set(b.partial_axes)
-            and (not a.partial_axes or a.partial_kind == b.partial_kind))

@@ -134,6 +134,17 @@ class Sharding:
     def shard_count(self, mesh: Mesh, dim: int) -> int:
         return mesh.group_size(self.dim_axes(dim))
 
+    def same_layout(self, other: "Sharding", mesh: Mesh, shape: Sequence[int]) -> bool:
+        """Equal device contents: every dim split by the same axes at the same bounds (offsets
+        that spell out the even split equal none), the same partial axes in any order and, where
+        something is partial, the same kind."""
+        if set(self.partial_axes) != set(other.partial_axes):
+            return False
+        if self.partial_axes and self.partial_kind != other.partial_kind:
+            return False
+        return all(self.dim_axes(d) == other.dim_axes(d) and self.dim_bounds(mesh, size, d) == other.dim_bounds(mesh, size, d)
+                   for d, size in enumerate(shape))
+
     def dim_bounds(self, mesh: Mesh, size: int, dim: int) -> list[tuple[int, int]]:
         """(start, stop) of every shard of `dim`, in shard order."""
         if dim < len(self.dims_offsets) and self.dims_offsets[dim]:

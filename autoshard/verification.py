@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autoshard.errors import InputError
+from autoshard.errors import InputError, Problem
 from autoshard.sim.program import simulate_program, simulation_bytes
 from autoshard.spmd import SpmdProgram
 from autoshard.summary import size
@@ -19,20 +19,21 @@ AUTO_LIMIT_BYTES = 256 * 2 ** 20  # what "auto" simulates: seconds of numpy on o
 ALWAYS_LIMIT_BYTES = 8 * 2 ** 30
 
 
-def check_policy(policy: str, where: str) -> str:
-    if policy not in VERIFY_POLICIES:
-        raise InputError(f"unknown verification policy {policy!r}; expected one of {', '.join(VERIFY_POLICIES)}", where)
-    return policy
+def policy_problem(policy: str, where: str) -> Problem:
+    return Problem(where, f"unknown verification policy {policy!r}; expected one of {', '.join(VERIFY_POLICIES)}")
 
 
-def verify_program(program: SpmdProgram, policy: str, seed: int = 0) -> dict[str, Any]:
+def verify_program(program: SpmdProgram, policy: str, seed: int = 0,
+                   max_bytes: float = ALWAYS_LIMIT_BYTES) -> dict[str, Any]:
     """The verdict as JSON: `status` passed, failed or skipped (with `reason`); when run, the
-    max error, the number of values checked and the first divergence (op, device, message)."""
-    check_policy(policy, "verify")
+    max error, the number of values checked and the first divergence (op, device, message).
+    No simulation holds more than `max_bytes` of host memory, whatever the policy."""
+    if policy not in VERIFY_POLICIES:
+        raise InputError([policy_problem(policy, "verify")])
     if policy == "never":
         return {"status": "skipped", "reason": "verification not requested"}
     needed = simulation_bytes(program)
-    limit = AUTO_LIMIT_BYTES if policy == "auto" else ALWAYS_LIMIT_BYTES
+    limit = min(AUTO_LIMIT_BYTES, max_bytes) if policy == "auto" else max_bytes
     if needed > limit:
         return {"status": "skipped", "needs_bytes": needed,
                 "reason": f"simulating this plan needs about {size(needed)} of host memory, over the "

@@ -29,6 +29,8 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(32 * 2 ** 20, gt=0)
     max_ops: int = Field(20_000, gt=0)
     max_tensors: int = Field(50_000, gt=0)
+    max_verify_bytes: int = Field(2 * 2 ** 30, gt=0,
+                                  description="host memory a plan's simulation may hold (`verify`: auto or always)")
     start_method: Literal["forkserver", "spawn"] = "forkserver"
 
 

@@ -98,7 +98,7 @@ class Runner:
 
     def _supervise(self, job: Job) -> None:
         ours, theirs = self._context.Pipe(duplex=True)
-        process = self._context.Process(target=run, args=(job.request, theirs), name=f"autoshard-solve-{job.id[:8]}",
+        process = self._context.Process(target=run, args=(job.request, theirs, self.settings.max_verify_bytes), name=f"autoshard-solve-{job.id[:8]}",
                                         daemon=True)
         process.start()
         theirs.close()

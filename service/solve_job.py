@@ -69,17 +69,18 @@ def _exit_with_service(conn: Connection) -> None:
     threading.Thread(target=watch, name="exit-with-service", daemon=True).start()
 
 
-def run(canonical: Mapping[str, Any], conn: Connection) -> None:
-    """Worker process entry point: solve the canonical request, send the outcome."""
+def run(canonical: Mapping[str, Any], conn: Connection, verify_max_bytes: float) -> None:
+    """Worker process entry point: solve the canonical request, send the outcome; the plan's
+    simulation holds at most `verify_max_bytes` of host memory."""
     _exit_with_service(conn)
     progress = ProgressSender(conn)
     try:
         progress.phase("formulating")
         inputs = plan_inputs(canonical)
         result = make_plan(inputs.graph, inputs.mesh, inputs.hardware, inputs.settings, progress=progress)
-        progress.phase("emitting")
+        progress.phase("emitting and verifying")
         delivered = deliver(result, inputs.hardware, inputs.topology, emit=inputs.emit, dialect=inputs.dialect,
-                            verify=inputs.verify)
+                            verify=inputs.verify, verify_max_bytes=verify_max_bytes)
         ir = [(stage, inputs.dialect, ir_arguments(stage, "local"), text) for stage, text in delivered.ir.items()]
         progress.phase("done")
         conn.send(("done", {"plan": delivered.document, "ir": ir}))

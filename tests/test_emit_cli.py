@@ -56,6 +56,8 @@ def test_emitted_modules_pass_the_verifiers_and_are_the_library_text(tmp_path, c
     ({"ops": {"layer0.fc1": {"option": [["dp"], ["tp"]]}}}, "layer0.fc1"),  # 2 loops of 3
     ({"ops": {"layer0.fc1": {"option": [["dp"], ["pp"], []]}}}, "layer0.fc1"),  # no such mesh axis
     ({"tensors": {"x": [["dp"], [], ["tp"]]}}, "/tensors/x"),  # rank 3 for a 2-D tensor
+    ({"ops": {"layer0.fc1": [["dp"], ["tp"], []]}}, "/ops/layer0.fc1"),  # not an object
+    ({"ops": {"layer0.fc1": {"opton": [["dp"], ["tp"], []]}}}, "/ops/layer0.fc1"),  # no option
 ])
 def test_a_plan_that_does_not_fit_the_graph_exits_2_naming_it_and_emits_nothing(tmp_path, capsys, change, where):
     document = json.loads(json.dumps(MEGATRON))
@@ -66,7 +68,31 @@ def test_a_plan_that_does_not_fit_the_graph_exits_2_naming_it_and_emits_nothing(
     assert captured.out == "" and where in captured.err
 
 
-@pytest.mark.parametrize("flag, value", [("--stage", "lowered"), ("--dialect", "tosa"), ("--arguments", "both")])
-def test_bad_flags_exit_2_naming_the_flag(tmp_path, capsys, flag, value):
-    assert main(["emit", MLP, "--plan", write(tmp_path, MEGATRON), flag, value]) == 2
-    assert flag in capsys.readouterr().err
+@pytest.mark.parametrize("section, value", [("ops", [["dp"]]), ("tensors", "x")])
+def test_plan_sections_that_are_not_objects_are_named(tmp_path, capsys, section, value):
+    document = json.loads(json.dumps(MEGATRON)) | {section: value}
+    assert main(["emit", MLP, "--plan", write(tmp_path, document)]) == 2
+    assert f"/{section}: expected an object" in capsys.readouterr().err
+
+
+def test_offsets_spelling_out_the_even_split_are_the_same_layout(tmp_path, capsys):
+    document = json.loads(json.dumps(MEGATRON))
+    # fc1 produces [8, 256] split over tp on dim 1: 64 columns each
+    document["tensors"]["layer0.fc1"] = {"split_axes": [["dp"], ["tp"]],
+                                         "sharded_dims_offsets": [[0, 4, 8], [0, 64, 128, 192, 256]]}
+    assert main(["emit", MLP, "--plan", write(tmp_path, document)]) == 0
+    document["tensors"]["layer0.fc1"]["sharded_dims_offsets"][1] = [0, 32, 128, 192, 256]
+    assert main(["emit", MLP, "--plan", write(tmp_path, document)]) == 2
+    assert "/tensors/layer0.fc1: given as" in capsys.readouterr().err
+
+
+def test_every_bad_flag_is_named_at_once(tmp_path, capsys):
+    assert main(["emit", MLP, "--plan", write(tmp_path, MEGATRON), "--stage", "lowered", "--dialect", "tosa",
+                 "--arguments", "both"]) == 2
+    err = capsys.readouterr().err
+    assert "3 problem(s)" in err and all(f"{flag}: " in err for flag in ("--stage", "--dialect", "--arguments"))
+
+
+def test_an_output_that_cannot_be_written_is_named(tmp_path, capsys):
+    assert main(["emit", MLP, "--plan", write(tmp_path, MEGATRON), "-o", str(tmp_path)]) == 2
+    assert "-o: cannot write" in capsys.readouterr().err

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from autoshard.cli import main
-from autoshard import deliverables
+from autoshard import deliverables, verification
 from autoshard.mlir import verify
 from autoshard.spmd import LocalOp
 
@@ -77,10 +77,22 @@ def test_a_wrong_program_fails_verification_with_exit_1_naming_the_op(tmp_path, 
     assert "simulator: FAIL at op 'act'" in capsys.readouterr().out
 
 
-def test_verification_can_be_switched_off_and_is_skipped_with_a_reason_when_too_big(tmp_path, capsys):
+def test_verification_can_be_switched_off(tmp_path, capsys):
     assert main(plan_args(tmp_path, "--verify", "never")) == 0
     assert json.loads((tmp_path / "out" / "plan.json").read_text())["verification"]["status"] == "skipped"
-    assert "simulator: not run" in capsys.readouterr().out
+    assert "simulator: not run (verification not requested)" in capsys.readouterr().out
+
+
+def test_verification_is_skipped_with_the_reason_over_its_memory_limit(tmp_path, capsys, monkeypatch):
+    """`auto` simulates up to AUTO_LIMIT_BYTES; a plan needing more is skipped, saying how much it
+    needs, while `always` runs it (up to its own limit)."""
+    monkeypatch.setattr(verification, "AUTO_LIMIT_BYTES", 1000)
+    assert main(plan_args(tmp_path)) == 0
+    document = json.loads((tmp_path / "out" / "plan.json").read_text())["verification"]
+    assert document["status"] == "skipped" and document["needs_bytes"] > 1000
+    assert "over the 1000 B that verification 'auto' allows" in capsys.readouterr().out
+    assert main(plan_args(tmp_path, "--verify", "always")) == 0
+    assert json.loads((tmp_path / "out" / "plan.json").read_text())["verification"]["status"] == "passed"
 
 
 @pytest.mark.parametrize("flags, where, words", [
@@ -88,11 +100,31 @@ def test_verification_can_be_switched_off_and_is_skipped_with_a_reason_when_too_
     (["--dialect", "tosa"], "--dialect", "mesh or shard"),
     (["--arguments", "sharded"], "--arguments", "local or global"),
     (["--verify", "sometimes"], "--verify", "auto, always, never"),
+    (["--seed", "-1"], "--seed", "must be >= 0"),
+    (["--workers", "0"], "--workers", "at least 1"),
+    (["--time-limit", "nan"], "--time-limit", "positive number"),
+    (["--weights", "time=nan"], "--weights", "finite number >= 0"),
+    (["--weights", "time=-1"], "--weights", "finite number >= 0"),
+    (["--weights", "speed=1"], "--weights", "unknown weight 'speed'"),
+    (["--memory-budget", "lots"], "--memory-budget", "a size like 40GiB"),
 ])
 def test_bad_flags_exit_2_naming_the_flag(tmp_path, capsys, flags, where, words):
     assert main(plan_args(tmp_path, *flags)) == 2
     err = capsys.readouterr().err
-    assert where in err and words in err
+    assert f"{where}: " in err and words in err and "Traceback" not in err
+
+
+def test_every_bad_flag_is_reported_at_once_before_solving(tmp_path, capsys):
+    occupied = tmp_path / "a_file"
+    occupied.write_text("")
+    assert main(["plan", mlp_graph(tmp_path), "--mesh", "tp=4", "--seed", "-2", "--dialect", "x",
+                 "--emit", "annotated,bogus", "--verify", "no", "--time-limit", "0"]) == 2
+    err = capsys.readouterr().err
+    for flag in ("--seed", "--dialect", "--emit", "--verify", "--time-limit"):
+        assert f"{flag}: " in err, flag
+    assert "6 problem(s)" in err  # --emit twice: the unknown stage, and IR without -o
+    assert main(["plan", mlp_graph(tmp_path), "--mesh", "tp=4", "-o", str(occupied / "out")]) == 2
+    assert "-o: cannot create the output directory" in capsys.readouterr().err
 
 
 def test_emitting_ir_needs_an_output_directory(tmp_path, capsys):
@@ -132,6 +164,12 @@ def test_collective_optimisations_apply_to_the_partitioned_program_and_are_simul
     assert document["verification"]["status"] == "passed"
     assert (tmp_path / "opt" / "partitioned.mlir").read_text().count("shard.all_reduce") == 1
     assert "collective optimisations: 1 rewrite(s)" in capsys.readouterr().out
+    # `emit` and `simulate` on the written plan rebuild the same program
+    graph, plan_file = two_partial_sums(tmp_path), str(tmp_path / "opt" / "plan.json")
+    assert main(["emit", graph, "--plan", plan_file, "--stage", "partitioned", "--dialect", "shard"]) == 0
+    assert capsys.readouterr().out == (tmp_path / "opt" / "partitioned.mlir").read_text()
+    assert main(["simulate", graph, "--plan", plan_file, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["values_checked"] == document["verification"]["values_checked"]
 
     assert main([*args, "--no-collective-opt", "-o", str(tmp_path / "planned")]) == 0
     assert "collective_optimizations" not in json.loads((tmp_path / "planned" / "plan.json").read_text())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -11,12 +12,12 @@ from typing import Any
 
 from autoshard.autoplan import SolveSettings, make_plan
 from autoshard.cli_args import add_hardware_args, hardware_from_args, mesh_from_args, parse_bytes
-from autoshard.deliverables import check_ir_request, deliver
+from autoshard.deliverables import deliver, ir_request_problems
 from autoshard.errors import InputError, Problem
 from autoshard.formulation import Weights
 from autoshard.schema import load_graph
 from autoshard.summary import si, size
-from autoshard.verification import check_policy
+from autoshard.verification import VERIFY_POLICIES, policy_problem
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -45,24 +46,56 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def parse_emit(text: str, output: str | None) -> tuple[str, ...]:
-    stages = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
-    if stages and not output:
-        raise InputError("writing IR needs an output directory (-o DIR)", "--emit")
-    return stages
-
-
-def parse_weights(text: str) -> Weights:
+def parse_weights(text: str, problems: list[Problem]) -> Weights:
     values: dict[str, float] = {}
     for part in text.split(","):
-        name, _, value = part.partition("=")
-        if name.strip() not in ("time", "comm_bytes", "memory_bytes"):
-            raise InputError(f"unknown weight {name.strip()!r}; expected time, comm_bytes, memory_bytes", "--weights")
+        name, _, value = (piece.strip() for piece in part.partition("="))
+        if name not in ("time", "comm_bytes", "memory_bytes"):
+            problems.append(Problem("--weights", f"unknown weight {name!r}; expected time, comm_bytes, memory_bytes"))
+            continue
         try:
-            values[name.strip()] = float(value)
+            values[name] = float(value)
         except ValueError:
-            raise InputError(f"weight {name.strip()!r} needs a number, got {value!r}", "--weights") from None
+            values[name] = math.nan
+        if not (math.isfinite(values[name]) and values[name] >= 0):
+            problems.append(Problem("--weights", f"weight {name!r} must be a finite number >= 0, got {value!r}"))
     return Weights(**values)
+
+
+def checked_settings(args: argparse.Namespace) -> tuple[SolveSettings, tuple[str, ...]]:
+    """The solver settings and IR stages the flags ask for; every flag problem at once, before
+    any solving. Creates the output directory, so a bad -o is found now, not after the solve."""
+    problems: list[Problem] = []
+    if not (math.isfinite(args.time_limit) and args.time_limit > 0):
+        problems.append(Problem("--time-limit", f"must be a positive number of seconds, got {args.time_limit:g}"))
+    if args.workers < 1:
+        problems.append(Problem("--workers", f"must be at least 1, got {args.workers}"))
+    if args.seed < 0:
+        problems.append(Problem("--seed", f"must be >= 0, got {args.seed}"))
+    weights = parse_weights(args.weights, problems)
+    budget = None
+    if args.memory_budget:
+        try:
+            budget = parse_bytes(args.memory_budget, "--memory-budget")
+        except InputError as error:
+            problems.extend(error.problems)
+    stages = tuple(dict.fromkeys(part.strip() for part in args.emit.split(",") if part.strip()))
+    if stages and not args.output:
+        problems.append(Problem("--emit", "writing IR needs an output directory (-o DIR)"))
+    problems += ir_request_problems(stages, args.dialect, args.arguments,
+                                    {"emit": "--emit", "dialect": "--dialect", "arguments": "--arguments"})
+    if args.verify not in VERIFY_POLICIES:
+        problems.append(policy_problem(args.verify, "--verify"))
+    if args.output and not problems:
+        try:
+            Path(args.output).mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            problems.append(Problem("-o", f"cannot create the output directory {args.output!r}: {error.strerror}"))
+    if problems:
+        raise InputError(problems)
+    settings = SolveSettings(time_limit_s=args.time_limit, workers=args.workers, seed=args.seed,
+                             memory_budget_bytes=budget, weights=weights)
+    return settings, stages
 
 
 class ProgressLine:
@@ -89,18 +122,7 @@ def run(args: argparse.Namespace) -> int:
     mesh = mesh_from_args(args)
     graph = load_graph(args.graph, mesh)
     hw = hardware_from_args(args, mesh)
-    if args.time_limit <= 0:
-        raise InputError("must be positive", "--time-limit")
-    settings = SolveSettings(time_limit_s=args.time_limit, workers=args.workers, seed=args.seed,
-                             memory_budget_bytes=parse_bytes(args.memory_budget, "--memory-budget") if args.memory_budget else None,
-                             weights=parse_weights(args.weights))
-    stages = parse_emit(args.emit, args.output)
-    try:
-        check_ir_request(stages, args.dialect, args.arguments)
-        check_policy(args.verify, "verify")
-    except InputError as error:
-        # The library names its parameter; the user set the flag.
-        raise InputError([Problem(f"--{p.where}", p.message) for p in error.problems]) from None
+    settings, stages = checked_settings(args)
     result = make_plan(graph, mesh, hw, settings, progress=ProgressLine())
     delivered = deliver(result, hw, args.topology, emit=stages, dialect=args.dialect, arguments=args.arguments,
                         verify=args.verify, optimize_collectives=not args.no_collective_opt)
@@ -108,10 +130,8 @@ def run(args: argparse.Namespace) -> int:
     files = {"plan.json": json.dumps(document, indent=1) + "\n"}
     files.update({f"{stage}.mlir": text for stage, text in delivered.ir.items()})
     if args.output:
-        out = Path(args.output)
-        out.mkdir(parents=True, exist_ok=True)
         for name, text in files.items():
-            (out / name).write_text(text)
+            (Path(args.output) / name).write_text(text)
     print_summary(document, [Path(args.output) / name for name in files] if args.output else [])
     return 1 if document["verification"]["status"] == "failed" else 0
 

@@ -8,13 +8,14 @@ import json
 import sys
 
 from autoshard.cli_args import parse_bytes, parse_slice
+from autoshard.deliverables import partitioned_program
 from autoshard.errors import InputError, Problem
 from autoshard.hardware import bind_hardware
 from autoshard.mesh import Mesh
 from autoshard.plan import plan_from_json
 from autoshard.resharding import Price, bytes_moved_price
 from autoshard.schema import load_graph, read_json
-from autoshard.sim.program import verify_plan
+from autoshard.sim.program import simulate_program
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--plan", required=True, help="plan JSON (format autoshard.plan/v1)")
     parser.add_argument("--mesh", help="mesh axes, e.g. dp=2,tp=4 (default: the plan's mesh)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
-    add_pricing_args(parser)
+    add_program_args(parser)
     parser.add_argument("--max-memory", default="2GiB",
                         help="refuse simulations needing more host memory than this (default 2GiB)")
     parser.add_argument("--declared-dtypes", action="store_true",
@@ -33,13 +34,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def add_pricing_args(parser: argparse.ArgumentParser) -> None:
-    """Flags choosing the prices that pick each resharding's collectives (see `resharding_price`)."""
+def add_program_args(parser: argparse.ArgumentParser) -> None:
+    """Flags choosing the partitioned program: the prices that pick each resharding's collectives
+    (see `resharding_price`) and whether the collective optimisations run, as in `plan`."""
     parser.add_argument("--topology", help="price reshardings with this profile, as `plan` did "
                                            "(default: the plan's topology if it names one, else bytes moved)")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--nodes", type=int, help="number of GPU nodes (GPU profiles)")
     group.add_argument("--slice", help="TPU slice shape, e.g. 4x4x4")
+    parser.add_argument("--no-collective-opt", action="store_true",
+                        help="the collectives as planned, without the optimisations `plan` applies by default")
 
 
 def plan_mesh(document: object, given: str | None) -> Mesh:
@@ -78,14 +82,16 @@ def resharding_price(args: argparse.Namespace, document: object, mesh: Mesh) -> 
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.seed < 0:
+        raise InputError(f"must be >= 0, got {args.seed}", "--seed")
     document = read_json(args.plan)
     mesh = plan_mesh(document, args.mesh)
     graph = load_graph(args.graph, mesh)
     plan = plan_from_json(document, graph, mesh)
     limit = parse_bytes(args.max_memory, "--max-memory")
     try:
-        verdict = verify_plan(plan, resharding_price(args, document, mesh), seed=args.seed, max_bytes=limit,
-                              widen=not args.declared_dtypes)
+        program, _ = partitioned_program(plan, resharding_price(args, document, mesh), not args.no_collective_opt)
+        verdict = simulate_program(program, seed=args.seed, max_bytes=limit, widen=not args.declared_dtypes)
     except InputError as error:
         # The library names its parameter; the user set the flag.
         raise InputError([Problem("--max-memory" if p.where == "max_bytes" else p.where, p.message)

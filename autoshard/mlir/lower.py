@@ -362,7 +362,7 @@ LOWERINGS: dict[str, Lowering] = {
     "broadcast_in_dim": lambda b, ctx: _payload_nest(b, ctx, "copy"),
     "concat": _concat,
     "slice": _slice,
-    "grad": lambda b, ctx: lower_grad(b, ctx),
+    "grad": lower_grad,
 }
 
 

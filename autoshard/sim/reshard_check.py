@@ -22,12 +22,6 @@ def random_tensor(shape: tuple[int, ...], dtype: str, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(-8, 8, shape).astype(DTYPES[dtype].numpy)
 
 
-def same_layout(a: Sharding, b: Sharding) -> bool:
-    """Equal device contents: same splits, same partial axes (in any order) and kind."""
-    return (a.split_axes == b.split_axes and a.dims_offsets == b.dims_offsets
-            and set(a.partial_axes) == set(b.partial_axes) and (not a.partial_axes or a.partial_kind == b.partial_kind))
-
-
 def verify_resharding(mesh: Mesh, resharding: Resharding, dtype: str = "f32", seed: int = 0) -> Verdict:
     """Run `resharding` on a random tensor; the verdict names the first step (`step 1: all_gather
     over ['x']`) and device whose contents differ from the tensor's shard."""
@@ -49,7 +43,7 @@ def verify_resharding(mesh: Mesh, resharding: Resharding, dtype: str = "f32", se
                            number)
         worst = max(worst, comparison.max_error)
     end = resharding.steps[-1].after if resharding.steps else resharding.source
-    if not same_layout(end, resharding.target):
+    if not end.same_layout(resharding.target, mesh, resharding.shape):
         message = f"the steps end in {end}, not the target {resharding.target}"
         return Verdict(False, worst, Divergence("result", "tensor", None, None, None, None, message), len(resharding.steps))
     return Verdict(True, worst, None, len(resharding.steps))
