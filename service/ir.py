@@ -18,5 +18,5 @@ def emit_ir(plan: Plan, hardware: Hardware, stage: str, dialect: str, arguments:
     reshardings are, then optimised: the program `autoshard plan` emits and simulates."""
     if stage == "annotated":
         return emit_annotated(plan, dialect=dialect)
-    program, _ = partitioned_program(plan, hardware)
+    program, _ = partitioned_program(plan, hardware.collective_seconds)
     return emit_partitioned(program, dialect=dialect, arguments=arguments)
