@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from autoshard.errors import InputError
+from autoshard.errors import InputError, Problem
 from autoshard.hardware import bind_hardware
 from autoshard.mesh import Mesh
 
@@ -38,11 +38,33 @@ def add_hardware_args(parser: argparse.ArgumentParser, mesh_required: bool = Tru
     group.add_argument("--slice", help="TPU slice shape, e.g. 4x4x4")
 
 
+_FLAGS = {"topology": "--topology", "mesh": "--mesh", "nodes": "--nodes", "slice_shape": "--slice",
+          "mapping": "--mapping"}
+
+
+def flag_of(field: str) -> str:
+    """The command-line flag a hardware binding field comes from (`mapping.dp` -> `--mapping dp`;
+    a field of the profile itself -> `--topology FIELD`); a flag is itself."""
+    if field.startswith("-"):
+        return field
+    head, _, rest = field.removeprefix("topology/").partition(".")
+    flag = _FLAGS.get(head)
+    return f"{flag} {rest}".rstrip() if flag else f"--topology {field.removeprefix('topology/')}"
+
+
 def hardware_from_args(args: argparse.Namespace, mesh: Mesh):
     if args.nodes is not None and args.nodes < 1:
         raise InputError("must be a positive integer", "--nodes")
-    return bind_hardware(args.topology, mesh, nodes=args.nodes, slice_shape=parse_slice(args.slice))
+    try:
+        return bind_hardware(args.topology, mesh, nodes=args.nodes, slice_shape=parse_slice(args.slice))
+    except InputError as error:
+        raise InputError([Problem(flag_of(p.where), p.message) for p in error.problems]) from None
 
 
 def mesh_from_args(args: argparse.Namespace) -> Mesh:
-    return Mesh.parse(args.mesh)
+    """`--mesh`; a problem with one axis is named `--mesh AXIS`."""
+    try:
+        return Mesh.parse(args.mesh)
+    except InputError as error:
+        raise InputError([Problem("--mesh" + p.where.removeprefix("mesh").replace("/", " ", 1), p.message)
+                          for p in error.problems]) from None

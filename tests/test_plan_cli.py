@@ -107,6 +107,9 @@ def test_verification_is_skipped_with_the_reason_over_its_memory_limit(tmp_path,
     (["--weights", "time=-1"], "--weights", "finite number >= 0"),
     (["--weights", "speed=1"], "--weights", "unknown weight 'speed'"),
     (["--memory-budget", "lots"], "--memory-budget", "a size like 40GiB"),
+    (["--topology", "nope"], "--topology", "unknown profile 'nope'"),
+    (["--mesh", "tp=0"], "--mesh tp", "positive integer"),
+    (["--nodes", "3"], "--nodes", "do not split evenly over 3 nodes"),
 ])
 def test_bad_flags_exit_2_naming_the_flag(tmp_path, capsys, flags, where, words):
     assert main(plan_args(tmp_path, *flags)) == 2

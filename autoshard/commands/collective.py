@@ -12,7 +12,7 @@ import json
 import math
 
 import cost_models
-from autoshard.cli_args import add_hardware_args, mesh_from_args, parse_bytes, parse_slice
+from autoshard.cli_args import add_hardware_args, flag_of, mesh_from_args, parse_bytes, parse_slice
 from autoshard.errors import InputError, Problem
 from autoshard.mesh import Mesh
 from autoshard.summary import si
@@ -53,17 +53,6 @@ def parse_mapping(text: str | None) -> dict[str, list[str]] | None:
             raise InputError(f"expected AXIS=DIM[+DIM...][,...], e.g. dp=node,tp=gpu; got {text!r}", "--mapping")
         mapping[axis.strip()] = [d.strip() for d in dims.split("+")]
     return mapping
-
-
-_FLAGS = {"topology": "--topology", "mesh": "--mesh", "nodes": "--nodes", "slice_shape": "--slice",
-          "mapping": "--mapping"}
-
-
-def flag_of(field: str) -> str:
-    """The command-line flag a cost_models field comes from (`mapping.dp` -> `--mapping dp`)."""
-    head, _, rest = field.partition(".")
-    flag = _FLAGS.get(head)
-    return f"{flag} {rest}".rstrip() if flag else f"--topology {field}"  # a field inside the profile
 
 
 def bind_topology(args: argparse.Namespace, mesh: Mesh) -> cost_models.BoundTopology:

@@ -16,8 +16,7 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 
-from autoshard.cli_args import hardware_from_args
-from autoshard.commands.collective import flag_of
+from autoshard.cli_args import hardware_from_args, mesh_from_args
 from autoshard.dtypes import DTYPES
 from autoshard.errors import InputError, Problem, ShardingError
 from autoshard.mesh import Mesh
@@ -63,14 +62,6 @@ def parse_shape(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in parts)
 
 
-def parse_mesh(text: str) -> Mesh:
-    try:
-        return Mesh.parse(text)
-    except InputError as error:
-        raise InputError([Problem("--mesh" + p.where.removeprefix("mesh").replace("/", " ", 1), p.message)
-                          for p in error.problems]) from None
-
-
 def parse_sharding(text: str, flag: str, mesh: Mesh, shape: tuple[int, ...]) -> Sharding:
     """`--from`/`--to`: a sharding that fits the mesh and the tensor's rank; errors name the flag."""
     try:
@@ -99,7 +90,7 @@ def parse_inputs(args: argparse.Namespace) -> tuple[Mesh, tuple[int, ...], Shard
             problems.extend(error.problems)
             return None
 
-    mesh, shape = attempt(parse_mesh, args.mesh), attempt(parse_shape, args.shape)
+    mesh, shape = attempt(mesh_from_args, args), attempt(parse_shape, args.shape)
     attempt(parse_dtype, args.dtype)
     if mesh is None or shape is None:
         raise InputError(problems)
@@ -118,11 +109,7 @@ def choose_price(args: argparse.Namespace, mesh: Mesh) -> tuple[Price, dict[str,
                 raise InputError("only applies with --topology", flag)
         price = bytes_moved_price(mesh)
         return price, {"model": "bytes_moved", "bytes_per_s": price.bytes_per_s}
-    try:
-        topo = hardware_from_args(args, mesh)
-    except InputError as error:
-        raise InputError([Problem(flag_of(p.where.removeprefix("topology/")), p.message)
-                          for p in error.problems]) from None
+    topo = hardware_from_args(args, mesh)
     return topo.collective_seconds, {"model": "topology", "topology": topo.profile.name,
                                      "machine": topo.machine.describe()}
 
