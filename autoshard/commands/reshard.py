@@ -165,9 +165,9 @@ def run(args: argparse.Namespace) -> int:
     mesh, shape, source, target = parse_inputs(args)
     price, pricing = choose_price(args, mesh)
     resharding = plan(mesh, shape, args.dtype, source, target, price)
-    program = resharding_program(mesh, resharding, args.dtype, price)
-    ir = emit_partitioned(program, args.dialect)
+    # Verify first: a simulation over its memory limit is refused before the IR is written out.
     verdict = verify(mesh, resharding, args.dtype) if args.verify else None
+    ir = emit_partitioned(resharding_program(mesh, resharding, args.dtype, price), args.dialect)
     target_shard_bytes = math.prod(target.max_local_shape(mesh, shape)) * DTYPES[args.dtype].itemsize
 
     if args.json:
