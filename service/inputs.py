@@ -85,14 +85,14 @@ def bind_topology(topology: str | Mapping[str, Any], options: Mapping[str, Any],
     if isinstance(topology, str) and topology not in cost_models.list_profiles():
         raise InputError(f"unknown topology {topology!r}; expected one of {cost_models.list_profiles()} "
                          "or a profile object", "/topology")
-    slice_shape = _slice(options.get("slice"))
+    slice_shape = slice_of(options.get("slice"))
     try:
         return bind_hardware(topology, mesh, nodes=options.get("nodes"), slice_shape=slice_shape)
     except InputError as error:
         raise InputError([Problem("/" + p.where.replace(".", "/"), p.message) for p in error.problems]) from None
 
 
-def _slice(value: str | list[int] | None) -> tuple[int, ...] | None:
+def slice_of(value: str | list[int] | None) -> tuple[int, ...] | None:
     if value is None:
         return None
     parts = value.lower().split("x") if isinstance(value, str) else [str(v) for v in value]

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 from autoshard.autoplan import make_plan
 from autoshard.deliverables import deliver
 from autoshard.errors import AutoshardError, InfeasibleError, InputError
-from service.inputs import plan_inputs
+from service.inputs import plan_inputs, slice_of
 from service.ir import ir_arguments
 
 PROGRESS_INTERVAL_S = 0.25
@@ -80,7 +80,9 @@ def run(canonical: Mapping[str, Any], conn: Connection, verify_max_bytes: float)
         result = make_plan(inputs.graph, inputs.mesh, inputs.hardware, inputs.settings, progress=progress)
         progress.phase("emitting and verifying")
         delivered = deliver(result, inputs.hardware, inputs.topology, emit=inputs.emit, dialect=inputs.dialect,
-                            verify=inputs.verify, verify_max_bytes=verify_max_bytes)
+                            verify=inputs.verify, verify_max_bytes=verify_max_bytes,
+                            nodes=canonical["topology_options"].get("nodes"),
+                            slice_shape=slice_of(canonical["topology_options"].get("slice")))
         ir = [(stage, inputs.dialect, ir_arguments(stage, "local"), text) for stage, text in delivered.ir.items()]
         progress.phase("done")
         conn.send(("done", {"plan": delivered.document, "ir": ir}))

@@ -177,3 +177,16 @@ def test_collective_optimisations_apply_to_the_partitioned_program_and_are_simul
     assert main([*args, "--no-collective-opt", "-o", str(tmp_path / "planned")]) == 0
     assert "collective_optimizations" not in json.loads((tmp_path / "planned" / "plan.json").read_text())
     assert (tmp_path / "planned" / "partitioned.mlir").read_text().count("shard.all_reduce") == 2
+
+
+def test_the_placement_is_recorded_and_emit_prices_on_it(tmp_path, capsys):
+    """Two DGX nodes: dp crosses InfiniBand. `emit` rebuilds the program on the same placement
+    from plan.json, so its IR is the one `plan` wrote."""
+    out = tmp_path / "two_nodes"
+    assert main(["plan", mlp_graph(tmp_path), "--mesh", "dp=2,tp=8", "--topology", "dgx-h100", "--nodes", "2",
+                 "--memory-budget", "1.5MiB", "--time-limit", "5", "--emit", "partitioned", "-o", str(out)]) == 0
+    document = json.loads((out / "plan.json").read_text())
+    assert document["topology"] == "dgx-h100" and document["topology_options"] == {"nodes": 2}
+    capsys.readouterr()
+    assert main(["emit", str(tmp_path / "mlp.json"), "--plan", str(out / "plan.json"), "--stage", "partitioned"]) == 0
+    assert capsys.readouterr().out == (out / "partitioned.mlir").read_text()

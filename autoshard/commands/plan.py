@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from autoshard.autoplan import SolveSettings, make_plan
-from autoshard.cli_args import add_hardware_args, hardware_from_args, mesh_from_args, parse_bytes
+from autoshard.cli_args import add_hardware_args, hardware_from_args, mesh_from_args, parse_bytes, parse_slice
 from autoshard.deliverables import deliver, ir_request_problems
 from autoshard.errors import InputError, Problem
 from autoshard.formulation import Weights
@@ -125,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
     settings, stages = checked_settings(args)
     result = make_plan(graph, mesh, hw, settings, progress=ProgressLine())
     delivered = deliver(result, hw, args.topology, emit=stages, dialect=args.dialect, arguments=args.arguments,
-                        verify=args.verify, optimize_collectives=not args.no_collective_opt)
+                        verify=args.verify, optimize_collectives=not args.no_collective_opt,
+                        nodes=args.nodes, slice_shape=parse_slice(args.slice))
     document = delivered.document
     files = {"plan.json": json.dumps(document, indent=1) + "\n"}
     files.update({f"{stage}.mlir": text for stage, text in delivered.ir.items()})

@@ -65,16 +65,20 @@ def plan_mesh(document: object, given: str | None) -> Mesh:
 
 def resharding_price(args: argparse.Namespace, document: object, mesh: Mesh) -> Price:
     """The prices that pick each resharding's collectives: those of `--topology`, else of the
-    topology the plan names (if it binds to the mesh without more flags), else bytes moved.
-    Every choice is exact, so only which collectives run depends on this, not the verdict's meaning."""
+    topology the plan names, placed as the plan's `topology_options` say unless `--nodes` or
+    `--slice` are given (if it binds to the mesh), else bytes moved. Every choice is exact, so
+    only which collectives run depends on this, not the verdict's meaning."""
     if args.nodes is not None and args.nodes < 1:
         raise InputError("must be a positive integer", "--nodes")
     if args.topology:
         return bind_hardware(args.topology, mesh, nodes=args.nodes, slice_shape=parse_slice(args.slice)).collective_seconds
     named = document.get("topology") if isinstance(document, dict) else None
     if isinstance(named, str):
+        placed = document.get("topology_options") if isinstance(document.get("topology_options"), dict) else {}
+        nodes = args.nodes if args.nodes is not None or args.slice else placed.get("nodes")
+        slice_shape = parse_slice(args.slice) if args.slice or args.nodes is not None else placed.get("slice")
         try:
-            return bind_hardware(named, mesh, nodes=args.nodes, slice_shape=parse_slice(args.slice)).collective_seconds
+            return bind_hardware(named, mesh, nodes=nodes, slice_shape=slice_shape).collective_seconds
         except InputError as error:
             print(f"note: the plan's topology {named!r} does not bind to mesh {mesh} ({error.problems[0]}); "
                   f"pricing reshardings by bytes moved", file=sys.stderr)
