@@ -63,13 +63,33 @@ class ReshardingPrices:
 
     def __init__(self, mesh: Mesh, price: Callable[[str, tuple[str, ...], float], float]):
         self.mesh, self.moves = mesh, PricedMoves(price)
+        self._ids: dict[Sharding, int] = {}  # shardings as ints: cheap cache keys
         self._cache: dict[tuple, tuple[float, float]] = {}
 
     def __call__(self, shape: tuple[int, ...], itemsize: int, source: Sharding, target: Sharding) -> tuple[float, float]:
-        key = (shape, itemsize, source, target)
+        return self._price(shape, itemsize, source, self._id(source), target, self._id(target))
+
+    def table(self, shape: tuple[int, ...], itemsize: int, sources: list[Sharding],
+              targets: list[Sharding]) -> tuple[np.ndarray, np.ndarray]:
+        """Seconds and bytes of every (source, target) pair, as `|sources| x |targets|` arrays."""
+        target_ids = [self._id(t) for t in targets]
+        pairs = [self._price(shape, itemsize, s, self._id(s), t, t_id)
+                 for s in sources for t, t_id in zip(targets, target_ids)]
+        table = np.array(pairs, dtype=np.float64).reshape(len(sources), len(targets), 2)
+        return table[..., 0], table[..., 1]
+
+    def _id(self, sharding: Sharding) -> int:
+        found = self._ids.get(sharding)
+        if found is None:
+            found = self._ids[sharding] = len(self._ids)
+        return found
+
+    def _price(self, shape: tuple[int, ...], itemsize: int, source: Sharding, source_id: int, target: Sharding,
+               target_id: int) -> tuple[float, float]:
+        key = (shape, itemsize, source_id, target_id)
         found = self._cache.get(key)
         if found is None:
-            if source == target:
+            if source_id == target_id:
                 found = (0.0, 0.0)
             else:
                 found = resharding_cost(self.mesh, shape, itemsize, source, target, self.moves)
@@ -82,9 +102,11 @@ class ReshardingPrices:
 TIE_BREAK_PS_PER_BYTE = 1.0 / 2 ** 20
 
 
-def _cost(seconds: float, comm_bytes: float, memory: float, w: Weights) -> int:
-    return int(round(seconds * PICOSECONDS * w.time + comm_bytes * w.comm_bytes
-                     + memory * (w.memory_bytes + TIE_BREAK_PS_PER_BYTE)))
+def _costs(seconds: Any, comm_bytes: Any, memory: Any, w: Weights) -> np.ndarray:
+    """Objective terms (scalars or arrays of them) as int64 cost units, rounded half to even."""
+    total = (np.asarray(seconds, np.float64) * PICOSECONDS * w.time + np.asarray(comm_bytes, np.float64) * w.comm_bytes
+             + np.asarray(memory, np.float64) * (w.memory_bytes + TIE_BREAK_PS_PER_BYTE))
+    return np.round(total).astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -158,7 +180,7 @@ def formulate(graph: Graph, mesh: Mesh, hw: Hardware, *, memory_budget: float | 
             if matrix is None:
                 matrix = matrices[key] = _pair_matrix(
                     shared[kinds[u]].results[out_pos], shared[kinds[v]].operands[i],
-                    lambda s, d: _cost(*prices(tensor.shape, tensor.itemsize, s, d), 0.0, weights))
+                    lambda s, d: _costs(*prices.table(tensor.shape, tensor.itemsize, s, d), 0.0, weights))
             edge_costs.append(matrix)
             edges.append((u, v))
             uses.append((t, op.name, i))
@@ -186,9 +208,8 @@ def _hashable(value: Any) -> Any:
 
 def _storage_kind(shape: tuple[int, ...], itemsize: int, pin: Sharding | None, mesh: Mesh, weights: Weights) -> _NodeKind:
     options = [pin] if pin is not None else enumerate_storage(shape, mesh)
-    held = [tensor_bytes(shape, itemsize, s, mesh) for s in options]
-    return _NodeKind(options, np.array([_cost(0.0, 0.0, b, weights) for b in held], dtype=np.int64),
-                     np.array(held, dtype=np.int64), (options,))
+    held = np.array([tensor_bytes(shape, itemsize, s, mesh) for s in options], dtype=np.int64)
+    return _NodeKind(options, _costs(0.0, 0.0, held, weights), held, (options,))
 
 
 def _op_kind(graph: Graph, op: Op, mesh: Mesh, hw: Hardware, pins: dict[str, Sharding], prices: ReshardingPrices,
@@ -204,7 +225,7 @@ def _op_kind(graph: Graph, op: Op, mesh: Mesh, hw: Hardware, pins: dict[str, Sha
         pinned = [t for t in op.outputs if t in pins]
         raise InfeasibleError(f"no option of op {op.name!r} ({op.kind}) produces the pinned sharding "
                               f"{[str(pins[t]) for t in pinned]} of {pinned}")
-    node_costs, node_usage, results = [], [], []
+    node_seconds, node_comm, node_usage, results = [], [], [], []
     for option in options:
         produced = result_shardings(op.nest, option)
         seconds = op_cost(graph, op, option, mesh, hw).seconds
@@ -214,23 +235,24 @@ def _op_kind(graph: Graph, op: Op, mesh: Mesh, hw: Hardware, pins: dict[str, Sha
                 target = pins.get(t, s.without_partial())
                 r_s, r_b = prices(graph.tensors[t].shape, graph.tensors[t].itemsize, s, target)
                 seconds, comm = seconds + r_s, comm + r_b
-        held = result_bytes(graph, op, option, mesh)
-        node_costs.append(_cost(seconds, comm, held, weights))
-        node_usage.append(held)
+        node_seconds.append(seconds)
+        node_comm.append(comm)
+        node_usage.append(result_bytes(graph, op, option, mesh))
         results.append(produced)
     operands = [operand_shardings(op.nest, o) for o in options]
-    return _NodeKind(options, np.array(node_costs, dtype=np.int64), np.array(node_usage, dtype=np.int64),
+    usage = np.array(node_usage, dtype=np.int64)
+    return _NodeKind(options, _costs(node_seconds, node_comm, usage, weights), usage,
                      tuple(list(r) for r in zip(*results)), tuple(list(r) for r in zip(*operands)))
 
 
-def _pair_matrix(sources: list[Sharding], targets: list[Sharding], cost: Callable[[Sharding, Sharding], int]) -> np.ndarray:
-    """|sources| x |targets| costs, pricing each distinct pair of shardings once."""
+def _pair_matrix(sources: list[Sharding], targets: list[Sharding],
+                 table: Callable[[list[Sharding], list[Sharding]], np.ndarray]) -> np.ndarray:
+    """|sources| x |targets| costs, from `table` of the distinct sources and distinct targets."""
     src_ids: dict[Sharding, int] = {}
     dst_ids: dict[Sharding, int] = {}
     src_index = np.array([src_ids.setdefault(s, len(src_ids)) for s in sources])
     dst_index = np.array([dst_ids.setdefault(d, len(dst_ids)) for d in targets])
-    table = np.array([[cost(s, d) for d in dst_ids] for s in src_ids], dtype=np.int64).reshape(len(src_ids), len(dst_ids))
-    return table[src_index[:, None], dst_index[None, :]]
+    return table(list(src_ids), list(dst_ids))[src_index[:, None], dst_index[None, :]]
 
 
 def _hint_index(candidates: list[Sharding], wanted: Sharding | None) -> int:

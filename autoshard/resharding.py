@@ -228,43 +228,44 @@ def _shard_of_device(mesh: Mesh, axes: tuple[str, ...]) -> np.ndarray:
     return shard
 
 
-_WHOLE = (1, ())  # the cut of a dim split over no axes, without explicit offsets
-
-
-@lru_cache(maxsize=65536)
-def _layout(mesh: Mesh, rank: int, sharding: Sharding) -> tuple[tuple[tuple[int, tuple[int, ...]], np.ndarray], ...]:
-    """Per dim: what its shard bounds depend on (shard count, explicit offsets) and the shard
-    index of every device (linear index)."""
-    return tuple(((mesh.group_size(sharding.dim_axes(d)), _dim_offsets(sharding, d)),
-                  _shard_of_device(mesh, sharding.dim_axes(d))) for d in range(rank))
-
-
 @lru_cache(maxsize=65536)
 def _dim_overlap(size: int, before: tuple[int, tuple[int, ...]], after: tuple[int, tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Along one dim cut as `before` and as `after` (see `_layout`): `[old shard, new shard]`
-    overlap lengths, each new shard's length, and how many old shards each new shard meets."""
+    """Along one dim cut into `count` shards or at explicit `offsets` as `before` and as `after`
+    (each `(count, offsets)`): `[old shard, new shard]` overlap lengths, each new shard's length,
+    and how many old shards each new shard meets."""
     old, new = (np.array(list(zip(offsets, offsets[1:])) if offsets else _pieces(size, count)).reshape(-1, 2)
                 for count, offsets in (before, after))
     overlap = np.clip(np.minimum(old[:, None, 1], new[None, :, 1]) - np.maximum(old[:, None, 0], new[None, :, 0]), 0, None)
     return overlap, new[:, 1] - new[:, 0], (overlap > 0).sum(axis=0)
 
 
+@lru_cache(maxsize=65536)
+def _dim_exchange(mesh: Mesh, size: int, old_axes: tuple[str, ...], old_offsets: tuple[int, ...],
+                  new_axes: tuple[str, ...], new_offsets: tuple[int, ...]) -> np.ndarray:
+    """Along one dim, per device (rows): its new range's length, the part its old range holds,
+    and how many old ranges its new range meets."""
+    overlap, length, met = _dim_overlap(size, (mesh.group_size(old_axes), old_offsets), (mesh.group_size(new_axes), new_offsets))
+    old_shard, new_shard = _shard_of_device(mesh, old_axes), _shard_of_device(mesh, new_axes)
+    return np.stack([length[new_shard], overlap[old_shard, new_shard], met[new_shard]])
+
+
 @lru_cache(maxsize=4096)
-def _overlaps(mesh: Mesh, shape: tuple[int, ...], before: Sharding, after: Sharding) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per device: elements of its new shard, of those its old shard holds, and the old shards
-    its new shard meets. Dims are independent: each device's shard is a box, one range per dim
-    picked by the device's coordinates on that dim's axes."""
-    new_volume = held = tiles = 1
-    for size, (old_cut, old_shard), (new_cut, new_shard) in zip(shape, _layout(mesh, len(shape), before),
-                                                                _layout(mesh, len(shape), after)):
-        if old_cut == _WHOLE and new_cut == _WHOLE:
-            new_volume, held, tiles = new_volume * size, held * size, tiles * (size > 0)
+def _overlaps(mesh: Mesh, shape: tuple[int, ...], before: Sharding, after: Sharding) -> np.ndarray:
+    """Per device (rows): elements of its new shard, of those its old shard holds, and the old
+    shards its new shard meets. Dims are independent: each device's shard is a box, one range
+    per dim picked by the device's coordinates on that dim's axes."""
+    whole = 1  # the dims split in neither, whole on every device
+    product = None
+    for d, size in enumerate(shape):
+        old_axes, new_axes, old_offsets, new_offsets = before.dim_axes(d), after.dim_axes(d), _dim_offsets(before, d), _dim_offsets(after, d)
+        if not (old_axes or new_axes or old_offsets or new_offsets):
+            whole *= size
             continue
-        overlap, length, met = _dim_overlap(size, old_cut, new_cut)
-        new_volume = new_volume * length[new_shard]
-        held = held * overlap[old_shard, new_shard]
-        tiles = tiles * met[new_shard]
-    return tuple(x if isinstance(x, np.ndarray) else np.full(mesh.num_devices, x, np.int64) for x in (new_volume, held, tiles))
+        rows = _dim_exchange(mesh, size, old_axes, old_offsets, new_axes, new_offsets)
+        product = rows if product is None else product * rows
+    if product is None:
+        product = np.ones((3, mesh.num_devices), np.int64)
+    return product * np.array([[whole], [whole], [int(whole > 0)]], np.int64)
 
 
 def _missing(mesh: Mesh, shape: tuple[int, ...], before: Sharding, after: Sharding) -> np.ndarray:
@@ -515,7 +516,7 @@ class PricedMoves:
 
     def __init__(self, price: Price):
         self._price, self._prices = price, {}
-        self._spaces: dict[_Context, _Space] = {}
+        self._spaces: dict[tuple, _Space] = {}
         self._permutes: dict[tuple, tuple[_Move, float]] = {}  # permutes priced once for every context
 
     def price(self, kind: str, mesh_axes: tuple[str, ...], bytes_per_device: float) -> float:
@@ -526,10 +527,14 @@ class PricedMoves:
             found = self._prices[key] = self._price(kind, mesh_axes, bytes_per_device)
         return found
 
-    def space(self, ctx: _Context) -> _Space:
-        found = self._spaces.get(ctx)
+    def space(self, mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, axes: frozenset[str], dims: frozenset[int],
+              goal_partial: tuple[str, ...]) -> _Space:
+        """The space of searches that may use `axes` and `dims`, towards goals partial over `goal_partial`."""
+        key = (mesh, shape, dtype_bytes, axes, dims, goal_partial)
+        found = self._spaces.get(key)
         if found is None:
-            found = self._spaces[ctx] = _Space(ctx, self)
+            ctx = _Context(mesh, shape, dtype_bytes, tuple(a for a in mesh.axis_names if a in axes), tuple(sorted(dims)), goal_partial)
+            found = self._spaces[key] = _Space(ctx, self)
         return found
 
     def permute(self, ctx: _Context, state: Sharding, after: Sharding) -> _Move:
@@ -547,6 +552,9 @@ class PricedMoves:
             move = _permute(ctx.mesh, ctx.shape, ctx.dtype_bytes, state, after)
             found = self._permutes[key] = (move, _price_move(ctx.mesh, ctx.shape, state, move, self.price))
         return found
+
+
+_UNKNOWN = object()  # a goal edge not worked out yet (None: worked out, not offered)
 
 
 class _PathTree:
@@ -583,9 +591,12 @@ class _PathTree:
                 before, index = came[state]
                 move = self._edge(before, index).move
                 self.bytes[state] = self.bytes[before] + (move.bytes_per_device if move.kind != "all_slice" else 0)
+            at = key[0]
             for index, (after, seconds, permutes, _) in enumerate(head + swaps):
-                new_key = (key[0] + seconds, key[1] + permutes, key[2] + 1)
                 known = best.get(after)
+                if known is not None and at + seconds > known[0]:
+                    continue
+                new_key = (at + seconds, key[1] + permutes, key[2] + 1)
                 if known is None or new_key < known:
                     best[after] = new_key
                     came[after] = (state, index)
@@ -603,12 +614,15 @@ class _PathTree:
                 # between head and swaps; the first one reaching the least key is kept.
                 before, index = self.came[goal]
                 position = (self.rank[before], 0 if index < len(self.space.base_edges(before)[0]) else 2)
+        best, into_goal, goal_edge = self.best, self.space.into_goal, self.space.goal_edge
         for state in self.order:
-            at = self.best[state]
+            at = best[state]
             if key is not None and not at < key:
                 break
-            edge = self.space.goal_edge(state, goal)
-            if edge is None:
+            edge = into_goal.get((state, goal), _UNKNOWN)
+            if edge is _UNKNOWN:
+                edge = goal_edge(state, goal)
+            if edge is None or (key is not None and at[0] + edge.seconds > key[0]):
                 continue
             new_key = (at[0] + edge.seconds, at[1] + 1, at[2] + 1)
             if key is None or new_key < key or (new_key == key and (self.rank[state], 1) < position):
@@ -623,17 +637,22 @@ class _PathTree:
         return head[index] if index < len(head) else swaps[index - len(head)]
 
 
+@lru_cache(maxsize=65536)
+def _endpoint(mesh: Mesh, shape: tuple[int, ...], sharding: Sharding, where: str) -> tuple[Sharding, frozenset[str], frozenset[int]]:
+    """A checked source or target as a canonical state, with the mesh axes and dims it uses."""
+    sharding.check(mesh, shape, where)
+    state = _state(mesh, sharding.split_axes, sharding.partial_axes, sharding.partial_kind, sharding.dims_offsets)
+    return state, frozenset(sharding.used_axes()), frozenset(d for d, axes in enumerate(sharding.split_axes) if axes)
+
+
 def _space(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, source: Sharding, target: Sharding,
            moves: PricedMoves) -> tuple[_Space, int, int]:
     """The space a search from `source` to `target` runs in, and its start and goal."""
-    source.check(mesh, shape, "source")
-    target.check(mesh, shape, "target")
-    start = _state(mesh, source.split_axes, source.partial_axes, source.partial_kind, source.dims_offsets)
-    goal = _effective_target(mesh, source, target)
-    used = set(source.used_axes()) | set(target.used_axes())
-    dims = tuple(d for d in range(len(shape)) if source.dim_axes(d) or target.dim_axes(d))
-    space = moves.space(_Context(mesh, shape, dtype_bytes, tuple(a for a in mesh.axis_names if a in used), dims,
-                                 goal.partial_axes))
+    start, source_axes, source_dims = _endpoint(mesh, shape, source, "source")
+    goal, target_axes, target_dims = _endpoint(mesh, shape, target, "target")
+    if target.partial_axes:
+        goal = _effective_target(mesh, source, target)
+    space = moves.space(mesh, shape, dtype_bytes, source_axes | target_axes, source_dims | target_dims, goal.partial_axes)
     return space, space.id(start), space.id(goal)
 
 
@@ -652,9 +671,12 @@ def _search(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, source: Shar
             break
         if key > best[state]:
             continue
+        at = key[0]
         for after, seconds, permutes, move in space.edges(state, last):
-            new_key = (key[0] + seconds, key[1] + permutes, key[2] + 1)
             known = best.get(after)
+            if known is not None and at + seconds > known[0]:
+                continue  # decided by the seconds alone, without building the key
+            new_key = (at + seconds, key[1] + permutes, key[2] + 1)
             if known is None or new_key < known:
                 best[after] = new_key
                 came[after] = (state, move, seconds)
