@@ -98,6 +98,17 @@ def test_equal_layouts_need_no_steps(capsys):
     assert "return %x : tensor<3x6xf32>" in out["ir"] and out["verify"]["passed"]
 
 
+@pytest.mark.parametrize("source, kind", [("[]", "max"), ("[[x]]", "min")])
+def test_a_max_or_min_partial_target_is_held_by_a_replicated_value(capsys, source, kind):
+    """A value replicated over y is a valid max/min-partial value over y: no reduction to plan,
+    and the verification accepts the target as held."""
+    target = json.dumps({"split_axes": [], "partial": {"kind": kind, "axes": ["y"]}})
+    code, document = run_json(capsys, ["--mesh", "x=2,y=3", "--shape", "6x6", "--from", source, "--to", target,
+                                       "--verify"])
+    assert code == 0 and document["verify"]["passed"] is True
+    assert all(step["kind"] != "all_reduce" for step in document["steps"])
+
+
 def test_a_wrong_step_fails_naming_the_step_and_device_with_exit_1(capsys, monkeypatch):
     planned = reshard.plan_resharding
 
