@@ -129,6 +129,7 @@ def formulate(graph: Graph, mesh: Mesh, hw: Hardware, *, memory_budget: float | 
     prices = ReshardingPrices(mesh, hw.collective_seconds)
     pins = {c.tensor: c.sharding for c in graph.constraints if c.required}
     hints = {c.tensor: c.sharding for c in graph.constraints if not c.required}
+    returned = frozenset(graph.outputs)
 
     nodes: list[tuple[str, str]] = []
     kinds: list[int] = []  # per node: its signature's number
@@ -157,8 +158,8 @@ def formulate(graph: Graph, mesh: Mesh, hw: Hardware, *, memory_budget: float | 
         hint.append(_hint_index(shared[k].results[0], hints.get(tensor.name)))
 
     for op in order:
-        signature = _op_signature(graph, op, pins)
-        k = kind_of(signature, lambda: _op_kind(graph, op, mesh, hw, pins, prices, weights))
+        signature = _op_signature(graph, op, pins, returned)
+        k = kind_of(signature, lambda: _op_kind(graph, op, mesh, hw, pins, returned, prices, weights))
         for t in op.outputs:
             index[t] = len(nodes)
         nodes.append(("op", op.name))
@@ -191,10 +192,10 @@ def formulate(graph: Graph, mesh: Mesh, hw: Hardware, *, memory_budget: float | 
     return Formulation(graph, mesh, problem, nodes, [shared[k].choices for k in kinds], uses, hint)
 
 
-def _op_signature(graph: Graph, op: Op, pins: dict[str, Sharding]) -> tuple:
+def _op_signature(graph: Graph, op: Op, pins: dict[str, Sharding], returned: frozenset[str]) -> tuple:
     """Everything an op node's strategies and costs depend on, its name and neighbours aside."""
     inputs = tuple((graph.tensors[t].shape, graph.tensors[t].dtype) for t in op.inputs)
-    outputs = tuple((graph.tensors[t].shape, graph.tensors[t].dtype, t in graph.outputs, pins.get(t)) for t in op.outputs)
+    outputs = tuple((graph.tensors[t].shape, graph.tensors[t].dtype, t in returned, pins.get(t)) for t in op.outputs)
     return op.kind, op.nest, _hashable(op.attrs), inputs, outputs
 
 
@@ -212,11 +213,11 @@ def _storage_kind(shape: tuple[int, ...], itemsize: int, pin: Sharding | None, m
     return _NodeKind(options, _costs(0.0, 0.0, held, weights), held, (options,))
 
 
-def _op_kind(graph: Graph, op: Op, mesh: Mesh, hw: Hardware, pins: dict[str, Sharding], prices: ReshardingPrices,
-             weights: Weights) -> _NodeKind:
+def _op_kind(graph: Graph, op: Op, mesh: Mesh, hw: Hardware, pins: dict[str, Sharding], returned: frozenset[str],
+             prices: ReshardingPrices, weights: Weights) -> _NodeKind:
     options = enumerate_options(op.nest, mesh)
     for position, t in enumerate(op.outputs):
-        if t in pins and t not in graph.outputs:
+        if t in pins and t not in returned:
             # A pinned intermediate is produced as pinned (partial allowed: reducing it is
             # priced on its edges); a pinned graph output is resharded to its pin at the end.
             options = [o for o in options
@@ -231,7 +232,7 @@ def _op_kind(graph: Graph, op: Op, mesh: Mesh, hw: Hardware, pins: dict[str, Sha
         seconds = op_cost(graph, op, option, mesh, hw).seconds
         comm = 0.0
         for t, s in zip(op.outputs, produced):
-            if t in graph.outputs:  # the graph hands its outputs over reduced (or as pinned)
+            if t in returned:  # the graph hands its outputs over reduced (or as pinned)
                 target = pins.get(t, s.without_partial())
                 r_s, r_b = prices(graph.tensors[t].shape, graph.tensors[t].itemsize, s, target)
                 seconds, comm = seconds + r_s, comm + r_b
