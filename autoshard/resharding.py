@@ -663,6 +663,9 @@ def _search(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, source: Shar
     space, first, last = _space(mesh, shape, dtype_bytes, source, target, moves)
     best: dict[int, tuple[float, int, int]] = {first: (0.0, 0, 0)}
     came: dict[int, tuple[int, _Move, float]] = {}
+    # Seconds of the best path to the goal so far: a state reached later than that is popped
+    # after the goal, if ever, and changes nothing, so it is not recorded.
+    bound = math.inf
     tie = itertools.count()
     frontier = [(best[first], next(tie), first)]
     while frontier:
@@ -673,14 +676,19 @@ def _search(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, source: Shar
             continue
         at = key[0]
         for after, seconds, permutes, move in space.edges(state, last):
+            reached = at + seconds
+            if reached > bound:
+                continue
             known = best.get(after)
-            if known is not None and at + seconds > known[0]:
+            if known is not None and reached > known[0]:
                 continue  # decided by the seconds alone, without building the key
-            new_key = (at + seconds, key[1] + permutes, key[2] + 1)
+            new_key = (reached, key[1] + permutes, key[2] + 1)
             if known is None or new_key < known:
                 best[after] = new_key
                 came[after] = (state, move, seconds)
                 heapq.heappush(frontier, (new_key, next(tie), after))
+                if after == last:
+                    bound = reached
 
     path = []
     state = last
