@@ -11,6 +11,10 @@
   interval ends). A node is live on a contiguous range of rows `[r0, r1)`. Each node's smallest
   usage is moved into the rows' base load, so `use` holds only the part a choice can change and
   `cap[r] = usage_limit - base[r]`.
+- Rows that cannot bind are dropped (`prune_rows`): a row whose load stays within its capacity
+  even with every live node at its largest usage, and a row whose live set is contained in a
+  neighbouring row's with no smaller capacity. A plan that fits on a 80 GB device with room to
+  spare keeps no row at all, and no solver pays for its rows.
 """
 
 from __future__ import annotations
@@ -175,9 +179,62 @@ def flatten(problem: Problem) -> FlatProblem:
     # A node whose usage cannot change never binds: give it an empty row range.
     spread = np.fromiter((u.max() - u.min() for u in usage), dtype=np.int64, count=n)
     r1 = np.where(spread > 0, r1, r0)
-    r0, r1, cap, steps = merge_rows(r0, r1, np.asarray(cap, dtype=np.int64), steps)
+    r0, r1, cap, steps = prune_rows(r0, r1, spread, np.asarray(cap, dtype=np.int64), steps)
+    r0, r1, cap, steps = merge_rows(r0, r1, cap, steps)
     return FlatProblem(n=n, soff=soff, orig=orig, cost=cost, use=use, eu=eu, ev=ev, moff=moff, mat=mat,
                        aoff=aoff, anbr=anbr, aedge=aedge, arow=arow, r0=r0, r1=r1, cap=cap, row_steps=steps)
+
+
+def _row_load(r0: np.ndarray, r1: np.ndarray, per_node: np.ndarray, num_rows: int) -> np.ndarray:
+    """Per row, the sum of `per_node` over the nodes live on it (a node covers rows [r0, r1))."""
+    delta = np.zeros(num_rows + 1, dtype=np.int64)
+    np.add.at(delta, r0, per_node)
+    np.add.at(delta, r1, -per_node)
+    return np.cumsum(delta[:-1])
+
+
+def _keep_rows(keep: np.ndarray, r0: np.ndarray, r1: np.ndarray, cap: np.ndarray, steps: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Only the rows `keep` marks. A node's range becomes the kept rows inside it, still contiguous
+    because kept rows keep their order: [r0, r1) -> [kept before r0, kept before r1)."""
+    before = np.concatenate([[0], np.cumsum(keep)]).astype(np.int64)
+    return before[r0], before[r1], cap[keep], steps[keep]
+
+
+def _dominated_rows(r0: np.ndarray, r1: np.ndarray, cap: np.ndarray) -> np.ndarray:
+    """Rows whose live set is inside a neighbouring row's whose capacity is no larger: that row
+    is overloaded whenever this one is. With equal live sets and capacities only the left row of
+    the two goes, so every dropped row leads, row by row in one direction, to a kept row that
+    implies it."""
+    num_rows = len(cap)
+    spans = r1 > r0
+    starts = np.zeros(num_rows + 1, dtype=bool)
+    ends = np.zeros(num_rows + 1, dtype=bool)
+    starts[r0[spans]] = True
+    ends[r1[spans]] = True
+    inside_next = ~ends[1:num_rows]      # row r's set within row r+1's: nothing ends at r+1
+    inside_prev = ~starts[1:num_rows]    # row r+1's set within row r's: nothing starts at r+1
+    same = inside_next & inside_prev
+    dominated = np.zeros(num_rows, dtype=bool)
+    dominated[:-1] |= inside_next & (cap[:-1] >= cap[1:])
+    dominated[1:] |= inside_prev & ~same & (cap[1:] >= cap[:-1])
+    dominated[1:] |= same & (cap[1:] > cap[:-1])
+    return dominated
+
+
+def prune_rows(r0: np.ndarray, r1: np.ndarray, spread: np.ndarray, cap: np.ndarray, steps: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Drop the rows no choice can overload (`spread[v]`: node v's largest usage above its
+    smallest), then, until none is left, the rows a neighbouring row implies. Rows that always
+    overflow (negative capacity, nothing live) stay."""
+    keep = _row_load(r0, r1, spread, len(cap)) > cap
+    r0, r1, cap, steps = _keep_rows(keep, r0, r1, cap, steps)
+    while len(cap) > 1:
+        dominated = _dominated_rows(r0, r1, cap)
+        if not dominated.any():
+            break
+        r0, r1, cap, steps = _keep_rows(~dominated, r0, r1, cap, steps)
+    return r0, r1, cap, steps
 
 
 def merge_rows(r0: np.ndarray, r1: np.ndarray, cap: np.ndarray, steps: np.ndarray

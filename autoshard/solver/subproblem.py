@@ -47,11 +47,11 @@ def restrict(fp: FlatProblem, nodes: np.ndarray, x: np.ndarray) -> FlatProblem:
     aoff = np.zeros(len(nodes) + 1, dtype=np.int64)
     np.cumsum(np.bincount(ends, minlength=len(nodes)), out=aoff[1:])
     ids = np.concatenate([np.arange(len(both)), np.arange(len(both))])
-    # Memory: the rows the free nodes touch, with the load of everything else taken off.
+    # Memory: every row with the load of everything else taken off; rows no free node touches
+    # stay only when the fixed nodes alone overload them (then nothing fits, as in the whole).
     r0, r1 = fp.r0[nodes], fp.r1[nodes]
     spans = r1 > r0
-    if fp.num_rows and spans.any():
-        lo, hi = int(r0[spans].min()), int(r1[spans].max())
+    if fp.num_rows:
         x_free_zero = x.copy()
         x_free_zero[nodes] = 0
         slack = row_slack(fp.soff, fp.use, fp.r0, fp.r1, fp.cap, x_free_zero)
@@ -60,9 +60,8 @@ def restrict(fp: FlatProblem, nodes: np.ndarray, x: np.ndarray) -> FlatProblem:
         zero_use = fp.use[fp.soff[nodes]]
         np.add.at(free_load, r0, zero_use)
         np.add.at(free_load, r1, -zero_use)
-        cap = -(slack - np.cumsum(free_load[:-1]))[lo:hi]
-        r0, r1, cap, steps = merge_rows(np.where(spans, r0 - lo, 0), np.where(spans, r1 - lo, 0), cap,
-                                        fp.row_steps[lo:hi])
+        cap = -(slack - np.cumsum(free_load[:-1]))
+        r0, r1, cap, steps = merge_rows(np.where(spans, r0, 0), np.where(spans, r1, 0), cap, fp.row_steps)
     else:
         cap = np.zeros(0, dtype=np.int64)
         r0 = np.zeros(len(nodes), dtype=np.int64)
