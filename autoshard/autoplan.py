@@ -22,6 +22,9 @@ from autoshard.summary import size
 @dataclass(frozen=True)
 class SolveSettings:
     time_limit_s: float = 30.0
+    # Stop once (cost - bound) / cost is at most this: the last 0.01% of a certified bound is
+    # rarely worth the rest of the time limit (the default of MIP solvers).
+    gap_limit: float = 1e-4
     workers: int = 2
     seed: int = 0
     memory_budget_bytes: float | None = None  # None: the chip's HBM
@@ -45,7 +48,8 @@ def make_plan(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = 
     built = time.perf_counter()
     hint = formulation.hint if any(h >= 0 for h in formulation.hint) else None
     result = solve(formulation.problem, time_limit_s=settings.time_limit_s, workers=settings.workers,
-                   seed=settings.seed, hint=hint, progress=progress, deterministic=settings.deterministic)
+                   seed=settings.seed, hint=hint, progress=progress, deterministic=settings.deterministic,
+                   gap_limit=settings.gap_limit)
     if not result.feasible:
         raise InfeasibleError(explain_infeasible(formulation, budget))
     plan = formulation.plan(result.solution)

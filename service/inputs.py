@@ -156,6 +156,7 @@ def plan_inputs(canonical: Mapping[str, Any]) -> PlanInputs:
     mesh = Mesh.parse(canonical["mesh"])
     options = canonical["options"]
     settings = SolveSettings(time_limit_s=options["time_limit_s"], workers=options["workers"], seed=options["seed"],
+                             gap_limit=options.get("gap_limit", SolveSettings.gap_limit),
                              memory_budget_bytes=options.get("memory_budget_bytes"),
                              weights=Weights(**options["weights"]))
     return PlanInputs(graph_from_json(canonical["graph"], mesh), mesh,

@@ -50,6 +50,8 @@ class Weights(_Wire):
 
 class PlanOptions(_Wire):
     time_limit_s: float | None = Field(None, gt=0, description="solver time limit (default and cap: server settings)")
+    gap_limit: float = Field(1e-4, ge=0, lt=1, description="stop once (cost - bound) / cost is at most this; "
+                                                           "0: prove optimality or use the whole time limit")
     memory_budget_bytes: float | None = Field(None, gt=0, description="per-device memory limit (default: the chip's HBM)")
     weights: Weights = Field(default_factory=Weights)
     emit: list[Stage] = Field(default_factory=list, description="IR to emit with the plan")

@@ -26,6 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_hardware_args(parser)
     parser.add_argument("--memory-budget", help="per-device memory limit, e.g. 40GiB (default: the chip's HBM)")
     parser.add_argument("--time-limit", type=float, default=30.0, help="solver time limit in seconds (default 30)")
+    parser.add_argument("--gap-limit", type=float, default=1e-4,
+                        help="stop once (cost - bound) / cost is at most this (default 1e-4; 0: prove optimality "
+                             "or use the whole time limit)")
     parser.add_argument("--workers", type=int, default=2, help="solver threads (default 2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--weights", default="time=1", help="objective weights, e.g. time=1,comm_bytes=1e-12")
@@ -68,6 +71,8 @@ def checked_settings(args: argparse.Namespace) -> tuple[SolveSettings, tuple[str
     problems: list[Problem] = []
     if not (math.isfinite(args.time_limit) and args.time_limit > 0):
         problems.append(Problem("--time-limit", f"must be a positive number of seconds, got {args.time_limit:g}"))
+    if not (math.isfinite(args.gap_limit) and 0 <= args.gap_limit < 1):
+        problems.append(Problem("--gap-limit", f"must be a number in [0, 1), got {args.gap_limit:g}"))
     if args.workers < 1:
         problems.append(Problem("--workers", f"must be at least 1, got {args.workers}"))
     if args.seed < 0:
@@ -93,8 +98,8 @@ def checked_settings(args: argparse.Namespace) -> tuple[SolveSettings, tuple[str
             problems.append(Problem("-o", f"cannot create the output directory {args.output!r}: {error.strerror}"))
     if problems:
         raise InputError(problems)
-    settings = SolveSettings(time_limit_s=args.time_limit, workers=args.workers, seed=args.seed,
-                             memory_budget_bytes=budget, weights=weights)
+    settings = SolveSettings(time_limit_s=args.time_limit, gap_limit=args.gap_limit, workers=args.workers,
+                             seed=args.seed, memory_budget_bytes=budget, weights=weights)
     return settings, stages
 
 

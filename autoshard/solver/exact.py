@@ -5,13 +5,15 @@ two nodes with a choice, one boolean per allowed strategy pair with
 `sum_t y[s, t] == x[u, s]` and `sum_s y[s, t] == x[v, t]` (its LP relaxation is the local
 polytope, much tighter than the usual `y >= x_u + x_v - 1`). Forbidden pairs get no variable.
 A node with a single strategy folds its edges into its neighbours' costs. Memory: one row per
-maximal live set (see `flat.py`), over the usage each choice adds to the node's smallest.
+row of `flat.py` (the live sets that can overflow), over the usage each choice adds to the
+node's smallest.
 
 Costs are made integers explicitly: each node's and edge's minimum is moved into a constant
 offset (exact), then the remainders are divided by `scale` and rounded down, with `scale` the
-smallest integer keeping the sum of all coefficient maxima below 2**50. Rounding down keeps
-`scale * bound + offset` a valid lower bound on the true optimum; the cost of the returned
-solution is always recomputed exactly from the Problem.
+smallest integer keeping the sum of all coefficient maxima below 2**50. The model's objective
+carries `offset / scale` as CP-SAT's objective offset, so its objective values and bounds are
+flat costs divided by `scale`. Rounding down keeps `scale * bound` a valid lower bound on the
+true optimum; the cost of the returned solution is always recomputed exactly from the Problem.
 """
 
 from __future__ import annotations
@@ -45,7 +47,6 @@ class _Model:
     xs: list[list[cp_model.IntVar] | None]   # None for nodes with one strategy
     ys: list[tuple[int, dict[tuple[int, int], cp_model.IntVar]]]
     scale: int
-    offset: float
 
 
 def _build(fp: FlatProblem) -> _Model:
@@ -118,51 +119,52 @@ def _build(fp: FlatProblem) -> _Model:
     if fp.num_rows:
         _add_memory_rows(model, fp, xs)
     model.minimize(sum(objective))
-    return _Model(model, xs, ys, scale, offset)
+    model.proto.objective.offset = offset / scale
+    return _Model(model, xs, ys, scale)
 
 
 def _add_memory_rows(model: cp_model.CpModel, fp: FlatProblem, xs: list) -> None:
-    starts = [[] for _ in range(fp.num_rows + 1)]
-    ends = [[] for _ in range(fp.num_rows + 1)]
-    for v in range(fp.n):
-        if xs[v] is not None and fp.r0[v] < fp.r1[v]:
-            starts[fp.r0[v]].append(v)
-            ends[fp.r1[v]].append(v)
-    live: set[int] = set()
-    previous: frozenset[int] | None = None
+    """Per row, `sum use * x <= cap` over the live (node, strategy) pairs with a usage, written into
+    the model's proto from index arrays: one Python step per row, not one per term."""
+    var_of = np.full(len(fp.cost), -1, dtype=np.int64)
+    for v, row in enumerate(xs):
+        if row is not None:
+            var_of[fp.soff[v]:fp.soff[v + 1]] = [var.index for var in row]
+    node_of = np.repeat(np.arange(fp.n), fp.sizes())
+    entries = np.flatnonzero((var_of >= 0) & (fp.use > 0))
+    entries = entries[np.argsort(fp.r0[node_of[entries]], kind="stable")]
+    first, last = fp.r0[node_of[entries]], fp.r1[node_of[entries]]
     for r in range(fp.num_rows):
-        live.difference_update(ends[r])
-        live.update(starts[r])
-        key = frozenset(live)
-        if key == previous and fp.cap[r] >= fp.cap[r - 1]:
-            continue  # same variables, looser limit: implied by the previous row
-        previous = key
-        terms = [int(fp.use[fp.soff[v] + s]) * xs[v][s] for v in sorted(live)
-                 for s in range(len(xs[v])) if fp.use[fp.soff[v] + s]]
-        if terms:
-            model.add(sum(terms) <= int(fp.cap[r]))
+        started = np.searchsorted(first, r, side="right")
+        live = np.sort(entries[:started][last[:started] > r])
+        if len(live):
+            linear = model.proto.constraints.add().linear
+            linear.vars.extend(var_of[live].tolist())
+            linear.coeffs.extend(fp.use[live].tolist())
+            linear.domain.extend([cp_model.INT_MIN, int(fp.cap[r])])
         elif fp.cap[r] < 0:
             model.add_bool_or([])  # base load alone exceeds the limit
 
 
 class _Progress(cp_model.CpSolverSolutionCallback):
-    def __init__(self, scale: int, offset: float, callback: Callable[[float, float, float], None] | None):
+    def __init__(self, scale: int, callback: Callable[[float, float, float], None] | None):
         super().__init__()
-        self._scale, self._offset, self._callback = scale, offset, callback
+        self._scale, self._callback = scale, callback
         self._start = time.monotonic()
 
     def on_solution_callback(self) -> None:
         if self._callback is not None:
-            self._callback(self.objective_value * self._scale + self._offset,
-                           self.best_objective_bound * self._scale + self._offset,
+            self._callback(self.objective_value * self._scale, self.best_objective_bound * self._scale,
                            time.monotonic() - self._start)
 
 
 def solve_exact(fp: FlatProblem, *, time_limit_s: float, workers: int = 1, seed: int = 0,
                 hint: np.ndarray | None = None, deterministic_time: float | None = None,
-                progress: Callable[[float, float, float], None] | None = None) -> ExactResult:
+                progress: Callable[[float, float, float], None] | None = None, gap_limit: float = 0.0
+                ) -> ExactResult:
     """Solve `fp` with CP-SAT; `deterministic_time` (CP-SAT's own units) replaces the wall limit
-    for reproducible runs. `progress(cost, bound, elapsed_s)` is called on each new solution."""
+    for reproducible runs. `progress(cost, bound, elapsed_s)` is called on each new solution.
+    The search stops once (cost - bound) / cost <= `gap_limit`; `optimal` only on a proof."""
     start = time.monotonic()
     built = _build(fp)
     if hint is not None:
@@ -178,21 +180,28 @@ def solve_exact(fp: FlatProblem, *, time_limit_s: float, workers: int = 1, seed:
     params = solver.parameters
     params.num_workers = max(1, workers)
     params.random_seed = seed
+    # CP-SAT's relative gap is |O - B| / max(1, |O|) on its objective including the offset, here
+    # O = cost / scale and B = bound / scale: with scale 1 exactly (cost - bound) / cost of the
+    # flat costs. With scale > 1 the rounded-down coefficients can put the true cost a little
+    # above scale * O, so the gap of the answer (recomputed exactly) may exceed the limit by that.
+    params.relative_gap_limit = gap_limit
     remaining = max(0.01, time_limit_s - (time.monotonic() - start))
     if deterministic_time is not None:
         params.max_deterministic_time = deterministic_time
         params.interleave_search = workers > 1
     else:
         params.max_time_in_seconds = remaining
-    status = solver.solve(built.model, _Progress(built.scale, built.offset, progress))
+    status = solver.solve(built.model, _Progress(built.scale, progress))
     wall = time.monotonic() - start
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         x = np.zeros(fp.n, dtype=np.int64)
         for v, row in enumerate(built.xs):
             if row is not None:
                 x[v] = next(s for s, var in enumerate(row) if solver.boolean_value(var))
-        bound = solver.best_objective_bound * built.scale + built.offset
-        optimal = status == cp_model.OPTIMAL and built.scale == 1
+        bound = solver.best_objective_bound * built.scale
+        # Stopping on the gap limit also reports OPTIMAL: only a bound that meets the cost proves it.
+        proved = solver.best_objective_bound >= solver.objective_value
+        optimal = status == cp_model.OPTIMAL and proved and built.scale == 1
         return ExactResult(x, bound, optimal, False, wall, solver.status_name(status))
     if status == cp_model.INFEASIBLE:
         return ExactResult(None, math.inf, False, True, wall, "INFEASIBLE")

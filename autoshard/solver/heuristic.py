@@ -58,7 +58,8 @@ def _penalised_cleanup(fp: FlatProblem, x: np.ndarray, pen: np.ndarray, moves: i
 
 
 def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: np.ndarray | None = None,
-                  progress: Progress | None = None, deterministic: bool = False) -> HeuristicResult:
+                  progress: Progress | None = None, deterministic: bool = False,
+                  gap_limit: float = 0.0) -> HeuristicResult:
     start = time.monotonic()
     deadline = start + time_limit_s
     stats: dict = {"relaxation_rounds": 0, "feasible_decodes": 0, "tree_moves": 0, "lns": 0, "lns_improving": 0}
@@ -81,7 +82,8 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
         return deadline - time.monotonic()
 
     def proved_optimal() -> bool:
-        return math.isfinite(bound) and search.best_obj <= certified_lower(bound) and fp.fits(search.best_x)
+        return (math.isfinite(bound) and search.best_obj - certified_lower(bound) <= gap_limit * search.best_obj
+                and fp.fits(search.best_x))
 
     # Relax-and-decode rounds, about half of the time.
     round_no = 0

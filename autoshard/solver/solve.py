@@ -48,9 +48,14 @@ def _pair_count(fp: FlatProblem) -> int:
 
 def solve(problem: Problem, *, time_limit_s: float, workers: int = 1, seed: int = 0,
           hint: list[int] | np.ndarray | None = None, progress: Progress | None = None,
-          deterministic: bool = False) -> Result:
+          deterministic: bool = False, gap_limit: float = 0.0) -> Result:
     """Best solution found within `time_limit_s` seconds (fixed work instead of the clock when
-    `deterministic`; then the answer depends only on the problem and the seed)."""
+    `deterministic`; then the answer depends only on the problem and the seed). The search stops
+    early once the best fitting solution is within `gap_limit` of the certified bound,
+    (cost - bound) / cost <= gap_limit (status "feasible" unless the bound meets the cost); 0
+    stops early only on a proof of optimality."""
+    if not 0.0 <= gap_limit < 1.0:
+        raise ValueError(f"gap_limit must be in [0, 1), got {gap_limit}")
     start = time.monotonic()
     if problem.num_nodes == 0:
         return Result(solution=(), cost=0, lower_bound=0, gap=0.0, feasible=True, status="optimal")
@@ -64,11 +69,12 @@ def solve(problem: Problem, *, time_limit_s: float, workers: int = 1, seed: int 
     exact = _pair_count(fp) <= EXACT_PAIR_LIMIT
     heuristic_share = 0.15 if exact else 1.0
     found = run_heuristic(fp, time_limit_s=remaining * heuristic_share, seed=seed, hint=flat_hint,
-                          progress=progress, deterministic=deterministic)
+                          progress=progress, deterministic=deterministic, gap_limit=gap_limit)
     candidates.append(found.x)
     bound = max(bound, found.bound)
     stats["heuristic"] = found.stats
-    bound_met = math.isfinite(bound) and fp.fits(found.x) and found.objective <= certified_lower(bound)
+    bound_met = (math.isfinite(bound) and fp.fits(found.x)
+                 and found.objective - certified_lower(bound) <= gap_limit * found.objective)
     stats["method"] = "cp-sat" if exact and not bound_met else "heuristic"
     if exact and not bound_met:
         best_hint = min((c for c in candidates if fp.fits(c)), key=fp.objective, default=found.x)
@@ -79,7 +85,8 @@ def solve(problem: Problem, *, time_limit_s: float, workers: int = 1, seed: int 
 
         remaining = max(0.1, time_limit_s - (time.monotonic() - start))
         result = solve_exact(fp, time_limit_s=remaining, workers=workers, seed=seed, hint=best_hint,
-                             deterministic_time=20.0 if deterministic else None, progress=on_solution)
+                             deterministic_time=20.0 if deterministic else None, progress=on_solution,
+                             gap_limit=gap_limit)
         stats["cp_sat_status"] = result.status
         infeasible = result.infeasible
         optimal = result.optimal
