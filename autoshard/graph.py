@@ -128,11 +128,14 @@ def live_ranges(graph: Graph, order: list[Op] | None = None) -> dict[str, tuple[
     order = order if order is not None else topological_order(graph)
     end = max(len(order) - 1, 0)
     step = {op.name: i for i, op in enumerate(order)}
+    outputs = set(graph.outputs)  # a training step returns thousands of values
     ranges = {}
     for name, tensor in graph.tensors.items():
         producer = graph.producers.get(name)
         first = step[producer.name] if producer else 0
-        users = [step[op.name] for op in graph.consumers[name]]
-        last = end if tensor.role == "parameter" or name in graph.outputs else max(users, default=first)
+        if tensor.role == "parameter" or name in outputs:
+            last = end
+        else:
+            last = max((step[op.name] for op in graph.consumers[name]), default=first)
         ranges[name] = (first, last)
     return ranges

@@ -12,10 +12,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from autoshard.costs import Hardware, op_cost, tensor_bytes
-from autoshard.graph import live_ranges, topological_order
+import numpy as np
+
+from autoshard.costs import Hardware, OpCost, op_cost, tensor_bytes
+from autoshard.graph import Op, live_ranges, topological_order
+from autoshard.ops.loops import LoopNest
+from autoshard.options import ShardingOption, operand_shardings, result_shardings
 from autoshard.plan import Plan
-from autoshard.resharding import Resharding, plan_resharding
+from autoshard.resharding import PricedMoves, Resharding, plan_resharding
 from autoshard.sharding import Sharding
 
 
@@ -55,36 +59,80 @@ class Report:
         }
 
 
-def plan_reshardings(plan: Plan, price: Callable[[str, tuple[str, ...], float], float]) -> list[tuple[str, str, int | None, Resharding]]:
+@dataclass(frozen=True)
+class PlanShardings:
+    """A plan's ops in topological order, each value's sharding as produced (or stored) and each
+    op's input shardings, derived once per op (`Plan.produced` / `Plan.required` derive every
+    operand of the op on each call, which adds up over tens of thousands of ops)."""
+
+    order: list[Op]
+    produced: dict[str, Sharding]
+    required: dict[str, tuple[Sharding, ...]]
+
+    @classmethod
+    def of(cls, plan: Plan) -> "PlanShardings":
+        order = topological_order(plan.graph)
+        produced: dict[str, Sharding] = {}
+        required: dict[str, tuple[Sharding, ...]] = {}
+        derived: dict[tuple[LoopNest, ShardingOption], tuple[tuple[Sharding, ...], tuple[Sharding, ...]]] = {}
+        for op in order:
+            key = (op.nest, plan.options[op.name])
+            if key not in derived:  # repeated layers share nests and options
+                derived[key] = result_shardings(*key), operand_shardings(*key)
+            results, required[op.name] = derived[key]
+            produced.update(zip(op.outputs, results))
+        produced.update(plan.storage)  # a stored value is held as stored, as in `Plan.produced`
+        return cls(order, produced, required)
+
+
+def plan_reshardings(plan: Plan, price: Callable[[str, tuple[str, ...], float], float],
+                     shardings: PlanShardings | None = None) -> list[tuple[str, str, int | None, Resharding]]:
     """Every resharding the plan needs: (tensor, consumer op or "output", input index, steps).
 
     A value resharded to the same target for several consumers is resharded once.
     """
     graph, mesh = plan.graph, plan.mesh
+    shardings = shardings if shardings is not None else PlanShardings.of(plan)
+    moves = PricedMoves(price)
+    # a graph's identical layers ask for the same reshardings: each is searched once
+    found: dict[tuple[tuple[int, ...], int, Sharding, Sharding], Resharding] = {}
+
+    def resharding(t: str, source: Sharding, target: Sharding) -> Resharding:
+        tensor = graph.tensors[t]
+        key = (tensor.shape, tensor.itemsize, source, target)
+        if key not in found:
+            found[key] = plan_resharding(mesh, tensor.shape, tensor.itemsize, source, target, price, moves)
+        return found[key]
+
     done: set[tuple[str, Sharding]] = set()
     out = []
-    for op in topological_order(graph):
-        for i, t in enumerate(op.inputs):
-            source, target = plan.produced(t), plan.required(op, i)
+    for op in shardings.order:
+        for i, (t, target) in enumerate(zip(op.inputs, shardings.required[op.name])):
+            source = shardings.produced[t]
             if source != target and (t, target) not in done:
                 done.add((t, target))
-                tensor = graph.tensors[t]
-                out.append((t, op.name, i, plan_resharding(mesh, tensor.shape, tensor.itemsize, source, target, price)))
+                out.append((t, op.name, i, resharding(t, source, target)))
     for t in graph.outputs:
-        source, target = plan.produced(t), plan.final(t)
+        source, target = shardings.produced[t], plan.final(t)
         if source != target and (t, target) not in done:
-            tensor = graph.tensors[t]
-            out.append((t, "output", None, plan_resharding(mesh, tensor.shape, tensor.itemsize, source, target, price)))
+            out.append((t, "output", None, resharding(t, source, target)))
     return out
 
 
 def estimate(plan: Plan, hw: Hardware) -> Report:
     graph, mesh = plan.graph, plan.mesh
     report = Report()
-    order = topological_order(graph)
-    for op in order:
+    shardings = PlanShardings.of(plan)
+    costs: dict[tuple, OpCost] = {}
+    for op in shardings.order:
         option = plan.options[op.name]
-        cost = op_cost(graph, op, option, mesh, hw)
+        # `op_cost` reads the op through its nest, FLOPs and operands' shapes and dtypes only (the
+        # first input's dtype, or the first result's if it has none): repeated layers are priced once
+        key = (op.nest, option, op.flops(), len(op.inputs),
+               tuple((graph.tensors[t].shape, graph.tensors[t].dtype) for t in op.operands))
+        if key not in costs:
+            costs[key] = op_cost(graph, op, option, mesh, hw)
+        cost = costs[key]
         report.compute_s += cost.seconds
         report.ops.append({"op": op.name, "kind": op.kind, "option": option.to_json(), "compute_s": cost.seconds,
                            "flops_per_device": cost.flops, "bytes_per_device": cost.bytes, "bound": cost.bound,
@@ -92,12 +140,11 @@ def estimate(plan: Plan, hw: Hardware) -> Report:
     by_name = {entry["op"]: entry for entry in report.ops}
     per_axis_bytes: dict[str, float] = defaultdict(float)
     per_axis_s: dict[str, float] = defaultdict(float)
-    for tensor, consumer, index, resharding in plan_reshardings(plan, hw.collective_seconds):
+    for tensor, consumer, index, resharding in plan_reshardings(plan, hw.collective_seconds, shardings):
         steps = [s.to_json() for s in resharding.steps]
         moved = sum(_communicated(s) for s in resharding.steps)
         report.reshardings.append({"tensor": tensor, "consumer": consumer, "input": index,
-                                   "from": plan.produced(tensor).to_json(),
-                                   "to": (plan.final(tensor) if consumer == "output" else plan.required(graph.op_by_name[consumer], index)).to_json(),
+                                   "from": resharding.source.to_json(), "to": resharding.target.to_json(),
                                    "steps": steps, "seconds": resharding.seconds, "bytes_per_device": moved})
         report.communication_s += resharding.seconds
         report.communication_bytes += moved
@@ -111,7 +158,7 @@ def estimate(plan: Plan, hw: Hardware) -> Report:
             by_name[consumer]["communication_bytes"] += moved
     report.bytes_per_axis = dict(per_axis_bytes)
     report.seconds_per_axis = dict(per_axis_s)
-    _memory(plan, report, order)
+    _memory(plan, report, shardings)
     return report
 
 
@@ -120,22 +167,50 @@ def _communicated(step) -> float:
     return 0.0 if step.kind == "all_slice" else step.bytes_per_device
 
 
-def _memory(plan: Plan, report: Report, order) -> None:
+def memory_timeline(plan: Plan, shardings: PlanShardings | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes each device holds at every step (ops in topological order), and the parameters'
+    share of them: each value counts at its size as produced or stored over its `live_ranges`.
+
+    A running total (add a value at its first step, take it off after its last) costs values
+    plus steps; adding each value into every step it is live costs their product, which a
+    96-layer training step (34k values, 29k steps, parameters live throughout) takes most of a minute.
+    """
     graph, mesh = plan.graph, plan.mesh
-    ranges = live_ranges(graph, order)
-    steps = max(len(order), 1)
-    usage = [0] * steps
-    params = [0] * steps
+    shardings = shardings if shardings is not None else PlanShardings.of(plan)
+    ranges = live_ranges(graph, shardings.order)
+    produced = shardings.produced
+    sizes: dict[tuple[tuple[int, ...], int, Sharding], int] = {}
+    held, first, last, is_parameter = [], [], [], []
     for name, tensor in graph.tensors.items():
-        size = tensor_bytes(tensor.shape, tensor.itemsize, plan.produced(name), mesh)
-        first, last = ranges[name]
-        for t in range(first, last + 1):
-            usage[t] += size
-            if tensor.role == "parameter":
-                params[t] += size
-    peak = max(range(steps), key=lambda t: usage[t])
-    report.peak_memory_bytes = usage[peak]
+        key = (tensor.shape, tensor.itemsize, produced[name])
+        if key not in sizes:
+            sizes[key] = tensor_bytes(tensor.shape, tensor.itemsize, key[2], mesh)
+        held.append(sizes[key])
+        first.append(ranges[name][0])
+        last.append(ranges[name][1])
+        is_parameter.append(tensor.role == "parameter")
+    # exact integer bytes: int64 unless the sum could overflow it, then Python integers
+    dtype = np.int64 if sum(held) < 2 ** 63 else object
+    steps = max(len(shardings.order), 1)
+    held_a, first_a, last_a = np.array(held, dtype=dtype), np.array(first, dtype=np.intp), np.array(last, dtype=np.intp)
+    mask = np.array(is_parameter, dtype=bool)
+    return (_running_total(steps, held_a, first_a, last_a),
+            _running_total(steps, held_a[mask], first_a[mask], last_a[mask]))
+
+
+def _running_total(steps: int, held: np.ndarray, first: np.ndarray, last: np.ndarray) -> np.ndarray:
+    change = np.zeros(steps + 1, dtype=held.dtype)
+    np.add.at(change, first, held)
+    np.subtract.at(change, last + 1, held)
+    return np.cumsum(change[:steps])
+
+
+def _memory(plan: Plan, report: Report, shardings: PlanShardings) -> None:
+    order = shardings.order
+    usage, params = memory_timeline(plan, shardings)
+    peak = int(np.argmax(usage))  # the first step at the peak
+    report.peak_memory_bytes = int(usage[peak])
     report.peak_step = peak
     report.peak_op = order[peak].name if order else ""
-    report.parameter_bytes = params[peak]
-    report.activation_peak_bytes = usage[peak] - params[peak]
+    report.parameter_bytes = int(params[peak])
+    report.activation_peak_bytes = int(usage[peak] - params[peak])
