@@ -96,3 +96,27 @@ def test_every_bad_flag_is_named_at_once(tmp_path, capsys):
 def test_an_output_that_cannot_be_written_is_named(tmp_path, capsys):
     assert main(["emit", MLP, "--plan", write(tmp_path, MEGATRON), "-o", str(tmp_path)]) == 2
     assert "-o: cannot write" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("stage", ["annotated", "partitioned"])
+@pytest.mark.parametrize("flags, named", [
+    (["--topology", "nope"], "--topology: unknown profile 'nope'"),
+    (["--topology", "dgx-h100", "--nodes", "0"], "--nodes: must be a positive integer"),
+    (["--nodes", "0"], "--nodes: must be a positive integer"),
+    (["--slice", "2x"], "--slice: expected a slice shape"),
+])
+def test_a_wrong_hardware_flag_is_named_at_every_stage(tmp_path, capsys, stage, flags, named):
+    """The annotated stage prices nothing, yet a wrong hardware flag is refused, not ignored."""
+    assert main(["emit", MLP, "--plan", write(tmp_path, MEGATRON), "--stage", stage, *flags]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and named in captured.err
+    if flags[:2] == ["--topology", "nope"]:
+        assert "dgx-h100" in captured.err and "tpu-v5p" in captured.err  # the known profiles
+
+
+def test_a_known_topology_leaves_the_annotated_module_unchanged(tmp_path, capsys):
+    plan_file = write(tmp_path, MEGATRON)
+    assert main(["emit", MLP, "--plan", plan_file]) == 0
+    plain = capsys.readouterr().out
+    assert main(["emit", MLP, "--plan", plan_file, "--topology", "dgx-h100"]) == 0
+    assert capsys.readouterr().out == plain

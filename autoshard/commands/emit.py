@@ -7,9 +7,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from autoshard.cli_args import hardware_from_args, parse_slice
 from autoshard.commands.simulate import add_program_args, plan_mesh, resharding_price
 from autoshard.deliverables import STAGES, ir_request_problems, partitioned_program
 from autoshard.errors import InputError
+from autoshard.mesh import Mesh
 from autoshard.mlir import emit_annotated, emit_partitioned
 from autoshard.plan import plan_from_json
 from autoshard.schema import load_graph, read_json
@@ -36,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(problems)
     document = read_json(args.plan)
     mesh = plan_mesh(document, args.mesh)
+    _check_hardware_flags(args, mesh)
     plan = plan_from_json(document, load_graph(args.graph, mesh), mesh)
     if args.stage == "annotated":
         text = emit_annotated(plan, dialect=args.dialect)
@@ -51,3 +54,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _check_hardware_flags(args: argparse.Namespace, mesh: Mesh) -> None:
+    """Name a wrong `--topology`, `--nodes` or `--slice` at every stage, though only the
+    partitioned one prices reshardings with them."""
+    if args.topology:
+        hardware_from_args(args, mesh)
+    elif args.nodes is not None and args.nodes < 1:
+        raise InputError("must be a positive integer", "--nodes")
+    else:
+        parse_slice(args.slice)
