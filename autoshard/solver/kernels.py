@@ -17,6 +17,10 @@ from numba import njit
 NEG = -(1 << 62)
 # Nodes with more neighbours only ever seed a block: checking them as members costs too much.
 HUB_DEGREE = 48
+# Penalties double on every memory rejection; unbounded, thousands of rejections reach inf and
+# inf * 0 usage is nan, which no comparison in the DP picks. This bound keeps every total finite
+# (usages are below 2**63) while still outweighing any cost.
+PENALTY_LIMIT = 1e250
 
 
 @njit(cache=True, nogil=True)
@@ -249,6 +253,7 @@ def block_moves(num_moves, kmax, temperature, x, best_x, best_obj_in, soff, cost
             # Root to leaves: read off the choice.
             sv = soff[block[0] + 1] - soff[block[0]]
             best = np.inf
+            newx[0] = x[block[0]]  # a defined choice even if no total compares below inf
             for s in range(sv):
                 if acc[s] < best:
                     best = acc[s]
@@ -307,7 +312,7 @@ def block_moves(num_moves, kmax, temperature, x, best_x, best_obj_in, soff, cost
                         if seg_max(mx, lz, r0[v], r1[v]) > 0:
                             over = True
                             boost[i] *= 8.0
-                            pen[v] = max(pen[v] * 2.0, pen_unit * 0.01)
+                            pen[v] = min(max(pen[v] * 2.0, pen_unit * 0.01), PENALTY_LIMIT)
                 if over:
                     for i in range(size):
                         v = block[i]
