@@ -15,7 +15,7 @@ from autoshard.graph import Graph, topological_order
 from autoshard.mesh import Mesh
 from autoshard.plan import Plan
 from autoshard.report import Report, estimate
-from autoshard.solver import solve
+from autoshard.solver import Problem, solve
 from autoshard.summary import size
 
 
@@ -46,7 +46,7 @@ def make_plan(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = 
     budget = settings.memory_budget_bytes if settings.memory_budget_bytes is not None else hw.hbm_bytes
     formulation = formulate(graph, mesh, hw, memory_budget=budget, weights=settings.weights)
     built = time.perf_counter()
-    hint = formulation.hint if any(h >= 0 for h in formulation.hint) else None
+    hint = _whole_hint(formulation.problem, formulation.hint)
     result = solve(formulation.problem, time_limit_s=settings.time_limit_s, workers=settings.workers,
                    seed=settings.seed, hint=hint, progress=progress, deterministic=settings.deterministic,
                    gap_limit=settings.gap_limit)
@@ -68,6 +68,15 @@ def make_plan(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = 
         "memory_budget_bytes": budget,
     }
     return PlanResult(plan, report, solver)
+
+
+def _whole_hint(problem: Problem, hinted: list[int]) -> np.ndarray | None:
+    """The graph's hints as a whole solution to start from (None without hints): a node without a
+    hint takes its smallest-usage strategy, the choice that fits whenever anything does."""
+    if not any(h >= 0 for h in hinted):
+        return None
+    return np.array([h if h >= 0 else int(np.lexsort((costs, usages))[0])
+                     for h, costs, usages in zip(hinted, problem.node_costs, problem.node_usages)], dtype=np.int64)
 
 
 def explain_infeasible(formulation: Formulation, budget: float) -> str:

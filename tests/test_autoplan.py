@@ -196,3 +196,17 @@ def test_solver_optimum_equals_exhaustive_enumeration_on_random_graphs(seed):
     result = make_plan(graph, mesh, hw, SETTINGS)
     assert result.solver["objective_ps"] == brute_force_cost(formulation)
     assert_simulates(result, hw)
+
+
+def test_a_hint_on_some_tensors_starts_the_solver_and_the_plan_stays_optimal():
+    """A non-required constraint on one tensor: the solver starts from it (unhinted nodes at their
+    smallest-usage choice) and still finds the optimum of the unhinted graph."""
+    mesh = Mesh.parse("dp=2,tp=4")
+    hw = bind_hardware("dgx-h100", mesh)
+    doc = mlp(batch=64, hidden=256, ffn=1024)
+    doc["constraints"].append({"tensor": "h", "split_axes": [["dp"]], "required": False})
+    hinted = make_plan(graph_from_json(doc, mesh), mesh, hw, SETTINGS)
+    plain = make_plan(graph_from_json(mlp(batch=64, hidden=256, ffn=1024), mesh), mesh, hw, SETTINGS)
+    assert hinted.solver["status"] == plain.solver["status"] == "optimal"
+    assert hinted.solver["objective_ps"] == plain.solver["objective_ps"]
+    assert_simulates(hinted, hw)
