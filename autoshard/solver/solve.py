@@ -2,9 +2,10 @@
 
 Small instances (the marginal model has at most `EXACT_PAIR_LIMIT` edge variables and its memory
 rows at most `EXACT_TERM_LIMIT` terms) get a short heuristic run for a hint, then CP-SAT for the
-rest of the time. Larger ones get the heuristic
-(memory relaxation + TRW-S + local search + CP-SAT neighbourhoods) for the whole time. Every
-answer carries a certified lower bound: the best of CP-SAT's bound and the relaxation's.
+rest of the time. Larger ones get the heuristic (memory relaxation + TRW-S + local search +
+CP-SAT neighbourhoods) for the whole time. Every answer carries a certified lower bound: the
+best of CP-SAT's bound and the relaxation's. Either stops early once its answer is within the
+relative `gap_limit` of the bound.
 """
 
 from __future__ import annotations
