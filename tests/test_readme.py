@@ -6,11 +6,8 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import shutil
 import subprocess
 from pathlib import Path
-
-import pytest
 
 from autoshard.cli import main
 from autoshard.client import LocalService
@@ -40,7 +37,6 @@ def test_quick_start_plan_runs_and_writes_what_the_readme_says(tmp_path, monkeyp
     assert "simulator: PASS" in capsys.readouterr().out
 
 
-@pytest.mark.skipif(shutil.which("curl") is None, reason="the README's example uses curl")
 def test_service_curl_example_answers_with_a_verified_plan(tmp_path):
     lines = shell_block("Service").replace("\\\n", "").splitlines()
     serve, request = lines[0], lines[1]
