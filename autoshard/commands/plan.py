@@ -26,9 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_hardware_args(parser)
     parser.add_argument("--memory-budget", help="per-device memory limit, e.g. 40GiB (default: the chip's HBM)")
     parser.add_argument("--time-limit", type=float, default=30.0, help="solver time limit in seconds (default 30)")
-    parser.add_argument("--gap-limit", type=float, default=1e-4,
-                        help="stop once (cost - bound) / cost is at most this (default 1e-4; 0: prove optimality "
-                             "or use the whole time limit)")
+    parser.add_argument("--gap-limit", type=float, default=SolveSettings.gap_limit,
+                        help="stop once (cost - bound) / cost is at most this (default %(default)g; 0: prove "
+                             "optimality or use the whole time limit)")
     parser.add_argument("--workers", type=int, default=2, help="solver threads (default 2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--weights", default="time=1", help="objective weights, e.g. time=1,comm_bytes=1e-12")

@@ -185,7 +185,7 @@ def flatten(problem: Problem) -> FlatProblem:
                        aoff=aoff, anbr=anbr, aedge=aedge, arow=arow, r0=r0, r1=r1, cap=cap, row_steps=steps)
 
 
-def _row_load(r0: np.ndarray, r1: np.ndarray, per_node: np.ndarray, num_rows: int) -> np.ndarray:
+def row_load(r0: np.ndarray, r1: np.ndarray, per_node: np.ndarray, num_rows: int) -> np.ndarray:
     """Per row, the sum of `per_node` over the nodes live on it (a node covers rows [r0, r1))."""
     delta = np.zeros(num_rows + 1, dtype=np.int64)
     np.add.at(delta, r0, per_node)
@@ -227,7 +227,7 @@ def prune_rows(r0: np.ndarray, r1: np.ndarray, spread: np.ndarray, cap: np.ndarr
     """Drop the rows no choice can overload (`spread[v]`: node v's largest usage above its
     smallest), then, until none is left, the rows a neighbouring row implies. Rows that always
     overflow (negative capacity, nothing live) stay."""
-    keep = _row_load(r0, r1, spread, len(cap)) > cap
+    keep = row_load(r0, r1, spread, len(cap)) > cap
     r0, r1, cap, steps = _keep_rows(keep, r0, r1, cap, steps)
     while len(cap) > 1:
         dominated = _dominated_rows(r0, r1, cap)

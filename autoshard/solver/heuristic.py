@@ -21,7 +21,7 @@ import numpy as np
 from autoshard.solver import kernels
 from autoshard.solver.flat import FlatProblem
 from autoshard.solver.lagrange import Relaxation
-from autoshard.solver.problem import certified_lower
+from autoshard.solver.problem import within_gap
 from autoshard.solver.search import Search
 
 Progress = Callable[[str, float, float, float], None]  # (phase, cost, bound, elapsed_s)
@@ -82,8 +82,7 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
         return deadline - time.monotonic()
 
     def proved_optimal() -> bool:
-        return (math.isfinite(bound) and search.best_obj - certified_lower(bound) <= gap_limit * search.best_obj
-                and fp.fits(search.best_x))
+        return within_gap(search.best_obj, bound, gap_limit) and fp.fits(search.best_x)
 
     # Relax-and-decode rounds, about half of the time.
     round_no = 0

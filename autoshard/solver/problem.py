@@ -197,6 +197,12 @@ def certified_lower(bound: float) -> int:
     return math.ceil(bound - 1e-11 * abs(bound) - 1e-6)
 
 
+def within_gap(objective: float, bound: float, gap_limit: float) -> bool:
+    """Whether `objective` is within `gap_limit` of the float `bound`: (cost - bound) / cost at most
+    the limit, with the bound certified first (0 asks for a proof of optimality)."""
+    return math.isfinite(bound) and objective - certified_lower(bound) <= gap_limit * objective
+
+
 def exact_sum(values: np.ndarray) -> int:
     """Sum of an int64 vector without overflow (the contest sums in 128 bits)."""
     values = np.asarray(values, dtype=np.int64)

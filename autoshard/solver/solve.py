@@ -20,7 +20,7 @@ import numpy as np
 from autoshard.solver.exact import solve_exact
 from autoshard.solver.flat import FlatProblem, flatten
 from autoshard.solver.heuristic import run_heuristic, smallest_usage
-from autoshard.solver.problem import Problem, certified_lower, check_solution, score
+from autoshard.solver.problem import Problem, certified_lower, check_solution, score, within_gap
 
 EXACT_PAIR_LIMIT = 400_000
 # Memory rows over long live sets are quadratic in the depth of a graph: a 96-layer training
@@ -87,8 +87,7 @@ def solve(problem: Problem, *, time_limit_s: float, workers: int = 1, seed: int 
     candidates.append(found.x)
     bound = max(bound, found.bound)
     stats["heuristic"] = found.stats
-    bound_met = (math.isfinite(bound) and fp.fits(found.x)
-                 and found.objective - certified_lower(bound) <= gap_limit * found.objective)
+    bound_met = fp.fits(found.x) and within_gap(found.objective, bound, gap_limit)
     stats["method"] = "cp-sat" if exact and not bound_met else "heuristic"
     if exact and not bound_met:
         best_hint = min((c for c in candidates if fp.fits(c)), key=fp.objective, default=found.x)

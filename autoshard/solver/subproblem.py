@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autoshard.solver.flat import FlatProblem, merge_rows
+from autoshard.solver.flat import FlatProblem, merge_rows, row_load
 from autoshard.solver.kernels import row_slack
 
 
@@ -56,11 +56,7 @@ def restrict(fp: FlatProblem, nodes: np.ndarray, x: np.ndarray) -> FlatProblem:
         x_free_zero[nodes] = 0
         slack = row_slack(fp.soff, fp.use, fp.r0, fp.r1, fp.cap, x_free_zero)
         # Strategy 0 of a free node may use memory: take it off again.
-        free_load = np.zeros(fp.num_rows + 1, dtype=np.int64)
-        zero_use = fp.use[fp.soff[nodes]]
-        np.add.at(free_load, r0, zero_use)
-        np.add.at(free_load, r1, -zero_use)
-        cap = -(slack - np.cumsum(free_load[:-1]))
+        cap = -(slack - row_load(r0, r1, fp.use[fp.soff[nodes]], fp.num_rows))
         r0, r1, cap, steps = merge_rows(np.where(spans, r0, 0), np.where(spans, r1, 0), cap, fp.row_steps)
     else:
         cap = np.zeros(0, dtype=np.int64)
