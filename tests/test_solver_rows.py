@@ -1,17 +1,15 @@
 """Memory rows that cannot bind are dropped from the working form; the ones that can stay and hold."""
 
-import importlib
 import itertools
 
 import numpy as np
 import pytest
 
 from autoshard.solver import Problem, score, solve
+from autoshard.solver import exact as exact_module
 from autoshard.solver.exact import solve_exact
 from autoshard.solver.flat import flatten
 from test_solver_optimum import enumerate_optimum
-
-solve_module = importlib.import_module("autoshard.solver.solve")  # the module, not the function
 
 
 def two_steps(limit: int) -> Problem:
@@ -93,9 +91,9 @@ def test_pruned_rows_decide_feasibility_exactly(seed):
 
 def test_memory_rows_with_too_many_terms_leave_the_problem_to_the_heuristic(monkeypatch):
     problem = two_steps(limit=30)
-    assert solve_module._row_terms(flatten(problem)) == 2  # a's and c's large strategies, on the one row
+    assert exact_module.row_terms(flatten(problem)) == 2  # a's and c's large strategies, on the one row
     assert solve(problem, time_limit_s=5, deterministic=True).stats["method"] == "cp-sat"
-    monkeypatch.setattr(solve_module, "EXACT_TERM_LIMIT", 1)
+    monkeypatch.setattr(exact_module, "EXACT_TERM_LIMIT", 1)
     result = solve(problem, time_limit_s=5, deterministic=True)
     assert result.stats["method"] == "heuristic" and "cp_sat_status" not in result.stats
     assert result.cost == 42

@@ -2,9 +2,10 @@
 
 1. Start from the smallest-usage choice of every node: it fits whenever anything fits.
 2. Repeat: TRW-S under the current memory multipliers decodes an assignment; tree moves on
-   the penalised costs clean it up; if it fits in memory it seeds the feasible search,
-   otherwise the multipliers of the overloaded rows go up. Every round also tightens the
-   certified lower bound.
+   the penalised costs clean it up; if it fits in memory it seeds the feasible search; if it
+   is cheaper than the best solution but does not fit, CP-SAT looks for the best mix of the
+   two (`Search.relink`). The multipliers then move (see `lagrange.py`). Every round also
+   tightens the certified lower bound.
 3. The feasible search alternates tree moves with CP-SAT neighbourhoods around the most
    expensive edges and random seeds, always from the best solution.
 """
@@ -19,8 +20,8 @@ from typing import Callable
 import numpy as np
 
 from autoshard.solver import kernels
-from autoshard.solver.flat import FlatProblem
-from autoshard.solver.lagrange import Relaxation
+from autoshard.solver.flat import FORBIDDEN, FlatProblem
+from autoshard.solver.lagrange import Relaxation, StepLength
 from autoshard.solver.problem import within_gap
 from autoshard.solver.search import Search
 
@@ -59,10 +60,11 @@ def _penalised_cleanup(fp: FlatProblem, x: np.ndarray, pen: np.ndarray, moves: i
 
 def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: np.ndarray | None = None,
                   progress: Progress | None = None, deterministic: bool = False,
-                  gap_limit: float = 0.0) -> HeuristicResult:
+                  gap_limit: float = 0.0, workers: int = 1) -> HeuristicResult:
     start = time.monotonic()
     deadline = start + time_limit_s
-    stats: dict = {"relaxation_rounds": 0, "feasible_decodes": 0, "tree_moves": 0, "lns": 0, "lns_improving": 0}
+    stats: dict = {"relaxation_rounds": 0, "feasible_decodes": 0, "relinks": 0, "relinks_improving": 0,
+                   "tree_moves": 0, "lns": 0, "lns_improving": 0}
     x0 = smallest_usage(fp)
     if hint is not None and fp.fits(hint) and fp.objective(hint) < fp.objective(x0):
         x0 = np.asarray(hint, dtype=np.int64)
@@ -84,27 +86,61 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
     def proved_optimal() -> bool:
         return within_gap(search.best_obj, bound, gap_limit) and fp.fits(search.best_x)
 
+    def slack_of(x: np.ndarray) -> np.ndarray:
+        return kernels.row_slack(fp.soff, fp.use, fp.r0, fp.r1, fp.cap, x)
+
+    relinked: set[bytes] = set()
+    waiting: list[tuple[float, np.ndarray]] = []  # cheap decodes not relinked yet, cheapest first
+
+    def relink(x: np.ndarray) -> None:
+        relinked.add(x.tobytes())
+        change = search.relink(x, max(1.0, 0.3 * time_left()), workers,
+                               deterministic_time=5.0 if deterministic else None)
+        stats["relinks"] += int(change is not None)
+        stats["relinks_improving"] += int(bool(change))
+
     # Relax-and-decode rounds, about half of the time.
+    step = StepLength(relaxation)
+    relink_free_from = start  # relinking takes at most about half of the rounds' time
     round_no = 0
     while ((rounds is None and time_left() > 0.5 * time_limit_s) or (rounds is not None and round_no < rounds)) \
             and not proved_optimal():
         round_no += 1
-        x = relaxation.run(10)
-        bound = max(bound, relaxation.bound())
+        x = relaxation.run(5)
+        round_bound = relaxation.bound()
+        bound = max(bound, round_bound)
+        subgradient = slack_of(x)
         _penalised_cleanup(fp, x, relaxation.penalties(), moves, seed + round_no)
-        slack = kernels.row_slack(fp.soff, fp.use, fp.r0, fp.r1, fp.cap, x)
+        slack = slack_of(x)
         stats["relaxation_rounds"] += 1
+        objective = fp.objective(x)
         if np.all(slack <= 0):
             stats["feasible_decodes"] += 1
-            if fp.objective(x) < search.best_obj:
+            if objective < search.best_obj:
                 search.reset(x)
                 search.tree_moves(moves, 16)
                 stats["tree_moves"] += moves
+        elif objective < search.best_obj < FORBIDDEN and x.tobytes() not in relinked:
+            if rounds is not None or time.monotonic() >= relink_free_from:
+                relink_start = time.monotonic()
+                relink(x)
+                relink_free_from = 2 * time.monotonic() - relink_start
+            elif all(x.tobytes() != y.tobytes() for _, y in waiting):
+                waiting = sorted(waiting + [(objective, x)], key=lambda item: item[0])[:4]
+        if search.best_obj < FORBIDDEN:
+            relaxation.step_towards(subgradient, round_bound, search.best_obj, step.after(round_bound, search.best_obj))
+        elif np.all(slack <= 0):
             relaxation.relax_loose(slack)
         else:
             relaxation.raise_on(slack, unit)
         report("relax")
-    # Improve the best solution: tree moves and CP-SAT neighbourhoods.
+    # Improve the best solution: the cheapest decodes that had to wait, then tree moves and
+    # CP-SAT neighbourhoods.
+    for objective, x in waiting:
+        if rounds is None and time_left() < 0.25 * time_limit_s:
+            break
+        if objective < search.best_obj and x.tobytes() not in relinked:
+            relink(x)
     search.reset(search.best_x)
     lns_rounds = 0
     round_s = 0.0

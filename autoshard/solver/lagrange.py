@@ -6,8 +6,13 @@ For multipliers `lam[r] >= 0` the memory rows move into the objective:
 
 whose node costs become `cost(v, s) + pen[v] * use(v, s)` with `pen[v]` the sum of `lam` over
 v's rows. Any lower bound of that unconstrained problem minus `sum_r lam[r] * cap[r]` bounds
-the constrained optimum from below. TRW-S gives both the bound and a decoded assignment;
-multipliers rise on overloaded rows until the decoded assignments fit.
+the constrained optimum from below. TRW-S gives both the bound and a decoded assignment.
+
+Until a solution of real cost is known the multipliers of overloaded rows are doubled until the
+decoded assignments fit. From then on they take subgradient steps of Polyak's length towards
+that cost (`step_towards`): the load minus the capacity of each row is the bound's subgradient,
+and the step is sized so a linear bound would reach the known cost. This lifts the bound much
+further than doubling, and its decodes come close to fitting at costs well under the known one.
 """
 
 from __future__ import annotations
@@ -50,6 +55,15 @@ class Relaxation:
                                  fp.aoff, fp.anbr, fp.aedge, fp.arow, self.part, self.msg_off, self.msg)
         return relaxed - float(self.lam @ fp.cap.astype(np.float64))
 
+    def step_towards(self, slack: np.ndarray, bound: float, target: float, theta: float) -> None:
+        """A subgradient step from the bound of the current multipliers towards `target`; `slack`
+        is load minus capacity of the assignment `run` decoded. Rows with no multiplier and room
+        to spare take no part (their multiplier would stay at 0 anyway)."""
+        grad = np.where((self.lam > 0) | (slack > 0), slack, 0).astype(np.float64)
+        norm = float(grad @ grad)
+        if norm > 0 and target > bound:
+            self.lam = np.maximum(0.0, self.lam + theta * (target - bound) / norm * grad)
+
     def raise_on(self, slack: np.ndarray, unit: float, factor: float = 2.0) -> None:
         """Raise the multipliers of overloaded rows (slack > 0)."""
         over = slack > 0
@@ -59,3 +73,34 @@ class Relaxation:
         """Lower the multipliers of rows with room to spare."""
         loose = slack < 0
         self.lam[loose] *= factor
+
+
+class StepLength:
+    """The factor of Polyak's steps: halved after `patience` rounds without a better bound. A
+    round whose bound falls far below the best (warm messages mislead a step) takes the best
+    multipliers back."""
+
+    def __init__(self, relaxation: Relaxation, patience: int = 8):
+        self.relaxation = relaxation
+        self.patience = patience
+        self.theta = 1.0
+        self.best = -np.inf
+        self.best_lam = relaxation.lam.copy()
+        self.stalled = 0
+
+    def after(self, bound: float, target: float) -> float:
+        """Record the bound of the current multipliers; returns the factor for the next step (0
+        when the best multipliers were just taken back: the round's subgradient is not theirs)."""
+        if bound > self.best:
+            self.best, self.best_lam, self.stalled = bound, self.relaxation.lam.copy(), 0
+            return self.theta
+        self.stalled += 1
+        if bound < self.best - (target - self.best):
+            self.relaxation.lam = self.best_lam.copy()
+            self.theta *= 0.5
+            self.stalled = 0
+            return 0.0
+        if self.stalled >= self.patience:
+            self.theta *= 0.5
+            self.stalled = 0
+        return self.theta

@@ -3,7 +3,9 @@
 `Search` holds the current solution, the best one seen and the memory rows' segment tree. Tree
 moves (see `kernels.block_moves`) are cheap and exact on induced trees; a CP-SAT neighbourhood
 (`lns`) frees a connected set of a few hundred nodes, cycles included, and solves it exactly
-under the memory left by the fixed nodes, warm-started from the current choices.
+under the memory left by the fixed nodes, warm-started from the current choices. `relink` frees
+every node where another assignment (a decode of the memory relaxation, typically cheaper but
+over the limit somewhere) chooses differently: the best mix of the two that fits.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from autoshard.solver import kernels
-from autoshard.solver.exact import solve_exact
+from autoshard.solver.exact import HINTED_TERM_LIMIT, model_fits, solve_exact
 from autoshard.solver.flat import FlatProblem
 from autoshard.solver.subproblem import restrict
 
@@ -81,12 +83,28 @@ class Search:
                         break
         return np.array(sorted(frontier), dtype=np.int64)
 
+    def relink(self, other: np.ndarray, time_limit_s: float, workers: int,
+               deterministic_time: float | None = None) -> float | None:
+        """Re-solve, from the best solution, the nodes where `other` differs from it; returns the
+        cost change (<= 0), or None when that subproblem is too large for CP-SAT."""
+        nodes = np.flatnonzero((self.best_x != other) & self.movable)
+        if len(nodes) == 0:
+            return 0.0
+        self.reset(self.best_x)
+        sub = restrict(self.fp, nodes, self.x)
+        if not model_fits(sub, HINTED_TERM_LIMIT):
+            return None
+        return self._solve_part(nodes, sub, time_limit_s, workers, deterministic_time)
+
     def lns(self, nodes: np.ndarray, time_limit_s: float, deterministic_time: float | None = None) -> float:
         """Re-solve `nodes` exactly with CP-SAT, others fixed; returns the cost change (<= 0)."""
-        fp = self.fp
-        sub = restrict(fp, nodes, self.x)
+        return self._solve_part(nodes, restrict(self.fp, nodes, self.x), time_limit_s, 1, deterministic_time)
+
+    def _solve_part(self, nodes: np.ndarray, sub: FlatProblem, time_limit_s: float, workers: int,
+                    deterministic_time: float | None) -> float:
+        """Solve the subproblem of `nodes` from the current choices; keep its answer if cheaper."""
         before = sub.objective(self.x[nodes])
-        result = solve_exact(sub, time_limit_s=time_limit_s, workers=1, seed=int(self.rng.integers(1 << 31)),
+        result = solve_exact(sub, time_limit_s=time_limit_s, workers=workers, seed=int(self.rng.integers(1 << 31)),
                              hint=self.x[nodes], deterministic_time=deterministic_time)
         if result.x is None:
             return 0.0

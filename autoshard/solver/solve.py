@@ -1,7 +1,6 @@
 """`solve`: one entry point over the exact model and the large-instance heuristic.
 
-Small instances (the marginal model has at most `EXACT_PAIR_LIMIT` edge variables and its memory
-rows at most `EXACT_TERM_LIMIT` terms) get a short heuristic run for a hint, then CP-SAT for the
+Small instances (`exact.model_fits`: few enough edge variables and memory row terms) get a short heuristic run for a hint, then CP-SAT for the
 rest of the time. Larger ones get the heuristic (memory relaxation + TRW-S + local search +
 CP-SAT neighbourhoods) for the whole time. Every answer carries a certified lower bound: the
 best of CP-SAT's bound and the relaxation's. Either stops early once its answer is within the
@@ -17,15 +16,11 @@ from typing import Callable
 
 import numpy as np
 
-from autoshard.solver.exact import solve_exact
+from autoshard.solver.exact import model_fits, solve_exact
 from autoshard.solver.flat import FlatProblem, flatten
 from autoshard.solver.heuristic import run_heuristic, smallest_usage
 from autoshard.solver.problem import Problem, certified_lower, check_solution, score, within_gap
 
-EXACT_PAIR_LIMIT = 400_000
-# Memory rows over long live sets are quadratic in the depth of a graph: a 96-layer training
-# step on 8 devices has 113M row terms, minutes of model building and presolve.
-EXACT_TERM_LIMIT = 2_000_000
 Progress = Callable[[str, float, float, float], None]  # (phase, cost, bound, elapsed_s)
 
 
@@ -43,21 +38,6 @@ class Result:
     feasible: bool
     status: str
     stats: dict = field(default_factory=dict, compare=False)
-
-
-def _pair_count(fp: FlatProblem) -> int:
-    sizes = fp.sizes()
-    both = (sizes[fp.eu] > 1) & (sizes[fp.ev] > 1)
-    return int((sizes[fp.eu] * sizes[fp.ev])[both].sum())
-
-
-def _row_terms(fp: FlatProblem) -> int:
-    """Terms of the exact model's memory rows: a strategy with a usage, of a node with a choice,
-    appears in every row the node is live on."""
-    sizes = fp.sizes()
-    node_of = np.repeat(np.arange(fp.n), sizes)
-    counted = (fp.use > 0) & (sizes[node_of] > 1)
-    return int((fp.r1 - fp.r0)[node_of][counted].sum())
 
 
 def solve(problem: Problem, *, time_limit_s: float, workers: int = 1, seed: int = 0,
@@ -80,10 +60,11 @@ def solve(problem: Problem, *, time_limit_s: float, workers: int = 1, seed: int 
     candidates = [smallest_usage(fp)] + ([flat_hint] if flat_hint is not None else [])
     bound = -math.inf
     optimal = infeasible = False
-    exact = _pair_count(fp) <= EXACT_PAIR_LIMIT and _row_terms(fp) <= EXACT_TERM_LIMIT
+    exact = model_fits(fp)
     heuristic_share = 0.15 if exact else 1.0
     found = run_heuristic(fp, time_limit_s=remaining * heuristic_share, seed=seed, hint=flat_hint,
-                          progress=progress, deterministic=deterministic, gap_limit=gap_limit)
+                          progress=progress, deterministic=deterministic, gap_limit=gap_limit,
+                          workers=workers)
     candidates.append(found.x)
     bound = max(bound, found.bound)
     stats["heuristic"] = found.stats
