@@ -99,14 +99,19 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
         stats["relinks"] += int(change is not None)
         stats["relinks_improving"] += int(bool(change))
 
-    # Relax-and-decode rounds, about half of the time.
+    # Relax-and-decode rounds, about half of the time. Doubling the multipliers of overloaded
+    # rows finds fitting decodes fast; once it stops finding better ones, Polyak steps take over
+    # for good (stepping towards a cost far above the optimum makes them oscillate).
     step = StepLength(relaxation)
+    stepping = False
+    rounds_without_better = 0
     relink_free_from = start  # relinking takes at most about half of the rounds' time
     round_no = 0
     while ((rounds is None and time_left() > 0.5 * time_limit_s) or (rounds is not None and round_no < rounds)) \
             and not proved_optimal():
         round_no += 1
-        x = relaxation.run(5)
+        best_before = search.best_obj
+        x = relaxation.run(5 if stepping else 10)
         round_bound = relaxation.bound()
         bound = max(bound, round_bound)
         subgradient = slack_of(x)
@@ -127,12 +132,16 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
                 relink_free_from = 2 * time.monotonic() - relink_start
             elif all(x.tobytes() != y.tobytes() for _, y in waiting):
                 waiting = sorted(waiting + [(objective, x)], key=lambda item: item[0])[:4]
-        if search.best_obj < FORBIDDEN:
+        if search.best_obj < best_before:
+            rounds_without_better = 0
+        stepping = stepping or (search.best_obj < FORBIDDEN and rounds_without_better >= 20)
+        if stepping:
             relaxation.step_towards(subgradient, round_bound, search.best_obj, step.after(round_bound, search.best_obj))
         elif np.all(slack <= 0):
             relaxation.relax_loose(slack)
         else:
             relaxation.raise_on(slack, unit)
+        rounds_without_better += 1
         report("relax")
     # Improve the best solution: the cheapest decodes that had to wait, then tree moves and
     # CP-SAT neighbourhoods.
