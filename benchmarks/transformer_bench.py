@@ -24,6 +24,7 @@ from autoshard.hardware import bind_hardware
 from autoshard.mesh import Mesh
 from autoshard.models import GPTConfig, gpt
 from autoshard.schema import graph_from_json
+from autoshard.solver.heuristic import compile_kernels
 from autoshard.summary import size
 
 
@@ -100,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.style} {args.size} ({kind}), {args.topology}, solver limit {args.time_limit:g} s, "
           f"{args.workers} workers\n")
     print(HEADER, flush=True)
+    compile_kernels()  # times of a warm process: the solver's one-off compilation is not any plan's
     first = True
     for layers in args.layers:
         for mesh_text in args.mesh:

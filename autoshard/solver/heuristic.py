@@ -20,9 +20,9 @@ from typing import Callable
 import numpy as np
 
 from autoshard.solver import kernels
-from autoshard.solver.flat import FORBIDDEN, FlatProblem
+from autoshard.solver.flat import FORBIDDEN, FlatProblem, flatten
 from autoshard.solver.lagrange import Relaxation, StepLength
-from autoshard.solver.problem import within_gap
+from autoshard.solver.problem import Problem, within_gap
 from autoshard.solver.search import Search
 
 Progress = Callable[[str, float, float, float], None]  # (phase, cost, bound, elapsed_s)
@@ -56,6 +56,24 @@ def _penalised_cleanup(fp: FlatProblem, x: np.ndarray, pen: np.ndarray, moves: i
                         fp.aoff, fp.anbr, fp.aedge, fp.arow, fp.r0, fp.r1, mx, lz, 0, np.zeros(fp.n), 0.0,
                         fp.sizes() > 1, seed)
     x[:] = best
+
+
+_compiled = False
+
+
+def compile_kernels() -> None:
+    """Compile every kernel the heuristic calls (or load it from numba's cache on disk) by solving
+    a tiny instance once per process, so that no time limit pays for compilation: that takes
+    seconds the first time after an install or an upgrade, enough to leave a 10 s solve no time."""
+    global _compiled
+    if _compiled:
+        return
+    three_in_a_row = Problem(
+        node_costs=tuple(np.array([0, 3]) for _ in range(3)), node_usages=tuple(np.array([2, 1]) for _ in range(3)),
+        intervals=np.array([[0, 2], [0, 2], [1, 3]]), edges=np.array([[0, 1], [1, 2]]),
+        edge_costs=(np.array([[0, 5], [5, 0]]), np.array([[0, 5], [5, 0]])), usage_limit=5)
+    run_heuristic(flatten(three_in_a_row), time_limit_s=1.0, deterministic=True)
+    _compiled = True
 
 
 def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: np.ndarray | None = None,

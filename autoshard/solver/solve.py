@@ -18,7 +18,7 @@ import numpy as np
 
 from autoshard.solver.exact import model_fits, solve_exact
 from autoshard.solver.flat import FlatProblem, flatten
-from autoshard.solver.heuristic import run_heuristic, smallest_usage
+from autoshard.solver.heuristic import compile_kernels, run_heuristic, smallest_usage
 from autoshard.solver.problem import Problem, certified_lower, check_solution, score, within_gap
 
 Progress = Callable[[str, float, float, float], None]  # (phase, cost, bound, elapsed_s)
@@ -50,6 +50,7 @@ def solve(problem: Problem, *, time_limit_s: float, workers: int = 1, seed: int 
     stops early only on a proof of optimality."""
     if not 0.0 <= gap_limit < 1.0:
         raise ValueError(f"gap_limit must be in [0, 1), got {gap_limit}")
+    compile_kernels()
     start = time.monotonic()
     if problem.num_nodes == 0:
         return Result(solution=(), cost=0, lower_bound=0, gap=0.0, feasible=True, status="optimal")
