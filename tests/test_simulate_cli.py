@@ -87,6 +87,18 @@ def test_a_plan_for_another_mesh_is_an_input_error(files, capsys):
     assert "--mesh: the plan was made for mesh x=2,y=2, not x=4" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags, named", [
+    (["--topology", "nope"], "--topology: unknown profile 'nope'"),
+    (["--topology", "dgx-h100", "--nodes", "0"], "--nodes: must be a positive integer"),
+    (["--nodes", "0"], "--nodes: must be a positive integer"),
+])
+def test_a_wrong_hardware_flag_is_named_by_its_flag(files, capsys, flags, named):
+    graph, plan = files
+    assert main(["simulate", graph, "--plan", plan, "--mesh", "x=2,y=2", *flags]) == 2
+    err = capsys.readouterr().err
+    assert named in err and "topology/topology" not in err
+
+
 def test_a_plan_without_a_mesh_needs_one(files, capsys, tmp_path):
     graph, plan = files
     document = json.loads(open(plan).read())

@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from autoshard.cli_args import parse_bytes, parse_slice
+from autoshard.cli_args import hardware_from_args, parse_bytes, parse_slice
 from autoshard.deliverables import partitioned_program
 from autoshard.errors import InputError, Problem
 from autoshard.hardware import bind_hardware
@@ -68,10 +68,10 @@ def resharding_price(args: argparse.Namespace, document: object, mesh: Mesh) -> 
     topology the plan names, placed as the plan's `topology_options` say unless `--nodes` or
     `--slice` are given (if it binds to the mesh), else bytes moved. Every choice is exact, so
     only which collectives run depends on this, not the verdict's meaning."""
+    if args.topology:
+        return hardware_from_args(args, mesh).collective_seconds
     if args.nodes is not None and args.nodes < 1:
         raise InputError("must be a positive integer", "--nodes")
-    if args.topology:
-        return bind_hardware(args.topology, mesh, nodes=args.nodes, slice_shape=parse_slice(args.slice)).collective_seconds
     named = document.get("topology") if isinstance(document, dict) else None
     if isinstance(named, str):
         placed = document.get("topology_options") if isinstance(document.get("topology_options"), dict) else {}
