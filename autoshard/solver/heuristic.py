@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
 from autoshard.solver import kernels
+from autoshard.solver.descent import descend
 from autoshard.solver.flat import FORBIDDEN, FlatProblem, flatten
 from autoshard.solver.lagrange import Relaxation, StepLength
 from autoshard.solver.problem import Problem, within_gap
-from autoshard.solver.search import Search
+from autoshard.solver.search import BALL_STRATEGIES, Search
 
 Progress = Callable[[str, float, float, float], None]  # (phase, cost, bound, elapsed_s)
 
@@ -82,7 +84,7 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
     start = time.monotonic()
     deadline = start + time_limit_s
     stats: dict = {"relaxation_rounds": 0, "feasible_decodes": 0, "relinks": 0, "relinks_improving": 0,
-                   "tree_moves": 0, "lns": 0, "lns_improving": 0}
+                   "descents": 0, "descents_improving": 0, "tree_moves": 0, "lns": 0, "lns_improving": 0}
     x0 = smallest_usage(fp)
     if hint is not None and fp.fits(hint) and fp.objective(hint) < fp.objective(x0):
         x0 = np.asarray(hint, dtype=np.int64)
@@ -110,12 +112,29 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
     relinked: set[bytes] = set()
     waiting: list[tuple[float, np.ndarray]] = []  # cheap decodes not relinked yet, cheapest first
 
+    descent_s = 0.0
+
+    def descend_from_best() -> None:
+        """The descent within the best solution's usages, when there is time for it."""
+        nonlocal descent_s
+        if fp.num_rows == 0 or (rounds is None and time_left() < 2 * descent_s):
+            return
+        descent_start = time.monotonic()
+        y = descend(fp, search.best_x, seed)
+        descent_s = time.monotonic() - descent_start
+        stats["descents"] += 1
+        if fp.objective(y) < search.best_obj:
+            stats["descents_improving"] += 1
+            search.reset(y)
+
     def relink(x: np.ndarray) -> None:
         relinked.add(x.tobytes())
         change = search.relink(x, max(1.0, 0.3 * time_left()), workers,
                                deterministic_time=5.0 if deterministic else None)
         stats["relinks"] += int(change is not None)
         stats["relinks_improving"] += int(bool(change))
+        if change:
+            descend_from_best()
 
     # Relax-and-decode rounds, about half of the time. Doubling the multipliers of overloaded
     # rows finds fitting decodes fast; once it stops finding better ones, Polyak steps take over
@@ -161,14 +180,22 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
             relaxation.raise_on(slack, unit)
         rounds_without_better += 1
         report("relax")
-    # Improve the best solution: the cheapest decodes that had to wait, then tree moves and
-    # CP-SAT neighbourhoods.
+    # Improve the best solution: the cheapest decodes that had to wait, a descent within its
+    # usages, then tree moves and CP-SAT neighbourhoods: hubs at once, then around each hub (tree
+    # moves never move a hub), then around the most expensive edges and random seeds.
     for objective, x in waiting:
         if rounds is None and time_left() < 0.25 * time_limit_s:
             break
         if objective < search.best_obj and x.tobytes() not in relinked:
             relink(x)
+    descend_from_best()
     search.reset(search.best_x)
+    ball_size = 120
+    hubs = _hubs(fp)
+    # Balls around the hubs whose neighbours all fit in one come first.
+    degree = np.diff(fp.aoff)
+    hub_seeds = deque(sorted(hubs.tolist(), key=lambda hub: bool(degree[hub] >= ball_size)))
+    hubs = hubs[np.cumsum(fp.sizes()[hubs]) <= BALL_STRATEGIES]  # the first neighbourhood
     lns_rounds = 0
     round_s = 0.0
     while ((rounds is None and time_left() > 0.2 + 1.5 * round_s) or (rounds is not None and lns_rounds < rounds)) \
@@ -177,15 +204,30 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
         round_start = time.monotonic()
         accepted, improved = search.tree_moves(moves, 16)
         stats["tree_moves"] += moves
-        seed_node = _expensive_node(fp, search.x, search.rng)
-        nodes = search.ball(seed_node, 120)
+        if lns_rounds == 1 and len(hubs) > 1:
+            nodes = hubs
+        elif hub_seeds:
+            nodes = search.ball(hub_seeds.popleft(), ball_size)
+        else:
+            nodes = search.ball(_expensive_node(fp, search.x, search.rng), ball_size)
         budget = min(2.0, max(0.05, time_left() - 0.1)) if rounds is None else 10.0
         change = search.lns(nodes, budget, deterministic_time=1.0 if deterministic else None)
         stats["lns"] += 1
         stats["lns_improving"] += int(change < 0)
+        if change < 0:
+            descend_from_best()
+            search.reset(search.best_x)
         round_s = time.monotonic() - round_start
         report("improve")
     return HeuristicResult(search.best_x.copy(), search.best_obj, bound, stats)
+
+
+def _hubs(fp: FlatProblem) -> np.ndarray:
+    """The movable nodes with more than `kernels.HUB_DEGREE` neighbours (tree moves never move
+    them), most connected first."""
+    degree = np.diff(fp.aoff)
+    hubs = np.flatnonzero((degree > kernels.HUB_DEGREE) & (fp.sizes() > 1))
+    return hubs[np.argsort(-degree[hubs], kind="stable")]
 
 
 def _expensive_node(fp: FlatProblem, x: np.ndarray, rng: np.random.Generator) -> int:

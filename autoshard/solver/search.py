@@ -17,6 +17,7 @@ from autoshard.solver.exact import HINTED_TERM_LIMIT, model_fits, solve_exact
 from autoshard.solver.flat import FlatProblem
 from autoshard.solver.subproblem import restrict
 
+BALL_STRATEGIES = 1500  # a CP-SAT neighbourhood of this many strategies solves in about a second
 
 def exchange_rate(fp: FlatProblem) -> float:
     """A rough cost per unit of usage: summed cost spreads over summed usage spreads of the nodes."""
@@ -61,7 +62,7 @@ class Search:
         self.pen *= 0.5
         return accepted, improved
 
-    def ball(self, seed_node: int, size: int, max_strategies: int = 1500) -> np.ndarray:
+    def ball(self, seed_node: int, size: int, max_strategies: int = BALL_STRATEGIES) -> np.ndarray:
         """Up to `size` movable nodes around seed_node, breadth first, neighbours in random order,
         with at most `max_strategies` strategies in all (keeps the CP-SAT model small)."""
         fp = self.fp

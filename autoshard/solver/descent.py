@@ -1,0 +1,80 @@
+"""Descent within the current usages: a large move that can never break a memory row.
+
+Keep, at every node that takes part in some memory row, only the strategies that use no more
+memory than its current choice. Whatever the rest of the problem picks among those, every row's
+load stays at or below its current load, so the memory rows can be dropped and the remaining
+unconstrained problem is solved by TRW-S and tree moves, which are strong without rows.
+
+Such a move changes thousands of nodes at once when the memory limit forces a whole family of
+nodes (a layer's activations, say) to one sharding and a cheaper consistent choice of the
+family exists that uses no more memory: small CP-SAT neighbourhoods cannot reach it, because
+every partial change pays resharding on its border.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from autoshard.solver.flat import FlatProblem
+from autoshard.solver.lagrange import Relaxation
+from autoshard.solver.search import Search
+
+
+def keep_strategies(fp: FlatProblem, keep: np.ndarray) -> FlatProblem:
+    """`fp` with only the strategies where `keep` (one flag per strategy) holds; each node must
+    keep one at least. `orig` of the result is the strategy's index in `fp`, so `to_original`
+    maps an answer back to `fp`'s indices."""
+    keep = np.asarray(keep, dtype=bool)
+    sizes = fp.sizes()
+    node_of = np.repeat(np.arange(fp.n), sizes)
+    new_sizes = np.bincount(node_of[keep], minlength=fp.n)
+    if np.any(new_sizes == 0):
+        raise ValueError("keep_strategies: every node must keep at least one strategy")
+    soff = np.zeros(fp.n + 1, dtype=np.int64)
+    np.cumsum(new_sizes, out=soff[1:])
+    local = np.arange(len(keep)) - fp.soff[node_of]
+    # Matrix entry k of edge e is (i, j) = divmod(k - moff[e], columns of e).
+    entry_edge = np.repeat(np.arange(fp.m), np.diff(fp.moff))
+    within = np.arange(len(fp.mat)) - fp.moff[entry_edge]
+    columns = sizes[fp.ev][entry_edge]
+    rows_kept = keep[fp.soff[fp.eu][entry_edge] + within // columns]
+    columns_kept = keep[fp.soff[fp.ev][entry_edge] + within % columns]
+    moff = np.zeros(fp.m + 1, dtype=np.int64)
+    np.cumsum(new_sizes[fp.eu] * new_sizes[fp.ev], out=moff[1:])
+    return FlatProblem(n=fp.n, soff=soff, orig=local[keep], cost=fp.cost[keep], use=fp.use[keep],
+                       eu=fp.eu, ev=fp.ev, moff=moff, mat=fp.mat[rows_kept & columns_kept],
+                       aoff=fp.aoff, anbr=fp.anbr, aedge=fp.aedge, arow=fp.arow,
+                       r0=fp.r0, r1=fp.r1, cap=fp.cap, row_steps=fp.row_steps)
+
+
+def within_usage(fp: FlatProblem, x: np.ndarray) -> FlatProblem:
+    """The problem of the strategies that use no more memory than x's, without memory rows
+    (nodes that take part in no row keep all their strategies)."""
+    x = np.asarray(x, dtype=np.int64)
+    node_of = np.repeat(np.arange(fp.n), fp.sizes())
+    in_rows = (fp.r1 > fp.r0)[node_of]
+    keep = ~in_rows | (fp.use <= fp.use[fp.soff[:-1] + x][node_of])
+    no_rows = np.zeros(fp.n, dtype=np.int64)
+    return replace(keep_strategies(fp, keep), r0=no_rows, r1=no_rows, cap=np.zeros(0, dtype=np.int64),
+                   row_steps=np.zeros(0, dtype=np.int64))
+
+
+def descend(fp: FlatProblem, x: np.ndarray, seed: int, passes: int = 10) -> np.ndarray:
+    """A solution no more expensive than x whose every node uses no more memory than in x (so it
+    fits wherever x fits): the better of x and a TRW-S decode of `within_usage` after tree moves."""
+    sub = within_usage(fp, x)
+    # The decode may still pick forbidden pairs here and there: tree moves clean them up.
+    search = Search(sub, Relaxation(sub).run(passes), seed)
+    search.tree_moves(max(2000, 2 * fp.n), 16)
+    search.reset(_in_kept(fp, sub, x))
+    return sub.to_original(search.best_x)
+
+
+def _in_kept(fp: FlatProblem, kept: FlatProblem, x: np.ndarray) -> np.ndarray:
+    """x (in fp's strategy indices) in the indices of `kept`, a `keep_strategies` of fp that keeps x."""
+    node_of = np.repeat(np.arange(fp.n), kept.sizes())
+    slot = np.full(len(fp.cost), -1, dtype=np.int64)
+    slot[fp.soff[node_of] + kept.orig] = np.arange(len(kept.orig))
+    return slot[fp.soff[:-1] + np.asarray(x, dtype=np.int64)] - kept.soff[:-1]
