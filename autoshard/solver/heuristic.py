@@ -6,8 +6,11 @@
    is cheaper than the best solution but does not fit, CP-SAT looks for the best mix of the
    two (`Search.relink`). The multipliers then move (see `lagrange.py`). Every round also
    tightens the certified lower bound.
-3. The feasible search alternates tree moves with CP-SAT neighbourhoods around the most
-   expensive edges and random seeds, always from the best solution.
+3. Every improving relink is followed by a descent within the best solution's usages
+   (`descent.py`: the memory-free problem over the strategies that use no more memory).
+4. The feasible search alternates tree moves with CP-SAT neighbourhoods: the hubs together,
+   a ball around each hub, then around the most expensive edges and random seeds, always from
+   the best solution, with a descent after each improvement.
 """
 
 from __future__ import annotations
