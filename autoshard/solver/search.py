@@ -19,6 +19,7 @@ from autoshard.solver.subproblem import restrict
 
 BALL_STRATEGIES = 1500  # a CP-SAT neighbourhood of this many strategies solves in about a second
 
+
 def exchange_rate(fp: FlatProblem) -> float:
     """A rough cost per unit of usage: summed cost spreads over summed usage spreads of the nodes."""
     sizes = fp.sizes()
