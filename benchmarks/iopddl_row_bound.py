@@ -17,28 +17,16 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from autoshard.solver import read_iopddl, score
 from autoshard.solver.exact import solve_exact
-from autoshard.solver.flat import FlatProblem, flatten
+from autoshard.solver.flat import flatten, only_steps
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_DIR = REPO.parent / "shared" / "benchmarks" / "iopddl"
-
-
-def only_steps(fp: FlatProblem, first: int, end: int) -> FlatProblem:
-    """fp with the memory rows of the time steps in [first, end) only (rows are in step order, so
-    the kept rows are a contiguous run and every node's rows stay a range)."""
-    lo, hi = (int(i) for i in np.searchsorted(fp.row_steps, [first, end]))
-    r0 = np.clip(fp.r0, lo, hi) - lo
-    r1 = np.clip(fp.r1, lo, hi) - lo
-    outside = r1 <= r0
-    return replace(fp, r0=np.where(outside, 0, r0), r1=np.where(outside, 0, r1), cap=fp.cap[lo:hi],
-                   row_steps=fp.row_steps[lo:hi])
 
 
 def main(argv: list[str] | None = None) -> int:

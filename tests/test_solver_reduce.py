@@ -7,7 +7,7 @@ import pytest
 
 from autoshard.solver import exact as exact_module
 from autoshard.solver import score, solve
-from autoshard.solver.flat import flatten
+from autoshard.solver.flat import flatten, only_steps
 from autoshard.solver.subproblem import restrict
 from test_solver_optimum import enumerate_optimum, random_problem
 
@@ -71,3 +71,18 @@ def test_contest_instance_b_working_form_and_bound():
     relaxation.run(60)
     # Without memory multipliers the bound is that of the problem without a limit (134699).
     assert 134000 < relaxation.bound() <= 134699 <= 532843  # 532843: the contest's best answer
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_only_steps_keeps_the_memory_rows_of_those_steps_and_drops_the_others(seed):
+    fp = flatten(random_problem(760 + seed, limited=True))
+    steps = fp.row_steps
+    everything = only_steps(fp, int(steps.min(initial=0)), int(steps.max(initial=0)) + 1)
+    first = int(steps[len(steps) // 2]) if len(steps) else 0
+    upper = only_steps(fp, first, 1 << 30)
+    kept = steps >= first
+    for x in flat_assignments(fp):
+        assert everything.fits(x) == fp.fits(x)
+        assert np.array_equal(upper.row_load(x), fp.row_load(x)[kept])
+        assert np.array_equal(upper.cap, fp.cap[kept])
+        assert upper.objective(x) == fp.objective(x)

@@ -19,7 +19,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -258,3 +258,12 @@ def merge_rows(r0: np.ndarray, r1: np.ndarray, cap: np.ndarray, steps: np.ndarra
     new_cap = np.concatenate([segment_cap, cap[broken]])
     new_steps = np.concatenate([steps[cuts[:-1]], steps[broken]]) if len(steps) else steps
     return new_r0.astype(np.int64), new_r1.astype(np.int64), new_cap.astype(np.int64), new_steps
+
+
+def only_steps(fp: FlatProblem, first: int, end: int) -> FlatProblem:
+    """fp with only the memory rows of the time steps in [first, end) (a row stands for a run of
+    steps with the same live nodes; it is kept if the run starts there). Every answer of fp is one
+    of the result, so the result's optimum bounds fp's from below."""
+    keep = (fp.row_steps >= first) & (fp.row_steps < end)
+    r0, r1, cap, steps = _keep_rows(keep, fp.r0, fp.r1, fp.cap, fp.row_steps)
+    return replace(fp, r0=r0, r1=r1, cap=cap, row_steps=steps)

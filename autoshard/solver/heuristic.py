@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
@@ -184,8 +183,8 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
         rounds_without_better += 1
         report("relax")
     # Improve the best solution: the cheapest decodes that had to wait, a descent within its
-    # usages, then tree moves and CP-SAT neighbourhoods: hubs at once, then around each hub (tree
-    # moves never move a hub), then around the most expensive edges and random seeds.
+    # usages, then CP-SAT neighbourhoods around the hubs, then tree moves and neighbourhoods
+    # around expensive edges and random nodes.
     for objective, x in waiting:
         if rounds is None and time_left() < 0.25 * time_limit_s:
             break
@@ -194,25 +193,11 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
     descend_from_best()
     search.reset(search.best_x)
     ball_size = 120
-    hubs = _hubs(fp)
-    # Balls around the hubs whose neighbours all fit in one come first.
-    degree = np.diff(fp.aoff)
-    hub_seeds = deque(sorted(hubs.tolist(), key=lambda hub: bool(degree[hub] >= ball_size)))
-    hubs = hubs[np.cumsum(fp.sizes()[hubs]) <= BALL_STRATEGIES]  # the first neighbourhood
-    lns_rounds = 0
-    round_s = 0.0
-    while ((rounds is None and time_left() > 0.2 + 1.5 * round_s) or (rounds is not None and lns_rounds < rounds)) \
-            and not proved_optimal():
-        lns_rounds += 1
-        round_start = time.monotonic()
-        accepted, improved = search.tree_moves(moves, 16)
-        stats["tree_moves"] += moves
-        if lns_rounds == 1 and len(hubs) > 1:
-            nodes = hubs
-        elif hub_seeds:
-            nodes = search.ball(hub_seeds.popleft(), ball_size)
-        else:
-            nodes = search.ball(_expensive_node(fp, search.x, search.rng), ball_size)
+
+    def neighbourhood(nodes: np.ndarray) -> float:
+        """One CP-SAT neighbourhood of the best solution, a descent after an improvement; returns
+        the seconds it took."""
+        lns_start = time.monotonic()
         budget = min(2.0, max(0.05, time_left() - 0.1)) if rounds is None else 10.0
         change = search.lns(nodes, budget, deterministic_time=1.0 if deterministic else None)
         stats["lns"] += 1
@@ -220,8 +205,35 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
         if change < 0:
             descend_from_best()
             search.reset(search.best_x)
-        round_s = time.monotonic() - round_start
         report("improve")
+        return time.monotonic() - lns_start
+
+    def around_hubs():
+        """Tree moves never move a hub: all hubs at once, then a ball around each, those whose
+        neighbours all fit in one first (turning a hub with all of them is a move nothing else makes)."""
+        hubs = _hubs(fp)
+        if len(hubs) > 1:
+            yield hubs[np.cumsum(fp.sizes()[hubs]) <= BALL_STRATEGIES]
+        degree = np.diff(fp.aoff)
+        for hub in sorted(hubs.tolist(), key=lambda hub: bool(degree[hub] >= ball_size)):
+            yield search.ball(hub, ball_size)
+
+    lns_s = 0.0
+    for nodes in around_hubs():
+        if (rounds is None and time_left() < 0.2 + 1.5 * lns_s) or proved_optimal():
+            break
+        lns_s = neighbourhood(nodes)
+    # Then tree moves and balls around the most expensive edges and random nodes, in turns.
+    lns_rounds = 0
+    round_s = 0.0
+    while ((rounds is None and time_left() > 0.2 + 1.5 * round_s) or (rounds is not None and lns_rounds < rounds)) \
+            and not proved_optimal():
+        lns_rounds += 1
+        round_start = time.monotonic()
+        search.tree_moves(moves, 16)
+        stats["tree_moves"] += moves
+        neighbourhood(search.ball(_expensive_node(fp, search.x, search.rng), ball_size))
+        round_s = time.monotonic() - round_start
     return HeuristicResult(search.best_x.copy(), search.best_obj, bound, stats)
 
 
