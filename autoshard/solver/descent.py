@@ -43,10 +43,8 @@ def keep_strategies(fp: FlatProblem, keep: np.ndarray) -> FlatProblem:
     columns_kept = keep[fp.soff[fp.ev][entry_edge] + within % columns]
     moff = np.zeros(fp.m + 1, dtype=np.int64)
     np.cumsum(new_sizes[fp.eu] * new_sizes[fp.ev], out=moff[1:])
-    return FlatProblem(n=fp.n, soff=soff, orig=local[keep], cost=fp.cost[keep], use=fp.use[keep],
-                       eu=fp.eu, ev=fp.ev, moff=moff, mat=fp.mat[rows_kept & columns_kept],
-                       aoff=fp.aoff, anbr=fp.anbr, aedge=fp.aedge, arow=fp.arow,
-                       r0=fp.r0, r1=fp.r1, cap=fp.cap, row_steps=fp.row_steps)
+    return replace(fp, soff=soff, orig=local[keep], cost=fp.cost[keep], use=fp.use[keep], moff=moff,
+                   mat=fp.mat[rows_kept & columns_kept])
 
 
 def within_usage(fp: FlatProblem, x: np.ndarray) -> FlatProblem:

@@ -203,8 +203,7 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
         stats["lns"] += 1
         stats["lns_improving"] += int(change < 0)
         if change < 0:
-            descend_from_best()
-            search.reset(search.best_x)
+            descend_from_best()  # leaves the search at the best solution, as the improving LNS did
         report("improve")
         return time.monotonic() - lns_start
 
