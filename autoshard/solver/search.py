@@ -107,7 +107,8 @@ class Search:
         """Solve the subproblem of `nodes` from the current choices; keep its answer if cheaper."""
         before = sub.objective(self.x[nodes])
         result = solve_exact(sub, time_limit_s=time_limit_s, workers=workers, seed=int(self.rng.integers(1 << 31)),
-                             hint=self.x[nodes], deterministic_time=deterministic_time)
+                             hint=self.x[nodes], deterministic_time=deterministic_time,
+                             light_presolve=True)
         if result.x is None:
             return 0.0
         change = sub.objective(result.x) - before
