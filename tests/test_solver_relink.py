@@ -61,3 +61,20 @@ def test_step_length_halves_when_the_bound_stalls_and_takes_back_the_best_multip
     relaxation.lam[:] = 9.0
     assert step.after(bound=70.0, target=100.0) == 0.0  # fell more than the gap below the best
     assert np.all(relaxation.lam == 3.0) and step.theta == 0.25
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_on_rows_is_the_best_assignment_under_the_kept_rows_and_its_bound_holds_for_all(seed):
+    with_rows = (flatten(random_problem(640 + 20 * seed + k, limited=True)) for k in range(20))
+    fp = next(fp for fp in with_rows if fp.num_rows >= 2)
+    keep = np.arange(fp.num_rows) % 2 == 0
+    search = Search(fp, smallest_usage(fp), seed)
+    result = search.on_rows(keep, time_limit_s=10, workers=1, deterministic_time=10.0)
+    y, bound = result.x, result.bound
+    assignments = list(flat_assignments(fp))
+    under_kept = min(fp.objective(x) for x in assignments if np.all((fp.row_load(x) <= fp.cap)[keep]))
+    optimum = min(fp.objective(x) for x in assignments if fp.fits(x))
+    assert np.all((fp.row_load(y) <= fp.cap)[keep])
+    assert fp.objective(y) == pytest.approx(under_kept)
+    assert bound <= under_kept + 1e-6 <= optimum + 1e-6
+    assert np.array_equal(search.best_x, smallest_usage(fp))  # the caller decides what to keep

@@ -260,10 +260,14 @@ def merge_rows(r0: np.ndarray, r1: np.ndarray, cap: np.ndarray, steps: np.ndarra
     return new_r0.astype(np.int64), new_r1.astype(np.int64), new_cap.astype(np.int64), new_steps
 
 
+def only_rows(fp: FlatProblem, keep: np.ndarray) -> FlatProblem:
+    """fp with only the memory rows `keep` marks. Every answer of fp is one of the result, so the
+    result's optimum bounds fp's from below."""
+    r0, r1, cap, steps = _keep_rows(np.asarray(keep, dtype=bool), fp.r0, fp.r1, fp.cap, fp.row_steps)
+    return replace(fp, r0=r0, r1=r1, cap=cap, row_steps=steps)
+
+
 def only_steps(fp: FlatProblem, first: int, end: int) -> FlatProblem:
     """fp with only the memory rows of the time steps in [first, end) (a row stands for a run of
-    steps with the same live nodes; it is kept if the run starts there). Every answer of fp is one
-    of the result, so the result's optimum bounds fp's from below."""
-    keep = (fp.row_steps >= first) & (fp.row_steps < end)
-    r0, r1, cap, steps = _keep_rows(keep, fp.r0, fp.r1, fp.cap, fp.row_steps)
-    return replace(fp, r0=r0, r1=r1, cap=cap, row_steps=steps)
+    steps with the same live nodes; it is kept if the run starts there)."""
+    return only_rows(fp, (fp.row_steps >= first) & (fp.row_steps < end))

@@ -24,12 +24,15 @@ import numpy as np
 
 from autoshard.solver import kernels
 from autoshard.solver.descent import descend
+from autoshard.solver.exact import model_fits
 from autoshard.solver.flat import FORBIDDEN, FlatProblem, flatten
 from autoshard.solver.lagrange import Relaxation, StepLength
 from autoshard.solver.problem import Problem, within_gap
 from autoshard.solver.search import BALL_STRATEGIES, Search
 
 Progress = Callable[[str, float, float, float], None]  # (phase, cost, bound, elapsed_s)
+BINDING_ROWS = 16  # memory rows kept by the whole-instance CP-SAT model (`solve_on_binding_rows`)
+BINDING_ROWS_GAP = 0.01  # ... which runs when the certified gap is larger (and the full model too large)
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,7 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
     start = time.monotonic()
     deadline = start + time_limit_s
     stats: dict = {"relaxation_rounds": 0, "feasible_decodes": 0, "relinks": 0, "relinks_improving": 0,
-                   "descents": 0, "descents_improving": 0, "tree_moves": 0, "lns": 0, "lns_improving": 0}
+                   "descents": 0, "descents_improving": 0, "binding_rows": "not run", "tree_moves": 0, "lns": 0, "lns_improving": 0}
     x0 = smallest_usage(fp)
     if hint is not None and fp.fits(hint) and fp.objective(hint) < fp.objective(x0):
         x0 = np.asarray(hint, dtype=np.int64)
@@ -129,14 +132,42 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
             stats["descents_improving"] += 1
             search.reset(y)
 
-    def relink(x: np.ndarray) -> None:
+    def relink(x: np.ndarray, share: float = 0.3) -> None:
         relinked.add(x.tobytes())
-        change = search.relink(x, max(1.0, 0.3 * time_left()), workers,
+        change = search.relink(x, max(1.0, share * time_left()), workers,
                                deterministic_time=5.0 if deterministic else None)
         stats["relinks"] += int(change is not None)
         stats["relinks_improving"] += int(bool(change))
         if change:
             descend_from_best()
+
+    def solve_on_binding_rows() -> float:
+        """CP-SAT over the whole instance with only the rows of the largest multipliers (the ones
+        the relaxation found binding), when that model is small enough (the full model, when it
+        is, is solved by `solve` after the heuristic); an answer that breaks
+        another row is relinked with the best. Returns the model's lower bound. Where memory
+        decides, the cheapest plan differs from what the decodes find in tens of thousands of
+        nodes at once: on IOPDDL P 12 rows suffice to reach the optimum from 1.6% above it."""
+        top = np.argsort(-relaxation.lam, kind="stable")[:BINDING_ROWS]
+        keep = np.zeros(fp.num_rows, dtype=bool)
+        keep[top[relaxation.lam[top] > 0]] = True
+        if not keep.any():
+            return -math.inf
+        result = search.on_rows(keep, 0.75 * time_left(), workers,
+                                deterministic_time=10.0 if deterministic else None)
+        if result is None:
+            return -math.inf
+        stats["binding_rows"] = f"{int(keep.sum())} rows: {result.status} in {result.wall_s:.1f} s"
+        if result.x is None:
+            return result.bound
+        y = result.x
+        if fp.objective(y) < search.best_obj:
+            if fp.fits(y):
+                search.reset(y)
+                descend_from_best()
+            else:
+                relink(y, share=0.6)
+        return result.bound
 
     # Relax-and-decode rounds, about half of the time. Doubling the multipliers of overloaded
     # rows finds fitting decodes fast; once it stops finding better ones, Polyak steps take over
@@ -182,9 +213,11 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
             relaxation.raise_on(slack, unit)
         rounds_without_better += 1
         report("relax")
-    # Improve the best solution: the cheapest decodes that had to wait, a descent within its
-    # usages, then CP-SAT neighbourhoods around the hubs, then tree moves and neighbourhoods
-    # around expensive edges and random nodes.
+    # Improve the best solution: CP-SAT under the binding rows, the cheapest decodes that had to
+    # wait, a descent within its usages, then CP-SAT neighbourhoods around the hubs, then tree
+    # moves and neighbourhoods around expensive edges and random nodes.
+    if fp.fits(search.best_x) and not within_gap(search.best_obj, bound, BINDING_ROWS_GAP) and not model_fits(fp):
+        bound = max(bound, solve_on_binding_rows())
     for objective, x in waiting:
         if rounds is None and time_left() < 0.25 * time_limit_s:
             break
