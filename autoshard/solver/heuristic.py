@@ -169,7 +169,10 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
                 relink(y, share=0.6)
         return result.bound
 
-    # Relax-and-decode rounds, about half of the time. Doubling the multipliers of overloaded
+    # Relax-and-decode rounds, about half of the time (four fifths without memory rows: then every
+    # round just carries TRW-S on from warm messages, and its decodes and the tree moves that
+    # clean them up are the search; on a 3-D training step of 500k strategies a CP-SAT
+    # neighbourhood or a sweep of tree moves takes seconds and rarely finds anything). Doubling the multipliers of overloaded
     # rows finds fitting decodes fast; once it stops finding better ones, Polyak steps take over
     # for good (stepping towards a cost far above the optimum makes them oscillate).
     step = StepLength(relaxation)
@@ -177,7 +180,8 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
     rounds_without_better = 0
     relink_free_from = start  # relinking takes at most about half of the rounds' time
     round_no = 0
-    while ((rounds is None and time_left() > 0.5 * time_limit_s) or (rounds is not None and round_no < rounds)) \
+    improve_share = 0.5 if fp.num_rows else 0.2
+    while ((rounds is None and time_left() > improve_share * time_limit_s) or (rounds is not None and round_no < rounds)) \
             and not proved_optimal():
         round_no += 1
         best_before = search.best_obj

@@ -55,7 +55,9 @@ def partners(aoff, anbr, aedge):
 @njit(cache=True, nogil=True)
 def trws_passes(num_passes, order, soff, cost, use, pen, eu, ev, moff, mat, aoff, anbr, aedge, arow,
                 part, msg_off, msg, x_out):
-    """Run forward+backward passes; the last forward pass's decoded assignment goes to x_out."""
+    """Run forward+backward passes. Each forward pass decodes an assignment; the one of least
+    penalised cost goes to x_out (in degenerate problems, such as the many equal shardings of
+    an optimizer's states, decodes swing between near-optimal and far off from pass to pass)."""
     n = soff.shape[0] - 1
     rank = np.empty(n, dtype=np.int64)
     for i in range(n):
@@ -65,6 +67,9 @@ def trws_passes(num_passes, order, soff, cost, use, pen, eu, ev, moff, mat, aoff
         max_s = max(max_s, soff[v + 1] - soff[v])
     belief = np.empty(max_s, dtype=np.float64)
     decide = np.empty(max_s, dtype=np.float64)
+    head = np.empty(max_s, dtype=np.float64)
+    x = x_out.copy()
+    best_decode = np.inf
     for p in range(2 * num_passes):
         forward = p % 2 == 0
         for i in range(n):
@@ -94,9 +99,9 @@ def trws_passes(num_passes, order, soff, cost, use, pen, eu, ev, moff, mat, aoff
                         cols = soff[ev[e] + 1] - soff[ev[e]]
                         for s in range(sv):
                             if arow[j] == 1:
-                                decide[s] += mat[moff[e] + s * cols + x_out[w]]
+                                decide[s] += mat[moff[e] + s * cols + x[w]]
                             else:
-                                decide[s] += mat[moff[e] + x_out[w] * cols + s]
+                                decide[s] += mat[moff[e] + x[w] * cols + s]
                     else:
                         o = msg_off[j]
                         for s in range(sv):
@@ -105,33 +110,60 @@ def trws_passes(num_passes, order, soff, cost, use, pen, eu, ev, moff, mat, aoff
                 for s in range(sv):
                     if decide[s] < best:
                         best = decide[s]
-                        x_out[v] = s
+                        x[v] = s
             gamma = 1.0 / max(1, max(n_before, n_after))
             for j in range(aoff[v], aoff[v + 1]):
                 w = anbr[j]
                 if (rank[w] > rank[v]) != forward:
                     continue
-                e = aedge[j]
-                jw = part[j]
-                ow = msg_off[jw]
                 ov = msg_off[j]
-                sw = soff[w + 1] - soff[w]
-                cols = soff[ev[e] + 1] - soff[ev[e]]
-                low = np.inf
-                for t in range(sw):
-                    best = np.inf
-                    for s in range(sv):
-                        if arow[j] == 1:
-                            c = gamma * belief[s] - msg[ov + s] + mat[moff[e] + s * cols + t]
-                        else:
-                            c = gamma * belief[s] - msg[ov + s] + mat[moff[e] + t * cols + s]
-                        if c < best:
-                            best = c
-                    msg[ow + t] = best
-                    if best < low:
-                        low = best
-                for t in range(sw):
-                    msg[ow + t] -= low
+                for s in range(sv):
+                    head[s] = gamma * belief[s] - msg[ov + s]
+                _min_over_edge(head, sv, mat, moff[aedge[j]], soff[w + 1] - soff[w], arow[j] == 1, msg,
+                               msg_off[part[j]])
+        if forward:
+            decoded = _penalised_cost(x, soff, cost, use, pen, eu, ev, moff, mat)
+            if decoded < best_decode:
+                best_decode = decoded
+                x_out[:] = x
+
+
+@njit(cache=True, nogil=True)
+def _penalised_cost(x, soff, cost, use, pen, eu, ev, moff, mat):
+    total = 0.0
+    for v in range(soff.shape[0] - 1):
+        total += cost[soff[v] + x[v]] + pen[v] * use[soff[v] + x[v]]
+    for e in range(eu.shape[0]):
+        total += mat[moff[e] + x[eu[e]] * (soff[ev[e] + 1] - soff[ev[e]]) + x[ev[e]]]
+    return total
+
+
+@njit(cache=True, nogil=True)
+def _min_over_edge(head, sv, mat, base, sw, v_is_row, msg, ow):
+    """msg[ow + t] = min_s head[s] + E(s, t), less its minimum over t: the message into w along an
+    edge whose matrix starts at mat[base] (v's strategies s index its rows when `v_is_row`, its
+    columns otherwise). Both loop orders walk the matrix row by row, the innermost loop over
+    contiguous entries: the message passes spend their time here."""
+    if v_is_row:
+        for t in range(sw):
+            msg[ow + t] = np.inf
+        for s in range(sv):
+            h = head[s]
+            row = base + s * sw
+            for t in range(sw):
+                msg[ow + t] = min(msg[ow + t], h + mat[row + t])
+    else:
+        for t in range(sw):
+            row = base + t * sv
+            best = np.inf
+            for s in range(sv):
+                best = min(best, head[s] + mat[row + s])
+            msg[ow + t] = best
+    low = np.inf
+    for t in range(sw):
+        low = min(low, msg[ow + t])
+    for t in range(sw):
+        msg[ow + t] -= low
 
 
 @njit(cache=True, nogil=True)

@@ -1,0 +1,25 @@
+"""Node numbering of the formulation: the order the memory relaxation decodes in."""
+
+from autoshard.formulation import formulate
+from autoshard.graph import topological_order
+from autoshard.hardware import bind_hardware
+from autoshard.mesh import Mesh
+from autoshard.models import GPTConfig, gpt
+from autoshard.schema import graph_from_json
+
+
+def test_every_stored_tensor_follows_its_first_consumer():
+    graph = graph_from_json(gpt(GPTConfig(layers=1, hidden=64, heads=4, seq=16, batch=4, vocab=128), training=True))
+    mesh = Mesh.parse("dp=2,tp=2")
+    formulation = formulate(graph, mesh, bind_hardware("dgx-h100", mesh))
+    position = {name: i for i, (_, name) in enumerate(formulation.nodes)}
+    ops = topological_order(graph)
+    stored = [t for t in graph.tensors.values() if t.role != "intermediate"]
+    assert sorted(kind for kind, _ in formulation.nodes) == sorted(["op"] * len(ops) + ["storage"] * len(stored))
+    assert [position[op.name] for op in ops] == sorted(position[op.name] for op in ops)  # ops in program order
+    for tensor in stored:
+        first = next(op for op in ops if tensor.name in op.inputs)
+        assert position[tensor.name] > position[first.name], tensor.name
+        # only the first consumer's other stored inputs may come between the two
+        between = formulation.nodes[position[first.name] + 1:position[tensor.name]]
+        assert all(kind == "storage" and name in first.inputs for kind, name in between), tensor.name
