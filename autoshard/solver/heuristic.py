@@ -8,7 +8,10 @@
    tightens the certified lower bound.
 3. Every improving relink is followed by a descent within the best solution's usages
    (`descent.py`: the memory-free problem over the strategies that use no more memory).
-4. The feasible search alternates tree moves with CP-SAT neighbourhoods: the hubs together,
+4. If the best solution is still more than 1% above the bound and the whole instance is too
+   large for CP-SAT with all its rows, CP-SAT solves it under the few rows the multipliers mark
+   as binding (`Search.on_rows`); its answer is kept, or relinked when it breaks another row.
+5. The feasible search alternates tree moves with CP-SAT neighbourhoods: the hubs together,
    a ball around each hub, then around the most expensive edges and random seeds, always from
    the best solution, with a descent after each improvement.
 """
