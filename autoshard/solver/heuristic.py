@@ -92,7 +92,8 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
     start = time.monotonic()
     deadline = start + time_limit_s
     stats: dict = {"relaxation_rounds": 0, "feasible_decodes": 0, "relinks": 0, "relinks_improving": 0,
-                   "descents": 0, "descents_improving": 0, "binding_rows": "not run", "tree_moves": 0, "lns": 0, "lns_improving": 0}
+                   "descents": 0, "descents_improving": 0, "binding_rows": "not run", "tree_moves": 0, "lns": 0,
+                   "lns_improving": 0}
     x0 = smallest_usage(fp)
     if hint is not None and fp.fits(hint) and fp.objective(hint) < fp.objective(x0):
         x0 = np.asarray(hint, dtype=np.int64)
@@ -147,10 +148,10 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
     def solve_on_binding_rows() -> float:
         """CP-SAT over the whole instance with only the rows of the largest multipliers (the ones
         the relaxation found binding), when that model is small enough (the full model, when it
-        is, is solved by `solve` after the heuristic); an answer that breaks
-        another row is relinked with the best. Returns the model's lower bound. Where memory
-        decides, the cheapest plan differs from what the decodes find in tens of thousands of
-        nodes at once: on IOPDDL P 12 rows suffice to reach the optimum from 1.6% above it."""
+        is, is solved by `solve` after the heuristic); an answer that breaks another row is
+        relinked with the best. Returns the model's lower bound. Where memory decides, the
+        cheapest plan can differ from what the decodes find in tens of thousands of nodes at
+        once: on IOPDDL P one row suffices to reach the optimum from 1.6% above it."""
         top = np.argsort(-relaxation.lam, kind="stable")[:BINDING_ROWS]
         keep = np.zeros(fp.num_rows, dtype=bool)
         keep[top[relaxation.lam[top] > 0]] = True
@@ -175,9 +176,10 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
     # Relax-and-decode rounds, about half of the time (four fifths without memory rows: then every
     # round just carries TRW-S on from warm messages, and its decodes and the tree moves that
     # clean them up are the search; on a 3-D training step of 500k strategies a CP-SAT
-    # neighbourhood or a sweep of tree moves takes seconds and rarely finds anything). Doubling the multipliers of overloaded
-    # rows finds fitting decodes fast; once it stops finding better ones, Polyak steps take over
-    # for good (stepping towards a cost far above the optimum makes them oscillate).
+    # neighbourhood or a sweep of tree moves takes seconds and rarely finds anything). Doubling
+    # the multipliers of overloaded rows finds fitting decodes fast; once it stops finding better
+    # ones, Polyak steps take over for good (stepping towards a cost far above the optimum makes
+    # them oscillate).
     step = StepLength(relaxation)
     stepping = False
     rounds_without_better = 0
