@@ -173,21 +173,22 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
                 relink(y, share=0.6)
         return result.bound
 
-    # Relax-and-decode rounds, about half of the time (four fifths without memory rows: then every
-    # round just carries TRW-S on from warm messages, and its decodes and the tree moves that
-    # clean them up are the search; on a 3-D training step of 500k strategies a CP-SAT
-    # neighbourhood or a sweep of tree moves takes seconds and rarely finds anything). Doubling
-    # the multipliers of overloaded rows finds fitting decodes fast; once it stops finding better
-    # ones, Polyak steps take over for good (stepping towards a cost far above the optimum makes
-    # them oscillate).
+    # Relax-and-decode rounds, about half of the time once memory binds (some multiplier has
+    # risen), four fifths until then: while no row binds, every round just carries TRW-S on from
+    # warm messages, and its decodes and the tree moves that clean them up are the search (on a
+    # 3-D training step of 500k strategies a CP-SAT neighbourhood or a sweep of tree moves takes
+    # seconds and rarely finds anything).
+    # Doubling the multipliers of overloaded rows finds fitting decodes fast; once it stops finding
+    # better ones, Polyak steps take over for good (stepping towards a cost far above the optimum
+    # makes them oscillate).
     step = StepLength(relaxation)
     stepping = False
     rounds_without_better = 0
     relink_free_from = start  # relinking takes at most about half of the rounds' time
     round_no = 0
-    improve_share = 0.5 if fp.num_rows else 0.2
-    while ((rounds is None and time_left() > improve_share * time_limit_s) or (rounds is not None and round_no < rounds)) \
-            and not proved_optimal():
+    memory_binds = False
+    while ((rounds is None and time_left() > (0.5 if memory_binds else 0.2) * time_limit_s)
+           or (rounds is not None and round_no < rounds)) and not proved_optimal():
         round_no += 1
         best_before = search.best_obj
         x = relaxation.run(5 if stepping else 10)
@@ -202,8 +203,9 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
             stats["feasible_decodes"] += 1
             if objective < search.best_obj:
                 search.reset(x)
-                search.tree_moves(moves, 16)
-                stats["tree_moves"] += moves
+                if memory_binds:  # else the clean-up's moves were these, on the same costs
+                    search.tree_moves(moves, 16)
+                    stats["tree_moves"] += moves
         elif objective < search.best_obj < FORBIDDEN and x.tobytes() not in relinked:
             if rounds is not None or time.monotonic() >= relink_free_from:
                 relink_start = time.monotonic()
@@ -221,6 +223,7 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
         else:
             relaxation.raise_on(slack, unit)
         rounds_without_better += 1
+        memory_binds = memory_binds or bool(relaxation.lam.any())
         report("relax")
     # Improve the best solution: CP-SAT under the binding rows, the cheapest decodes that had to
     # wait, a descent within its usages, then CP-SAT neighbourhoods around the hubs, then tree
