@@ -162,8 +162,8 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
         if result is None:
             return -math.inf
         stats["binding_rows"] = f"{int(keep.sum())} rows: {result.status} in {result.wall_s:.1f} s"
-        if result.x is None:
-            return result.bound
+        if result.x is None:  # nothing in time (infeasible it cannot be: the best fits every row)
+            return -math.inf
         y = result.x
         if fp.objective(y) < search.best_obj:
             if fp.fits(y):
