@@ -41,12 +41,19 @@ class Relaxation:
         return prefix[fp.r1] - prefix[fp.r0]
 
     def run(self, passes: int) -> np.ndarray:
-        """TRW-S passes under the current multipliers; returns the decoded assignment."""
+        """TRW-S passes under the current multipliers; returns the cheapest of their decodes under
+        the penalised costs. In degenerate problems (an optimizer's states have many equal
+        shardings) decodes swing between near-optimal and far off from pass to pass."""
         fp = self.fp
-        messages.trws_passes(passes, self.order, fp.soff, fp.cost, fp.use, self.penalties(), fp.eu, fp.ev,
-                             fp.moff, fp.mat, fp.aoff, fp.anbr, fp.aedge, fp.arow, self.part, self.msg_off,
-                             self.msg, self.x)
-        return self.x.copy()
+        pen = self.penalties()
+        best, best_cost = self.x.copy(), np.inf
+        for _ in range(passes):
+            messages.trws_passes(1, self.order, fp.soff, fp.cost, fp.use, pen, fp.eu, fp.ev, fp.moff, fp.mat,
+                                 fp.aoff, fp.anbr, fp.aedge, fp.arow, self.part, self.msg_off, self.msg, self.x)
+            cost = fp.objective(self.x) + float(pen @ fp.use[fp.soff[:-1] + self.x])
+            if cost < best_cost:
+                best, best_cost = self.x.copy(), cost
+        return best
 
     def bound(self) -> float:
         """Certified lower bound on the constrained optimum (flat costs)."""

@@ -55,9 +55,7 @@ def partners(aoff, anbr, aedge):
 @njit(cache=True, nogil=True)
 def trws_passes(num_passes, order, soff, cost, use, pen, eu, ev, moff, mat, aoff, anbr, aedge, arow,
                 part, msg_off, msg, x_out):
-    """Run forward+backward passes. Each forward pass decodes an assignment; the one of least
-    penalised cost goes to x_out (in degenerate problems, such as the many equal shardings of
-    an optimizer's states, decodes swing between near-optimal and far off from pass to pass)."""
+    """Run forward+backward passes; the last forward pass's decoded assignment goes to x_out."""
     n = soff.shape[0] - 1
     rank = np.empty(n, dtype=np.int64)
     for i in range(n):
@@ -68,8 +66,6 @@ def trws_passes(num_passes, order, soff, cost, use, pen, eu, ev, moff, mat, aoff
     belief = np.empty(max_s, dtype=np.float64)
     decide = np.empty(max_s, dtype=np.float64)
     head = np.empty(max_s, dtype=np.float64)
-    x = x_out.copy()
-    best_decode = np.inf
     for p in range(2 * num_passes):
         forward = p % 2 == 0
         for i in range(n):
@@ -99,9 +95,9 @@ def trws_passes(num_passes, order, soff, cost, use, pen, eu, ev, moff, mat, aoff
                         cols = soff[ev[e] + 1] - soff[ev[e]]
                         for s in range(sv):
                             if arow[j] == 1:
-                                decide[s] += mat[moff[e] + s * cols + x[w]]
+                                decide[s] += mat[moff[e] + s * cols + x_out[w]]
                             else:
-                                decide[s] += mat[moff[e] + x[w] * cols + s]
+                                decide[s] += mat[moff[e] + x_out[w] * cols + s]
                     else:
                         o = msg_off[j]
                         for s in range(sv):
@@ -110,7 +106,7 @@ def trws_passes(num_passes, order, soff, cost, use, pen, eu, ev, moff, mat, aoff
                 for s in range(sv):
                     if decide[s] < best:
                         best = decide[s]
-                        x[v] = s
+                        x_out[v] = s
             gamma = 1.0 / max(1, max(n_before, n_after))
             for j in range(aoff[v], aoff[v + 1]):
                 w = anbr[j]
@@ -121,21 +117,6 @@ def trws_passes(num_passes, order, soff, cost, use, pen, eu, ev, moff, mat, aoff
                     head[s] = gamma * belief[s] - msg[ov + s]
                 _min_over_edge(head, sv, mat, moff[aedge[j]], soff[w + 1] - soff[w], arow[j] == 1, msg,
                                msg_off[part[j]])
-        if forward:
-            decoded = _penalised_cost(x, soff, cost, use, pen, eu, ev, moff, mat)
-            if decoded < best_decode:
-                best_decode = decoded
-                x_out[:] = x
-
-
-@njit(cache=True, nogil=True)
-def _penalised_cost(x, soff, cost, use, pen, eu, ev, moff, mat):
-    total = 0.0
-    for v in range(soff.shape[0] - 1):
-        total += cost[soff[v] + x[v]] + pen[v] * use[soff[v] + x[v]]
-    for e in range(eu.shape[0]):
-        total += mat[moff[e] + x[eu[e]] * (soff[ev[e] + 1] - soff[ev[e]]) + x[ev[e]]]
-    return total
 
 
 @njit(cache=True, nogil=True)
