@@ -24,9 +24,9 @@ from typing import Any, Mapping
 import httpx
 
 from autoshard.errors import AutoshardError, Problem
-from autoshard.graph import Graph
+from autoshard.graph.model import Graph
 from autoshard.mesh import Mesh
-from autoshard.schema import graph_to_json
+from autoshard.graph.schema import graph_to_json
 
 FINAL_STATUSES = ("done", "failed", "cancelled")
 
@@ -200,7 +200,7 @@ class LocalService:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
-        command = [sys.executable, "-m", "autoshard.cli", "serve", "--port", str(port), "--db", str(self.db),
+        command = [sys.executable, "-m", "autoshard.cli.main", "serve", "--port", str(port), "--db", str(self.db),
                    "--workers", str(self.workers), "--log-level", "warning"]
         with open(self.log, "a") as out:
             self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,

@@ -19,13 +19,13 @@ import sys
 import time
 from dataclasses import dataclass
 
-from autoshard.autoplan import SolveSettings, make_plan
-from autoshard.hardware import bind_hardware
+from autoshard.planning.make_plan import SolveSettings, make_plan
+from autoshard.planning.hardware import bind_hardware
 from autoshard.mesh import Mesh
 from autoshard.models import GPTConfig, gpt
-from autoshard.schema import graph_from_json
+from autoshard.graph.schema import graph_from_json
 from autoshard.solver.heuristic import compile_kernels
-from autoshard.summary import size
+from autoshard.graph.summary import size
 
 
 @dataclass(frozen=True)

@@ -15,14 +15,14 @@ from typing import Any, Mapping
 
 import cost_models
 from autoshard import __version__
-from autoshard.autoplan import SolveSettings
-from autoshard.costs import Hardware
+from autoshard.planning.make_plan import SolveSettings
+from autoshard.planning.costs import Hardware
 from autoshard.errors import InputError, Problem
-from autoshard.formulation import Weights
-from autoshard.graph import Graph
-from autoshard.hardware import bind_hardware
+from autoshard.planning.formulation import Weights
+from autoshard.graph.model import Graph
+from autoshard.planning.hardware import bind_hardware
 from autoshard.mesh import Mesh
-from autoshard.schema import graph_from_json, graph_to_json
+from autoshard.graph.schema import graph_from_json, graph_to_json
 from service.config import Settings
 from service.errors import TooLarge
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from autoshard.costs import Hardware
-from autoshard.deliverables import partitioned_program
+from autoshard.planning.costs import Hardware
+from autoshard.delivery.deliver import partitioned_program
 from autoshard.mlir import emit_annotated, emit_partitioned
-from autoshard.plan import Plan
+from autoshard.planning.plan import Plan
 
 
 def ir_arguments(stage: str, arguments: str) -> str:

@@ -15,8 +15,8 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any, Mapping
 
-from autoshard.autoplan import make_plan
-from autoshard.deliverables import deliver
+from autoshard.planning.make_plan import make_plan
+from autoshard.delivery.deliver import deliver
 from autoshard.errors import AutoshardError, InfeasibleError, InputError
 from service.inputs import plan_inputs, slice_of
 from service.ir import ir_arguments

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from autoshard.cli import main
+from autoshard.cli.main import main
 from cost_models import list_profiles, load_profile
 
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from autoshard.cli import main
+from autoshard.cli.main import main
 from autoshard.mesh import Mesh
 from autoshard.mlir import emit_partitioned, verify
-from autoshard.plan import plan_from_json
-from autoshard.schema import load_graph
-from autoshard.spmd import partition
+from autoshard.planning.plan import plan_from_json
+from autoshard.graph.schema import load_graph
+from autoshard.spmd.program import partition
 
 MLP = str(Path(__file__).parent.parent / "examples" / "mlp.json")
 MESH = "dp=2,tp=4"

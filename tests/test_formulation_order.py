@@ -1,11 +1,11 @@
 """Node numbering of the formulation: the order the memory relaxation decodes in."""
 
-from autoshard.formulation import formulate
-from autoshard.graph import topological_order
-from autoshard.hardware import bind_hardware
+from autoshard.planning.formulation import formulate
+from autoshard.graph.model import topological_order
+from autoshard.planning.hardware import bind_hardware
 from autoshard.mesh import Mesh
 from autoshard.models import GPTConfig, gpt
-from autoshard.schema import graph_from_json
+from autoshard.graph.schema import graph_from_json
 
 
 def test_every_stored_tensor_follows_its_first_consumer():

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from autoshard.cli import main
+from autoshard.cli.main import main
 from autoshard.solver import Problem, solve
 from autoshard.solver.exact import solve_exact
 from autoshard.solver.flat import flatten

@@ -14,18 +14,18 @@ from types import MappingProxyType
 import pytest
 from test_spmd import MESHES, ZOO, cycled_plans, graph_doc, megatron
 
-from autoshard.collective_opt import optimize
+from autoshard.spmd.collective_opt import optimize
 from autoshard.errors import InputError
 from autoshard.mesh import Mesh
 from autoshard.mlir import MESH, SHARD, emit_annotated, emit_partitioned, to_llvm19, verify
 from autoshard.mlir.dialect import PARTIAL_NOTE
 from autoshard.mlir.toolchain import verify_all
-from autoshard.options import ShardingOption
-from autoshard.plan import Plan
+from autoshard.planning.options import ShardingOption
+from autoshard.planning.plan import Plan
 from autoshard.resharding import CollectiveStep, Transfer
-from autoshard.schema import graph_from_json
+from autoshard.graph.schema import graph_from_json
 from autoshard.sharding import Sharding
-from autoshard.spmd import Communicate, LocalOp, SpmdProgram, partition
+from autoshard.spmd.program import Communicate, LocalOp, SpmdProgram, partition
 
 O, S = ShardingOption, Sharding
 GOLDEN = Path(__file__).parent / "golden"

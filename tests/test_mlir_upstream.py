@@ -23,12 +23,12 @@ from test_spmd import MLP, megatron
 from autoshard.mesh import Mesh
 from autoshard.mlir import collectives, emit_annotated, emit_partitioned, upstream_partition
 from autoshard.mlir.toolchain import CollectiveUse
-from autoshard.options import ShardingOption
-from autoshard.plan import Plan
+from autoshard.planning.options import ShardingOption
+from autoshard.planning.plan import Plan
 from autoshard.resharding import bytes_moved_price
-from autoshard.schema import graph_from_json
+from autoshard.graph.schema import graph_from_json
 from autoshard.sharding import Sharding
-from autoshard.spmd import partition
+from autoshard.spmd.program import partition
 
 O, S = ShardingOption, Sharding
 MESH = Mesh.of(dp=2, tp=4)

@@ -8,10 +8,11 @@ import json
 
 import pytest
 
-from autoshard.cli import main
-from autoshard import deliverables, verification
+from autoshard.cli.main import main
+from autoshard.delivery import deliver as deliverables
+from autoshard.sim import verify as verification
 from autoshard.mlir import verify
-from autoshard.spmd import LocalOp
+from autoshard.spmd.program import LocalOp
 
 BATCH, HIDDEN, FFN = 16, 256, 1024
 

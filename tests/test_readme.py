@@ -9,7 +9,7 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from autoshard.cli import main
+from autoshard.cli.main import main
 from autoshard.client import LocalService
 
 ROOT = Path(__file__).parent.parent

@@ -8,14 +8,14 @@ import json
 
 import pytest
 
-from autoshard.cli import main
-from autoshard.commands import reshard
-from autoshard.hardware import bind_hardware
+from autoshard.cli.main import main
+from autoshard.cli import reshard
+from autoshard.planning.hardware import bind_hardware
 from autoshard.mesh import Mesh
 from autoshard.mlir.toolchain import verify
 from autoshard.resharding import bytes_moved_price, plan_resharding
 from autoshard.sharding import Sharding
-from autoshard.spmd import check_program, resharding_program
+from autoshard.spmd.program import check_program, resharding_program
 
 MESH = Mesh.of(x=2, y=3)
 SEED = ["--mesh", "x=2,y=3", "--shape", "6x6", "--from", "[[x],[y]]", "--to", "[[y],[x]]"]

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from autoshard.cli import main
+from autoshard.cli.main import main
 from autoshard.errors import InputError
-from autoshard.graph import live_ranges, to_networkx, topological_order
+from autoshard.graph.model import live_ranges, to_networkx, topological_order
 from autoshard.mesh import Mesh
-from autoshard.schema import graph_from_json, graph_to_json, load_graph
+from autoshard.graph.schema import graph_from_json, graph_to_json, load_graph
 
 GOOD = {
     "format": "autoshard.graph/v1", "name": "mlp",

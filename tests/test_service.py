@@ -10,14 +10,14 @@ import pytest
 from fastapi.testclient import TestClient
 
 import cost_models
-from autoshard.autoplan import SolveSettings, make_plan
+from autoshard.planning.make_plan import SolveSettings, make_plan
 from autoshard.client import Client, ServiceError
 from autoshard.errors import InputError
-from autoshard.hardware import bind_hardware
+from autoshard.planning.hardware import bind_hardware
 from autoshard.mesh import Mesh
 from autoshard.mlir import verify
-from autoshard.plan import plan_from_json
-from autoshard.schema import graph_from_json
+from autoshard.planning.plan import plan_from_json
+from autoshard.graph.schema import graph_from_json
 from service.app import create_app
 from service.config import Settings
 from service.store import Store

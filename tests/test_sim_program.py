@@ -17,21 +17,21 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from autoshard.autoplan import SolveSettings, make_plan
+from autoshard.planning.make_plan import SolveSettings, make_plan
 from autoshard.errors import InfeasibleError
-from autoshard.graph import Graph
-from autoshard.hardware import bind_hardware
+from autoshard.graph.model import Graph
+from autoshard.planning.hardware import bind_hardware
 from autoshard.mesh import Mesh
 from autoshard.models import GPTConfig, MLPConfig, MoEConfig, gpt, moe
 from autoshard.models import mlp as mlp_model
-from autoshard.options import ShardingOption
-from autoshard.plan import Plan
+from autoshard.planning.options import ShardingOption
+from autoshard.planning.plan import Plan
 from autoshard.resharding import bytes_moved_price
-from autoshard.schema import graph_from_json
+from autoshard.graph.schema import graph_from_json
 from autoshard.sharding import Sharding
 from autoshard.sim.program import simulate_program, verify_plan
-from autoshard.spmd import partition
-from autoshard.strategies import enumerate_options, enumerate_storage
+from autoshard.spmd.program import partition
+from autoshard.planning.options import enumerate_options, enumerate_storage
 
 MESHES = [Mesh.of(x=2), Mesh.of(x=4), Mesh.of(x=2, y=2), Mesh.of(x=3, y=2), Mesh.of(x=2, y=2, z=2)]
 

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 
 from autoshard.mesh import Mesh
-from autoshard.options import ShardingOption
-from autoshard.plan import Plan
+from autoshard.planning.options import ShardingOption
+from autoshard.planning.plan import Plan
 from autoshard.resharding import bytes_moved_price
-from autoshard.schema import graph_from_json
+from autoshard.graph.schema import graph_from_json
 from autoshard.sharding import Sharding
 from autoshard.sim import program as sim_program
 from autoshard.sim.program import simulate_program, verify_plan
-from autoshard.spmd import Communicate, LocalOp, partition
+from autoshard.spmd.program import Communicate, LocalOp, partition
 
 MESH = Mesh.of(x=2, y=2)
 

@@ -11,17 +11,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoshard.collective_opt import optimize
-from autoshard.graph import Graph
+from autoshard.spmd.collective_opt import optimize
+from autoshard.graph.model import Graph
 from autoshard.mesh import Mesh
-from autoshard.options import ShardingOption
-from autoshard.plan import Plan
+from autoshard.planning.options import ShardingOption
+from autoshard.planning.plan import Plan
 from autoshard.resharding import bytes_moved_price
-from autoshard.schema import graph_from_json
+from autoshard.graph.schema import graph_from_json
 from autoshard.sharding import Sharding
 from autoshard.sim.program import simulate_program
-from autoshard.spmd import LocalOp, check_program, partition
-from autoshard.strategies import enumerate_options, enumerate_storage
+from autoshard.spmd.program import LocalOp, check_program, partition
+from autoshard.planning.options import enumerate_options, enumerate_storage
 
 MESHES = [Mesh.of(x=2), Mesh.of(x=4), Mesh.of(x=2, y=2), Mesh.of(x=2, y=3), Mesh.of(x=2, y=2, z=2)]
 DIM = st.sampled_from([4, 2, 3, 6, 8, 5])

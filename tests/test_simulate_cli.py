@@ -7,17 +7,17 @@ import json
 
 import pytest
 
-from autoshard import deliverables
-from autoshard.autoplan import SolveSettings, make_plan
-from autoshard.cli import main
-from autoshard.hardware import bind_hardware
+from autoshard.delivery import deliver as deliverables
+from autoshard.planning.make_plan import SolveSettings, make_plan
+from autoshard.cli.main import main
+from autoshard.planning.hardware import bind_hardware
 from autoshard.mesh import Mesh
-from autoshard.options import ShardingOption
-from autoshard.plan import Plan, plan_to_json
-from autoshard.plan_document import plan_document
-from autoshard.schema import graph_from_json
+from autoshard.planning.options import ShardingOption
+from autoshard.planning.plan import Plan, plan_to_json
+from autoshard.delivery.document import plan_document
+from autoshard.graph.schema import graph_from_json
 from autoshard.sharding import Sharding
-from autoshard.spmd import Communicate, LocalOp
+from autoshard.spmd.program import Communicate, LocalOp
 
 GRAPH = {"format": "autoshard.graph/v1", "name": "mlp",
          "tensors": {"x": {"shape": [4, 6], "dtype": "f32", "role": "input"},

@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from autoshard.cli import main
+from autoshard.cli.main import main
 
 EXAMPLE = Path(__file__).parent / "data" / "iopddl_example.json"
 

@@ -14,18 +14,18 @@ import numpy as np
 import pytest
 
 from autoshard.errors import InputError
-from autoshard.evaluate import evaluate_graph, random_inputs
-from autoshard.graph import Graph
+from autoshard.graph.evaluate import evaluate_graph, random_inputs
+from autoshard.graph.model import Graph
 from autoshard.mesh import Mesh
 from autoshard.ops import Block, evaluate_block
-from autoshard.options import ShardingOption
-from autoshard.plan import Plan
-from autoshard.schema import graph_from_json
+from autoshard.planning.options import ShardingOption
+from autoshard.planning.plan import Plan
+from autoshard.graph.schema import graph_from_json
 from autoshard.sharding import Sharding, ceildiv
 from autoshard.sim.layout import assemble, distribute
 from autoshard.sim.reshard_exec import apply_step
-from autoshard.spmd import Communicate, LocalOp, SpmdProgram, check_program, partition
-from autoshard.strategies import enumerate_options, enumerate_storage
+from autoshard.spmd.program import Communicate, LocalOp, SpmdProgram, check_program, partition
+from autoshard.planning.options import enumerate_options, enumerate_storage
 
 O, S = ShardingOption, Sharding
 F = "f32"
@@ -126,7 +126,7 @@ def zoo_programs(meshes=MESHES, count: int = 4) -> list[tuple[str, SpmdProgram]]
     return programs
 
 
-# --- a per-device numpy run of a program, by the rule of autoshard.spmd's docstring --------
+# --- a per-device numpy run of a program, by the rule of autoshard.spmd.program's docstring --------
 
 def device_block(mesh: Mesh, op: LocalOp, device: tuple[int, ...]) -> Block:
     starts, sizes = [], []

@@ -1,6 +1,9 @@
 """MLIR emission: the annotated module (a sharding on every value) and the partitioned SPMD
 module (local shapes and mesh collectives), in the seed reference's `mesh` spelling or upstream
-LLVM 22's `shard` spelling; and the real MLIR tools as verifiers."""
+LLVM 22's `shard` spelling; and the real MLIR tools as verifiers.
+
+May import: the vocabulary, `ops`, `resharding`, `graph`, `planning`, `spmd`.
+"""
 
 from autoshard.mlir.annotated import emit_annotated
 from autoshard.mlir.dialect import DIALECTS, MESH, SHARD, Dialect

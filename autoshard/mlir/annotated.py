@@ -8,15 +8,15 @@ This is the input the seeds' materialisation (and upstream's `--shard-partition`
 
 from __future__ import annotations
 
-from autoshard.graph import topological_order
+from autoshard.graph.model import topological_order
 from autoshard.mlir.dialect import PARTIAL_NOTE, dialect as dialect_named
 from autoshard.mlir.linalg import Operand, Spec
 from autoshard.mlir.lower import LoweringContext, lower
 from autoshard.mlir.module import Annotations, function_name, mesh_comment, module_text
 from autoshard.mlir.text import Body
-from autoshard.plan import Plan
+from autoshard.planning.plan import Plan
 from autoshard.sharding import Sharding
-from autoshard.spmd import canonical, check_plan
+from autoshard.spmd.program import canonical, check_plan
 
 
 def emit_annotated(plan: Plan, dialect: str = "mesh") -> str:

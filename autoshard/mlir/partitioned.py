@@ -21,11 +21,11 @@ from autoshard.mlir.linalg import Operand, Spec
 from autoshard.mlir.lower import LoweringContext, lower
 from autoshard.mlir.module import MESH_SYMBOL, axes_list, function_name, mesh_comment, module_text
 from autoshard.mlir.text import Body
-from autoshard.options import local_extents
-from autoshard.plan import Plan
+from autoshard.planning.options import local_extents
+from autoshard.planning.plan import Plan
 from autoshard.resharding import Price
 from autoshard.sharding import Sharding
-from autoshard.spmd import Communicate, LocalOp, SpmdProgram, Value, partition
+from autoshard.spmd.program import Communicate, LocalOp, SpmdProgram, Value, partition
 
 ARGUMENT_CONVENTIONS = ("local", "global")
 

@@ -1,7 +1,10 @@
 """Model generators: graph documents of MLPs, GPT/LLaMA transformers and MoE layers, forward or
-a whole training step, built op by op with shapes from the op table."""
+a whole training step, built op by op with shapes from the op table.
 
-from autoshard.models.builder import GraphBuilder
+May import: the vocabulary, `ops`, `graph`.
+"""
+
+from autoshard.graph.builder import GraphBuilder
 from autoshard.models.gpt import GPTConfig, build_gpt, gpt
 from autoshard.models.mlp import MLPConfig, build_mlp, mlp
 from autoshard.models.moe import MoEConfig, build_moe, moe

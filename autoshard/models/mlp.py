@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from autoshard.models.builder import GraphBuilder
+from autoshard.graph.builder import GraphBuilder
 from autoshard.models.checks import float_dtype, one_of, positive_ints, raise_problems
 from autoshard.models.training import add_training_step, weighted_sum_loss
 from autoshard.ops.payloads import UNARY

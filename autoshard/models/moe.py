@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoshard.errors import Problem
-from autoshard.models.builder import GraphBuilder
+from autoshard.graph.builder import GraphBuilder
 from autoshard.models.checks import float_dtype, one_of, positive_ints, raise_problems
 from autoshard.models.training import add_training_step, weighted_sum_loss
 from autoshard.ops.payloads import UNARY

@@ -1,4 +1,9 @@
-"""The op table (`OP_KINDS`), loop nests and payloads."""
+"""The op table (`OP_KINDS`), loop nests and payloads.
+
+Also reverse-mode differentiation (`differentiate`), a transform of ops into gradient ops.
+
+May import: the vocabulary (`errors`, `dtypes`, `affine`).
+"""
 
 from autoshard.ops import contraction, elementwise, generic, nn, reduction, structural  # noqa: F401  (rows register)
 from autoshard.ops import grads  # noqa: F401  (after the rows it differentiates)

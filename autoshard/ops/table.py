@@ -20,6 +20,17 @@ Shape = tuple[int, ...]
 Attrs = Mapping[str, Any]
 
 
+@dataclass(frozen=True, slots=True)
+class OpDecl:
+    """One op of a graph being built: a kind of this table applied to named tensors."""
+
+    name: str
+    kind: str
+    inputs: tuple[str, ...]
+    output: str
+    attrs: Mapping[str, Any]
+
+
 class OpError(ValueError):
     """An op's inputs or attributes do not fit its kind; `field` names the attribute if any."""
 

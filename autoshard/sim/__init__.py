@@ -1,7 +1,11 @@
 """The numpy SPMD simulator: tensors laid out on every device of a mesh, and the mesh
 collectives with the exact semantics of the MLIR `mesh` reference.
 
-Device contents are `dict[Device, np.ndarray]` (device multi-index -> local tensor).
+Device contents are `dict[Device, np.ndarray]` (device multi-index -> local tensor). `program`
+runs a partitioned program on every device; `verify` decides when a new plan is run that way.
+
+May import: the vocabulary, `ops`, `resharding`, `graph`, `planning`, `spmd` (not `mlir`: the
+simulator is an independent judge of the same plans).
 """
 
 from autoshard.sim.collectives import Shards

@@ -18,11 +18,11 @@ import numpy as np
 from autoshard.affine import AffineMap
 from autoshard.dtypes import DTYPES
 from autoshard.errors import AutoshardError
-from autoshard.graph import Op
+from autoshard.graph.model import Op
 from autoshard.mesh import Device, Mesh
 from autoshard.ops import Block, evaluate_block
 from autoshard.ops.loops import LoopNest
-from autoshard.options import ShardingOption
+from autoshard.planning.options import ShardingOption
 from autoshard.sharding import Sharding, ceildiv
 from autoshard.sim.collectives import Shards
 

@@ -17,7 +17,7 @@ from typing import Mapping
 import numpy as np
 
 from autoshard.dtypes import DTYPES
-from autoshard.graph import Graph, Op
+from autoshard.graph.model import Graph, Op
 
 WIDE = "f64"
 

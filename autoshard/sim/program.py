@@ -20,10 +20,10 @@ import numpy as np
 
 from autoshard.dtypes import DTYPES
 from autoshard.errors import InputError
-from autoshard.evaluate import evaluate_graph, random_inputs
-from autoshard.graph import Graph
+from autoshard.graph.evaluate import evaluate_graph, random_inputs
+from autoshard.graph.model import Graph
 from autoshard.mesh import Mesh
-from autoshard.plan import Plan
+from autoshard.planning.plan import Plan
 from autoshard.resharding import Price
 from autoshard.sim.collectives import Shards, UndefinedValueError
 from autoshard.sim.compare import compare_shards, relative_tolerance
@@ -32,8 +32,8 @@ from autoshard.sim.local_op import Placed, ProgramError, run_local_op
 from autoshard.sim.precision import widen_dtype, widen_graph, widen_inputs, widen_op
 from autoshard.sim.reshard_exec import apply_step
 from autoshard.sim.verdict import Divergence, Verdict
-from autoshard.spmd import Communicate, Instruction, LocalOp, SpmdProgram, Value, partition
-from autoshard.summary import size
+from autoshard.spmd.program import Communicate, Instruction, LocalOp, SpmdProgram, Value, partition
+from autoshard.graph.summary import size
 
 DEFAULT_MAX_BYTES = 2 * 2 ** 30  # numpy on one host: every device's shards live at once
 

@@ -4,6 +4,8 @@
 scoring; `solve` the anytime solver (CP-SAT for small instances, memory relaxation + TRW-S +
 local search + CP-SAT neighbourhoods for large ones), returning a `Result` with a certified
 lower bound.
+
+May import: `errors` only: the solver knows problems, not graphs.
 """
 
 from autoshard.solver.problem import FORBIDDEN_COST, Problem, Score, read_iopddl, score, write_iopddl

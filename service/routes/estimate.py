@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 
 from autoshard.errors import InputError
-from autoshard.plan import plan_from_json
-from autoshard.report import estimate
+from autoshard.planning.plan import plan_from_json
+from autoshard.planning.report import estimate
 from service import deps
 from service.config import Settings
 from service.inputs import bind_topology, parse_graph, parse_mesh, under

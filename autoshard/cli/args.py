@@ -1,0 +1,70 @@
+"""Arguments several commands share: mesh, topology, sizes; parsed into library types."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from autoshard.errors import InputError, Problem
+from autoshard.planning.hardware import bind_hardware
+from autoshard.mesh import Mesh
+
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
+          "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "tib": 2 ** 40}
+
+
+def parse_bytes(text: str, flag: str) -> float:
+    """`40GiB`, `80GB`, `1.5e9` -> bytes (GB decimal, GiB binary)."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    if not match or match.group(2).lower() not in _UNITS:
+        raise InputError(f"expected a size like 40GiB, 80GB or 1.5e9, got {text!r}", flag)
+    return float(match.group(1)) * _UNITS[match.group(2).lower()]
+
+
+def parse_slice(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    parts = text.lower().split("x")
+    if not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise InputError(f"expected a slice shape like 4x4x4, got {text!r}", "--slice")
+    return tuple(int(p) for p in parts)
+
+
+def add_hardware_args(parser: argparse.ArgumentParser, mesh_required: bool = True) -> None:
+    parser.add_argument("--mesh", required=mesh_required, help="mesh axes, e.g. dp=2,tp=4")
+    parser.add_argument("--topology", default="dgx-h100", help="profile name (see `autoshard topologies`) or a profile JSON file")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--nodes", type=int, help="number of GPU nodes (GPU profiles)")
+    group.add_argument("--slice", help="TPU slice shape, e.g. 4x4x4")
+
+
+_FLAGS = {"topology": "--topology", "mesh": "--mesh", "nodes": "--nodes", "slice_shape": "--slice",
+          "mapping": "--mapping"}
+
+
+def flag_of(field: str) -> str:
+    """The command-line flag a hardware binding field comes from (`mapping.dp` -> `--mapping dp`;
+    a field of the profile itself -> `--topology FIELD`); a flag is itself."""
+    if field.startswith("-"):
+        return field
+    head, _, rest = field.removeprefix("topology/").partition(".")
+    flag = _FLAGS.get(head)
+    return f"{flag} {rest}".rstrip() if flag else f"--topology {field.removeprefix('topology/')}"
+
+
+def hardware_from_args(args: argparse.Namespace, mesh: Mesh):
+    if args.nodes is not None and args.nodes < 1:
+        raise InputError("must be a positive integer", "--nodes")
+    try:
+        return bind_hardware(args.topology, mesh, nodes=args.nodes, slice_shape=parse_slice(args.slice))
+    except InputError as error:
+        raise InputError([Problem(flag_of(p.where), p.message) for p in error.problems]) from None
+
+
+def mesh_from_args(args: argparse.Namespace) -> Mesh:
+    """`--mesh`; a problem with one axis is named `--mesh AXIS`."""
+    try:
+        return Mesh.parse(args.mesh)
+    except InputError as error:
+        raise InputError([Problem("--mesh" + p.where.removeprefix("mesh").replace("/", " ", 1), p.message)
+                          for p in error.problems]) from None

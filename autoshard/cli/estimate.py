@@ -1,0 +1,47 @@
+"""`autoshard estimate GRAPH.json --mesh ... --topology ... --plan PLAN.json [--json]`: price a given plan."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from autoshard.cli.args import add_hardware_args, hardware_from_args, mesh_from_args
+from autoshard.planning.plan import plan_from_json
+from autoshard.planning.report import estimate
+from autoshard.graph.schema import load_graph, read_json
+from autoshard.graph.summary import si, size
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("estimate", help="compute, communication and memory of a given plan")
+    parser.add_argument("graph", help="graph JSON (format autoshard.graph/v1)")
+    add_hardware_args(parser)
+    parser.add_argument("--plan", required=True,
+                        help="plan JSON: per-op options and/or per-tensor shardings (autoshard.plan/v1 or its minimal form)")
+    parser.add_argument("--json", action="store_true", help="print the breakdown as JSON")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    mesh = mesh_from_args(args)
+    graph = load_graph(args.graph, mesh)
+    plan = plan_from_json(read_json(args.plan), graph, mesh)
+    report = estimate(plan, hardware_from_args(args, mesh))
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1))
+        return 0
+    rows = [("op", "kind", "option", "compute", "bound", "communication")]
+    for entry in report.ops:
+        option = "[" + ", ".join("[" + ",".join(a) + "]" for a in entry["option"]) + "]"
+        rows.append((entry["op"], entry["kind"], option, f"{entry['compute_s'] * 1e6:.4g} us", entry["bound"],
+                     f"{entry['communication_s'] * 1e6:.4g} us"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+    print(f"total: step {report.step_s * 1e3:.4g} ms = compute {report.compute_s * 1e3:.4g} ms + communication "
+          f"{report.communication_s * 1e3:.4g} ms ({si(report.communication_bytes, 'B')} per device)")
+    for axis in sorted(report.bytes_per_axis):
+        print(f"  axis {axis}: {report.seconds_per_axis[axis] * 1e3:.4g} ms, {si(report.bytes_per_axis[axis], 'B')}")
+    print(f"peak memory {size(report.peak_memory_bytes)} per device at op {report.peak_op!r} "
+          f"(parameters {size(report.parameter_bytes)}, activations {size(report.activation_peak_bytes)})")
+    return 0

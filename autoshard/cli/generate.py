@@ -1,0 +1,79 @@
+"""`autoshard generate {gpt,mlp,moe} ... [--training] -o FILE`: write a model's graph document."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any, Callable
+
+from autoshard.errors import InputError, Problem
+from autoshard.models import GPTConfig, MLPConfig, MoEConfig, gpt, mlp, moe
+from autoshard.graph.builder import document_text
+from autoshard.models.gpt import STYLES
+from autoshard.graph.schema import graph_from_json
+from autoshard.graph.summary import graph_summary
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("generate", help="write the graph of a model (forward, or a whole training step)")
+    models = parser.add_subparsers(dest="model", metavar="MODEL", required=True)
+
+    defaults = GPTConfig()
+    p = _model_parser(models, "gpt", "decoder-only transformer, GPT or LLaMA style", defaults)
+    for flag in ("layers", "hidden", "heads", "seq", "batch", "vocab", "ffn"):
+        _int(p, flag, defaults)
+    p.add_argument("--style", default=defaults.style, help=f"one of {', '.join(STYLES)} (default %(default)s)")
+    p.set_defaults(run=_runner(GPTConfig, gpt))
+
+    defaults = MLPConfig()
+    p = _model_parser(models, "mlp", "stack of two-matmul MLP blocks", defaults)
+    for flag in ("layers", "batch", "hidden", "ffn"):
+        _int(p, flag, defaults)
+    p.add_argument("--activation", default=defaults.activation, help="elementwise op between the matmuls (default %(default)s)")
+    p.set_defaults(run=_runner(MLPConfig, mlp))
+
+    defaults = MoEConfig()
+    p = _model_parser(models, "moe", "mixture-of-experts layers, experts as a loop", defaults)
+    for flag in ("layers", "batch", "seq", "hidden", "ffn", "experts", "top_k"):
+        _int(p, flag, defaults)
+    p.add_argument("--capacity-factor", type=float, default=defaults.capacity_factor,
+                   help="expert slots per routed token (default %(default)s)")
+    p.add_argument("--activation", default=defaults.activation, help="expert MLP activation (default %(default)s)")
+    p.set_defaults(run=_runner(MoEConfig, moe))
+
+
+def _model_parser(models: argparse._SubParsersAction, name: str, help: str, defaults: Any) -> argparse.ArgumentParser:
+    p = models.add_parser(name, help=help, description=help)
+    p.add_argument("-o", "--output", required=True, help="graph JSON file to write")
+    p.add_argument("--dtype", default=defaults.dtype, help="element type of activations and weights (default %(default)s)")
+    p.add_argument("--training", action="store_true",
+                   help="the whole training step: forward, loss, backward, Adam update")
+    return p
+
+
+def _int(parser: argparse.ArgumentParser, field: str, defaults: Any) -> None:
+    default = getattr(defaults, field)
+    parser.add_argument(_flag(field), dest=field, type=int, default=default,
+                        help=f"default {default}" if default is not None else "default 4 * hidden")
+
+
+def _flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def _runner(config_type: type, generate: Callable[..., dict[str, Any]]) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        fields = {f: getattr(args, f) for f in config_type.__dataclass_fields__}
+        try:
+            config = config_type(**fields)
+        except InputError as error:
+            raise InputError([Problem(_flag(p.where), p.message) for p in error.problems]) from None
+        document = generate(config, training=args.training)
+        graph = graph_from_json(document)
+        try:
+            Path(args.output).write_text(document_text(document))
+        except OSError as error:
+            raise InputError(f"cannot write file: {error.strerror}", "--output") from None
+        print(f"wrote {args.output}: {graph_summary(graph)}")
+        return 0
+    return run

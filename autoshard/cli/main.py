@@ -1,0 +1,64 @@
+"""`autoshard` command line: one module per command under `autoshard.cli`, plus the commands other
+installed packages declare as `autoshard.commands` entry points (the service's `serve`).
+
+Each command module defines `register(subparsers)`, which adds its parser and sets `run`
+(a function of the parsed arguments returning an exit code). Input errors print every problem
+and exit 2; no traceback reaches the user.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+from importlib.metadata import entry_points
+from typing import Callable, Sequence
+
+import autoshard.cli
+from autoshard.errors import AutoshardError, InfeasibleError, InputError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="autoshard", description="Plan how a model is sharded over a device mesh.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for _, register in sorted(_commands().items()):
+        register(sub)
+    return parser
+
+
+NOT_COMMANDS = ("main", "args")  # the modules of `autoshard.cli` that are not commands
+
+
+def _commands() -> dict[str, Callable[[argparse._SubParsersAction], None]]:
+    """Every command's `register`, by module or entry point name."""
+    found = {info.name: importlib.import_module(f"autoshard.cli.{info.name}").register
+             for info in pkgutil.iter_modules(autoshard.cli.__path__)
+             if not info.name.startswith("_") and info.name not in NOT_COMMANDS}
+    for point in entry_points(group="autoshard.commands"):
+        found.setdefault(point.name, point.load())
+    return found
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except InputError as error:
+        print(f"autoshard {args.command}: {len(error.problems)} problem(s):", file=sys.stderr)
+        for problem in error.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 2
+    except InfeasibleError as error:
+        print(f"autoshard {args.command}: infeasible: {error}", file=sys.stderr)
+        return 3
+    except AutoshardError as error:
+        print(f"autoshard {args.command}: {error}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

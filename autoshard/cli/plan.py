@@ -1,0 +1,172 @@
+"""`autoshard plan GRAPH.json --mesh ... --topology ... -o OUTDIR`: find, price and write a plan."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from autoshard.planning.make_plan import SolveSettings, make_plan
+from autoshard.cli.args import add_hardware_args, hardware_from_args, mesh_from_args, parse_bytes, parse_slice
+from autoshard.delivery.deliver import deliver, ir_request_problems
+from autoshard.errors import InputError, Problem
+from autoshard.planning.formulation import Weights
+from autoshard.graph.schema import load_graph
+from autoshard.graph.summary import si, size
+from autoshard.sim.verify import VERIFY_POLICIES, policy_problem
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("plan", help="find a sharding plan for a graph on a mesh")
+    parser.add_argument("graph", help="graph JSON (format autoshard.graph/v1)")
+    add_hardware_args(parser)
+    parser.add_argument("--memory-budget", help="per-device memory limit, e.g. 40GiB (default: the chip's HBM)")
+    parser.add_argument("--time-limit", type=float, default=30.0, help="solver time limit in seconds (default 30)")
+    parser.add_argument("--gap-limit", type=float, default=SolveSettings.gap_limit,
+                        help="stop once (cost - bound) / cost is at most this (default %(default)g; 0: prove "
+                             "optimality or use the whole time limit)")
+    parser.add_argument("--workers", type=int, default=2, help="solver threads (default 2)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--weights", default="time=1", help="objective weights, e.g. time=1,comm_bytes=1e-12")
+    parser.add_argument("-o", "--output", help="directory to write plan.json (and IR) into")
+    parser.add_argument("--emit", default="", help="IR to write beside plan.json: annotated, partitioned or both "
+                                                   "(comma-separated; needs -o)")
+    parser.add_argument("--dialect", default="mesh", help="IR spelling: mesh (default) or shard (upstream LLVM 22)")
+    parser.add_argument("--arguments", default="local",
+                        help="partitioned IR's function arguments: local shards (default) or global values sliced "
+                             "by process index")
+    parser.add_argument("--verify", default="auto",
+                        help="run the partitioned plan in the simulator and compare with the unsharded graph: "
+                             "auto (default: plans small enough to simulate in seconds), always, never; "
+                             "exit 1 if it fails")
+    parser.add_argument("--no-collective-opt", action="store_true",
+                        help="keep the partitioned program's collectives as planned (default: fold, reassociate "
+                             "and move them where that lowers communication time)")
+    parser.set_defaults(run=run)
+
+
+def parse_weights(text: str, problems: list[Problem]) -> Weights:
+    values: dict[str, float] = {}
+    for part in text.split(","):
+        name, _, value = (piece.strip() for piece in part.partition("="))
+        if name not in ("time", "comm_bytes", "memory_bytes"):
+            problems.append(Problem("--weights", f"unknown weight {name!r}; expected time, comm_bytes, memory_bytes"))
+            continue
+        try:
+            values[name] = float(value)
+        except ValueError:
+            values[name] = math.nan
+        if not (math.isfinite(values[name]) and values[name] >= 0):
+            problems.append(Problem("--weights", f"weight {name!r} must be a finite number >= 0, got {value!r}"))
+    return Weights(**values)
+
+
+def checked_settings(args: argparse.Namespace) -> tuple[SolveSettings, tuple[str, ...]]:
+    """The solver settings and IR stages the flags ask for; every flag problem at once, before
+    any solving. Creates the output directory, so a bad -o is found now, not after the solve."""
+    problems: list[Problem] = []
+    if not (math.isfinite(args.time_limit) and args.time_limit > 0):
+        problems.append(Problem("--time-limit", f"must be a positive number of seconds, got {args.time_limit:g}"))
+    if not (math.isfinite(args.gap_limit) and 0 <= args.gap_limit < 1):
+        problems.append(Problem("--gap-limit", f"must be a number in [0, 1), got {args.gap_limit:g}"))
+    if args.workers < 1:
+        problems.append(Problem("--workers", f"must be at least 1, got {args.workers}"))
+    if args.seed < 0:
+        problems.append(Problem("--seed", f"must be >= 0, got {args.seed}"))
+    weights = parse_weights(args.weights, problems)
+    budget = None
+    if args.memory_budget:
+        try:
+            budget = parse_bytes(args.memory_budget, "--memory-budget")
+        except InputError as error:
+            problems.extend(error.problems)
+    stages = tuple(dict.fromkeys(part.strip() for part in args.emit.split(",") if part.strip()))
+    if stages and not args.output:
+        problems.append(Problem("--emit", "writing IR needs an output directory (-o DIR)"))
+    problems += ir_request_problems(stages, args.dialect, args.arguments,
+                                    {"emit": "--emit", "dialect": "--dialect", "arguments": "--arguments"})
+    if args.verify not in VERIFY_POLICIES:
+        problems.append(policy_problem(args.verify, "--verify"))
+    if args.output and not problems:
+        try:
+            Path(args.output).mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            problems.append(Problem("-o", f"cannot create the output directory {args.output!r}: {error.strerror}"))
+    if problems:
+        raise InputError(problems)
+    settings = SolveSettings(time_limit_s=args.time_limit, gap_limit=args.gap_limit, workers=args.workers,
+                             seed=args.seed, memory_budget_bytes=budget, weights=weights)
+    return settings, stages
+
+
+class ProgressLine:
+    """Prints the incumbent, bound and gap to stderr once the solve has run for a second."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.last = 0.0
+
+    def __call__(self, phase: str, cost: float, bound: float, elapsed_s: float) -> None:
+        now = time.perf_counter() - self.started
+        if now < 1.0 or now - self.last < 1.0:
+            return
+        self.last = now
+        parts = [f"{now:6.1f}s {phase}", f"incumbent {cost / 1e12:.6g} s"]
+        if bound > float("-inf"):
+            parts.append(f"bound {bound / 1e12:.6g} s")
+            if cost > 0:
+                parts.append(f"gap {100 * max(cost - bound, 0) / cost:.2f}%")
+        print("  solving: " + ", ".join(parts), file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    mesh = mesh_from_args(args)
+    graph = load_graph(args.graph, mesh)
+    hw = hardware_from_args(args, mesh)
+    settings, stages = checked_settings(args)
+    result = make_plan(graph, mesh, hw, settings, progress=ProgressLine())
+    delivered = deliver(result, hw, args.topology, emit=stages, dialect=args.dialect, arguments=args.arguments,
+                        verify=args.verify, optimize_collectives=not args.no_collective_opt,
+                        nodes=args.nodes, slice_shape=parse_slice(args.slice))
+    document = delivered.document
+    files = {"plan.json": json.dumps(document, indent=1) + "\n"}
+    files.update({f"{stage}.mlir": text for stage, text in delivered.ir.items()})
+    if args.output:
+        for name, text in files.items():
+            (Path(args.output) / name).write_text(text)
+    print_summary(document, [Path(args.output) / name for name in files] if args.output else [])
+    return 1 if document["verification"]["status"] == "failed" else 0
+
+
+def print_summary(document: dict[str, Any], written: list[Path]) -> None:
+    totals, solver = document["totals"], document["solver"]
+    mesh = ",".join(f"{a['name']}={a['size']}" for a in document["mesh"]["axes"])
+    print(f"plan for {document['graph']} on mesh {mesh} "
+          f"({document['topology']}): {solver['status']}, gap {100 * solver['gap']:.2f}% "
+          f"(objective {solver['objective_s']:.6g} s, bound {solver['lower_bound_ps'] / 1e12:.6g} s), "
+          f"solved in {solver['solve_s']:.2f} s")
+    print(f"  step time {totals['step_s'] * 1e3:.4g} ms = compute {totals['compute_s'] * 1e3:.4g} ms "
+          f"+ communication {totals['communication_s'] * 1e3:.4g} ms ({si(totals['communication_bytes'], 'B')} per device)")
+    for axis, seconds in sorted(totals["communication_s_per_axis"].items()):
+        print(f"    axis {axis}: {seconds * 1e3:.4g} ms, {si(totals['communication_bytes_per_axis'][axis], 'B')}")
+    print(f"  peak memory {size(totals['peak_memory_bytes_per_device'])} per device at op {totals['peak_at']['op']!r} "
+          f"(parameters {size(totals['parameter_bytes_per_device'])}, "
+          f"activations {size(totals['activation_bytes_at_peak_per_device'])}; budget {size(solver['memory_budget_bytes'])})")
+    print(f"  {len(document['reshardings'])} reshardings; problem: {solver['problem']['nodes']} nodes, "
+          f"{solver['problem']['edges']} edges, {solver['problem']['strategies']} strategies")
+    optimized = document.get("collective_optimizations")
+    if optimized and optimized["changes"]:
+        print(f"  collective optimisations: {len(optimized['changes'])} rewrite(s), communication "
+              f"{optimized['communication_s_before'] * 1e3:.4g} ms -> {optimized['communication_s_after'] * 1e3:.4g} ms "
+              f"in the partitioned program")
+    verification = document["verification"]
+    if verification["status"] == "skipped":
+        print(f"  simulator: not run ({verification['reason']})")
+    else:
+        print(f"  simulator: {verification['summary']}")
+    if written:
+        print(f"  wrote {', '.join(str(path) for path in written)}")

@@ -1,1 +1,0 @@
-"""CLI commands, one module each; `autoshard.cli` discovers every module here."""

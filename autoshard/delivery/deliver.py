@@ -1,0 +1,86 @@
+"""What a finished plan is handed over as: the plan document, the IR asked for, the collective
+optimisations applied and the simulator's verdict, from one partitioned program.
+
+The CLI writes these as files and the service stores them; both take them from here, so the IR
+a user reads is the program the simulator ran.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Mapping, Sequence
+
+from autoshard.planning.make_plan import PlanResult
+from autoshard.spmd.collective_opt import Change, optimize
+from autoshard.planning.costs import Hardware
+from autoshard.errors import InputError, Problem
+from autoshard.mlir import ARGUMENT_CONVENTIONS, DIALECTS, emit_annotated, emit_partitioned
+from autoshard.planning.plan import Plan
+from autoshard.delivery.document import plan_document
+from autoshard.resharding import Price
+from autoshard.spmd.program import SpmdProgram, partition
+from autoshard.sim.verify import ALWAYS_LIMIT_BYTES, VERIFY_POLICIES, policy_problem, verify_program
+
+STAGES = ("annotated", "partitioned")
+
+
+@dataclass(frozen=True)
+class Deliverables:
+    document: dict[str, Any]  # autoshard.plan/v1, with `collective_optimizations` and `verification`
+    ir: dict[str, str]  # stage -> module text, for the stages asked for
+
+
+def ir_request_problems(stages: Sequence[str], dialect: str, arguments: str,
+                        where: Mapping[str, str] = MappingProxyType({})) -> list[Problem]:
+    """Every unknown stage, dialect or argument convention; `where` renames the parameters
+    (`emit`, `dialect`, `arguments`) to what the caller's user set, e.g. a flag."""
+    problems = [Problem(where.get("emit", "emit"), f"unknown IR stage {s!r}; expected {' or '.join(STAGES)}")
+                for s in stages if s not in STAGES]
+    if dialect not in DIALECTS:
+        problems.append(Problem(where.get("dialect", "dialect"), f"expected {' or '.join(DIALECTS)}, got {dialect!r}"))
+    if arguments not in ARGUMENT_CONVENTIONS:
+        problems.append(Problem(where.get("arguments", "arguments"),
+                                f"expected {' or '.join(ARGUMENT_CONVENTIONS)}, got {arguments!r}"))
+    return problems
+
+
+def partitioned_program(plan: Plan, price: Price, optimize_collectives: bool = True) -> tuple[SpmdProgram, list[Change]]:
+    """The plan's SPMD program with the collectives `price` chooses (the hardware's, as the plan's
+    reshardings were priced), then (unless switched off) the collective optimisations that lower
+    communication time; returns the program and the optimisations applied."""
+    program = partition(plan, price)
+    if not optimize_collectives:
+        return program, []
+    return optimize(program)
+
+
+def deliver(result: PlanResult, hardware: Hardware, topology: str, *, emit: Sequence[str] = (),
+            dialect: str = "mesh", arguments: str = "local", verify: str = "auto",
+            optimize_collectives: bool = True, seed: int = 0, verify_max_bytes: float = ALWAYS_LIMIT_BYTES,
+            nodes: int | None = None, slice_shape: Sequence[int] | None = None) -> Deliverables:
+    """`nodes` and `slice_shape` are where the mesh was placed on the topology (None: the default
+    placement); the document records them so `emit` and `simulate` price reshardings alike."""
+    problems = ir_request_problems(emit, dialect, arguments)
+    if verify not in VERIFY_POLICIES:
+        problems.append(policy_problem(verify, "verify"))
+    if problems:
+        raise InputError(problems)
+    document = plan_document(result, topology)
+    document["topology_options"] = {key: value for key, value in
+                                    (("nodes", nodes), ("slice", list(slice_shape) if slice_shape else None))
+                                    if value is not None}
+    program, changes = partitioned_program(result.plan, hardware.collective_seconds, optimize_collectives)
+    if optimize_collectives:
+        before = changes[0].seconds_before if changes else program.communication_seconds()
+        document["collective_optimizations"] = {
+            "communication_s_before": before, "communication_s_after": program.communication_seconds(),
+            "changes": [{"rewrite": c.rewrite, "detail": c.detail, "seconds_before": c.seconds_before,
+                         "seconds_after": c.seconds_after} for c in changes]}
+    document["verification"] = verify_program(program, verify, seed, verify_max_bytes)
+    ir = {}
+    if "annotated" in emit:
+        ir["annotated"] = emit_annotated(result.plan, dialect=dialect)
+    if "partitioned" in emit:
+        ir["partitioned"] = emit_partitioned(program, dialect=dialect, arguments=arguments)
+    return Deliverables(document, ir)

@@ -1,0 +1,25 @@
+"""The plan file `autoshard.plan/v1`: the plan, what it costs, and how it was found."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autoshard import __version__
+from autoshard.planning.make_plan import PlanResult
+from autoshard.planning.plan import plan_to_json
+
+
+def plan_document(result: PlanResult, topology: str) -> dict[str, Any]:
+    """Per-op options and per-tensor shardings (readable by `plan_from_json`), plus per-edge
+    reshardings, totals, a per-op breakdown and the solver's status, objective, bound and gap."""
+    report = result.report.to_json()
+    document = plan_to_json(result.plan)
+    document["autoshard_version"] = __version__
+    document["graph"] = result.plan.graph.name
+    document["topology"] = topology
+    for entry in report["ops"]:
+        document["ops"][entry["op"]].update({k: v for k, v in entry.items() if k not in ("op", "kind", "option")})
+    document["reshardings"] = report["reshardings"]
+    document["totals"] = report["totals"]
+    document["solver"] = result.solver
+    return document

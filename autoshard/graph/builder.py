@@ -1,0 +1,133 @@
+"""Build `autoshard.graph/v1` documents op by op.
+
+Tensors are declared with a role; each op's result shape and dtype come from its row of the op
+table (its loop nest's output shapes), never computed by hand. Names are made unique by suffix,
+so a generator can reuse one name per layer role. The document is a plain dict, ready for
+`graph_from_json` or `json.dump`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from autoshard.ops import OP_KINDS, OpError
+from autoshard.ops.table import OpDecl
+from autoshard.graph.schema import FORMAT
+from autoshard.sharding import Sharding
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TensorDecl:
+    name: str
+    shape: Shape
+    dtype: str
+    role: str  # input, parameter or intermediate
+
+
+class GraphBuilder:
+    """Accumulates tensors and ops in program order (every op after its inputs)."""
+
+    def __init__(self, name: str, dtype: str, mesh: str | None = None):
+        self.name = name
+        self.dtype = dtype  # the default element type of declared tensors
+        self.mesh = mesh
+        self.tensors: dict[str, TensorDecl] = {}
+        self.ops: list[OpDecl] = []
+        self.outputs: list[str] = []
+        self.constraints: list[dict[str, Any]] = []
+        self._op_names: set[str] = set()
+
+    # --- declarations --------------------------------------------------------------------
+    def input(self, name: str, shape: Sequence[int], dtype: str | None = None) -> str:
+        return self._declare(name, shape, dtype or self.dtype, "input")
+
+    def parameter(self, name: str, shape: Sequence[int], dtype: str | None = None) -> str:
+        return self._declare(name, shape, dtype or self.dtype, "parameter")
+
+    def op(self, kind: str, inputs: Sequence[str], name: str, **attrs: Any) -> str:
+        """Add an op; returns its result tensor, named like the op."""
+        row = OP_KINDS[kind]
+        name = self._unique(name)
+        shapes = [self.tensors[t].shape for t in inputs]
+        try:
+            nest = row.loops(shapes, attrs)
+            dtype = row.out_dtypes([self.tensors[t].dtype for t in inputs], attrs)[0]
+        except OpError as error:
+            raise OpError(f"op {name!r} ({kind}): {error}", error.field) from None
+        out = nest.output_shapes()[0]
+        self.tensors[name] = TensorDecl(name, out, dtype or self.dtype, "intermediate")
+        self.ops.append(OpDecl(name, kind, tuple(inputs), name, dict(attrs)))
+        self._op_names.add(name)
+        return name
+
+    def mark_outputs(self, *tensors: str) -> None:
+        self.outputs.extend(t for t in tensors if t not in self.outputs)
+
+    def constrain(self, tensor: str, sharding: Sharding, required: bool = True) -> None:
+        entry: dict[str, Any] = {"tensor": tensor, "split_axes": [list(a) for a in sharding.split_axes]}
+        if sharding.partial_axes:
+            entry["partial"] = {"kind": sharding.partial_kind, "axes": list(sharding.partial_axes)}
+        self.constraints.append(entry | {"required": required})
+
+    # --- queries -------------------------------------------------------------------------
+    def shape(self, tensor: str) -> Shape:
+        return self.tensors[tensor].shape
+
+    def dtype_of(self, tensor: str) -> str:
+        return self.tensors[tensor].dtype
+
+    def tensors_with_role(self, role: str) -> list[str]:
+        return [t.name for t in self.tensors.values() if t.role == role]
+
+    def element_count(self, role: str) -> int:
+        return sum(math.prod(t.shape) for t in self.tensors.values() if t.role == role)
+
+    def document(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "format": FORMAT, "name": self.name,
+            "tensors": {t.name: {"shape": list(t.shape), "dtype": t.dtype, **({"role": t.role} if t.role != "intermediate" else {})}
+                        for t in self.tensors.values()},
+            "ops": [{"name": op.name, "kind": op.kind, "inputs": list(op.inputs), "outputs": [op.output], **op.attrs}
+                    for op in self.ops],
+            "outputs": list(self.outputs),
+        }
+        if self.constraints:
+            doc["constraints"] = list(self.constraints)
+        if self.mesh:
+            doc["mesh"] = self.mesh
+        return doc
+
+    # --- names ---------------------------------------------------------------------------
+    def _declare(self, name: str, shape: Sequence[int], dtype: str, role: str) -> str:
+        if name in self.tensors:
+            raise ValueError(f"tensor {name!r} is declared twice")
+        self.tensors[name] = TensorDecl(name, tuple(shape), dtype, role)
+        return name
+
+    def _unique(self, name: str) -> str:
+        candidate, n = name, 1
+        while candidate in self.tensors or candidate in self._op_names:
+            candidate, n = f"{name}.{n}", n + 1
+        return candidate
+
+
+def document_text(document: dict[str, Any]) -> str:
+    """JSON text with one tensor, op or constraint per line: diffable and still compact."""
+    def block(items: list[str], open_: str, close: str) -> str:
+        return open_ + ("\n  " + ",\n  ".join(items) + "\n " if items else "") + close
+
+    parts = []
+    for key, value in document.items():
+        if key == "tensors":
+            text = block([f"{json.dumps(n)}: {json.dumps(t)}" for n, t in value.items()], "{", "}")
+        elif key in ("ops", "constraints"):
+            text = block([json.dumps(item) for item in value], "[", "]")
+        else:
+            text = json.dumps(value)
+        parts.append(f" {json.dumps(key)}: {text}")
+    return "{\n" + ",\n".join(parts) + "\n}\n"

@@ -1,0 +1,141 @@
+"""The computation graph: tensors, ops with their loop nests, constraints.
+
+Built (and validated) from JSON by `autoshard.graph.schema`; everything else reads these frozen
+types. Graph algorithms (order, live ranges, the networkx view) are plain functions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Mapping
+
+import networkx as nx
+
+from autoshard.dtypes import DTYPES
+from autoshard.ops import OP_KINDS, LoopNest, OpKind
+from autoshard.sharding import Sharding
+
+ROLES = ("input", "parameter", "intermediate")
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    role: str = "intermediate"
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPES[self.dtype].itemsize
+
+    @property
+    def bytes(self) -> int:
+        return math.prod(self.shape) * self.itemsize
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    kind: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: Mapping[str, Any]
+    nest: LoopNest
+
+    @property
+    def op_kind(self) -> OpKind:
+        return OP_KINDS[self.kind]
+
+    @property
+    def operands(self) -> tuple[str, ...]:
+        """Inputs then outputs, aligned with `nest.maps`."""
+        return self.inputs + self.outputs
+
+    def flops(self) -> float:
+        return self.op_kind.flops(self.nest, self.attrs)
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    tensor: str
+    sharding: Sharding
+    required: bool = True
+
+
+@dataclass(frozen=True)
+class Graph:
+    name: str
+    tensors: Mapping[str, Tensor]
+    ops: tuple[Op, ...]
+    outputs: tuple[str, ...]
+    constraints: tuple[Constraint, ...] = ()
+    mesh_hint: str | None = field(default=None, compare=False)  # the document's own mesh, if it gives one
+
+    @cached_property
+    def producers(self) -> dict[str, Op]:
+        return {t: op for op in self.ops for t in op.outputs}
+
+    @cached_property
+    def consumers(self) -> dict[str, list[Op]]:
+        users: dict[str, list[Op]] = {t: [] for t in self.tensors}
+        for op in self.ops:
+            for t in dict.fromkeys(op.inputs):
+                users[t].append(op)
+        return users
+
+    @cached_property
+    def op_by_name(self) -> dict[str, Op]:
+        return {op.name: op for op in self.ops}
+
+    def tensors_with_role(self, role: str) -> list[Tensor]:
+        return [t for t in self.tensors.values() if t.role == role]
+
+    def total_flops(self) -> float:
+        return sum(op.flops() for op in self.ops)
+
+
+def to_networkx(graph: Graph) -> nx.MultiDiGraph:
+    """Ops as nodes (kind, loops, iterator types, maps); one edge per tensor use, with its bytes."""
+    view = nx.MultiDiGraph(name=graph.name)
+    for index, op in enumerate(graph.ops):
+        view.add_node(op.name, index=index, kind=op.kind, extents=op.nest.extents,
+                      iterator_types=op.nest.iterator_types, maps=[str(m) for m in op.nest.maps],
+                      flops=op.flops())
+    for op in graph.ops:
+        for t in dict.fromkeys(op.inputs):
+            producer = graph.producers.get(t)
+            if producer is not None:
+                view.add_edge(producer.name, op.name, key=t, tensor=t, bytes=graph.tensors[t].bytes)
+    return view
+
+
+def topological_order(graph: Graph) -> list[Op]:
+    """Deterministic order: among ready ops, the one listed first in the document."""
+    view = to_networkx(graph)
+    names = nx.lexicographical_topological_sort(view, key=lambda n: view.nodes[n]["index"])
+    return [graph.op_by_name[n] for n in names]
+
+
+def live_ranges(graph: Graph, order: list[Op] | None = None) -> dict[str, tuple[int, int]]:
+    """Steps `[first, last]` during which each tensor is held, with ops numbered in `order`.
+
+    Parameters live for the whole step; inputs from the start; a tensor dies after its last
+    consumer, and graph outputs live to the end.
+    """
+    order = order if order is not None else topological_order(graph)
+    end = max(len(order) - 1, 0)
+    step = {op.name: i for i, op in enumerate(order)}
+    outputs = set(graph.outputs)  # a training step returns thousands of values
+    ranges = {}
+    for name, tensor in graph.tensors.items():
+        producer = graph.producers.get(name)
+        first = step[producer.name] if producer else 0
+        if tensor.role == "parameter" or name in outputs:
+            last = end
+        else:
+            last = max((step[op.name] for op in graph.consumers[name]), default=first)
+        ranges[name] = (first, last)
+    return ranges

@@ -1,0 +1,258 @@
+"""The graph JSON format `autoshard.graph/v1`: wire models, validation, conversion.
+
+pydantic checks the document's structure; then a semantic pass checks names, shapes against
+each op's maps, dtypes, cycles and constraints. Every problem found is reported at once, each
+with the JSON pointer of the offending field.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import networkx as nx
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
+
+from autoshard.dtypes import DTYPES
+from autoshard.errors import InputError, Problem
+from autoshard.graph.model import Constraint, Graph, Op, Tensor
+from autoshard.mesh import Mesh
+from autoshard.ops import OP_KINDS, OpError
+from autoshard.sharding import Sharding
+
+FORMAT = "autoshard.graph/v1"
+
+
+class TensorModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    shape: list[StrictInt]
+    dtype: str
+    role: Literal["input", "parameter", "intermediate"] = "intermediate"
+
+
+class OpModel(BaseModel):
+    # Attributes may sit at the top level of the op (as in the format's examples) or in `attrs`.
+    model_config = ConfigDict(extra="allow")
+    name: str
+    kind: str
+    inputs: list[str]
+    outputs: list[str]
+    attrs: dict[str, Any] = Field(default_factory=dict)
+
+
+class PartialModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["sum", "max", "min", "product"] = "sum"
+    axes: list[str]
+
+
+class ConstraintModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tensor: str
+    split_axes: list[list[str]]
+    partial: PartialModel | None = None
+    required: StrictBool = True
+
+
+class GraphModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    format: str
+    name: str = "graph"
+    tensors: dict[str, TensorModel]
+    ops: list[OpModel]
+    outputs: list[str] = Field(default_factory=list)
+    constraints: list[ConstraintModel] = Field(default_factory=list)
+    mesh: str | None = None
+
+
+def pointer(loc: tuple[Any, ...]) -> str:
+    return "/" + "/".join(str(part).replace("~", "~0").replace("/", "~1") for part in loc)
+
+
+def read_json(path: str | Path) -> Any:
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise InputError(f"cannot read file: {error.strerror}", str(path)) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise InputError(f"not JSON: {error.msg} at line {error.lineno} column {error.colno}", str(path)) from None
+
+
+def load_graph(source: str | Path | dict[str, Any], mesh: Mesh | None = None) -> Graph:
+    """Read and validate a graph document (a path or the parsed JSON)."""
+    document = source if isinstance(source, dict) else read_json(source)
+    return graph_from_json(document, mesh)
+
+
+def graph_from_json(document: Any, mesh: Mesh | None = None) -> Graph:
+    if not isinstance(document, dict):
+        raise InputError(f"a graph document is a JSON object, got {type(document).__name__}", "/")
+    if document.get("format") != FORMAT:
+        raise InputError(f"expected \"{FORMAT}\", got {document.get('format')!r}", "/format")
+    try:
+        model = GraphModel.model_validate(document)
+    except ValidationError as error:
+        raise InputError([Problem(pointer(e["loc"]), e["msg"]) for e in error.errors()]) from None
+    if mesh is None and model.mesh:
+        mesh = Mesh.parse(model.mesh)
+    return _build(model, mesh)
+
+
+def _build(model: GraphModel, mesh: Mesh | None) -> Graph:
+    problems: list[Problem] = []
+    tensors: dict[str, Tensor] = {}
+    for name, t in model.tensors.items():
+        where = f"/tensors/{name}"
+        if t.dtype not in DTYPES:
+            problems.append(Problem(f"{where}/dtype", f"tensor {name!r}: unknown dtype {t.dtype!r}; expected one of {sorted(DTYPES)}"))
+        for j, size in enumerate(t.shape):
+            if size < 1:
+                problems.append(Problem(f"{where}/shape/{j}", f"tensor {name!r}: dims must be positive integers, got {size}"))
+        tensors[name] = Tensor(name, tuple(t.shape), t.dtype, t.role)
+
+    ops: list[Op] = []
+    producer: dict[str, str] = {}
+    names: set[str] = set()
+    for i, m in enumerate(model.ops):
+        op = _build_op(i, m, tensors, producer, names, problems)
+        if op is not None:
+            ops.append(op)
+
+    for name, t in tensors.items():
+        if t.role == "intermediate" and name not in producer:
+            problems.append(Problem(f"/tensors/{name}/role", f"tensor {name!r} is produced by no op; give it role \"input\" or \"parameter\""))
+    for j, name in enumerate(model.outputs):
+        if name not in tensors:
+            problems.append(Problem(f"/outputs/{j}", f"unknown tensor {name!r}"))
+    constraints = _constraints(model, tensors, mesh, problems)
+    if not problems:
+        _check_acyclic(ops, producer, problems)
+    if problems:
+        raise InputError(problems)
+    outputs = tuple(model.outputs) or tuple(n for n in producer if not any(n in op.inputs for op in ops))
+    return Graph(model.name, tensors, tuple(ops), outputs, tuple(constraints), model.mesh)
+
+
+def _build_op(i: int, m: OpModel, tensors: dict[str, Tensor], producer: dict[str, str], names: set[str],
+              problems: list[Problem]) -> Op | None:
+    where = f"/ops/{i}"
+    label = f"op {m.name!r}"
+    count = len(problems)
+    if m.name in names:
+        problems.append(Problem(f"{where}/name", f"{label}: an op of this name already exists"))
+    names.add(m.name)
+    for j, t in enumerate(m.inputs):
+        if t not in tensors:
+            problems.append(Problem(f"{where}/inputs/{j}", f"{label}: unknown tensor {t!r}"))
+    for j, t in enumerate(m.outputs):
+        if t not in tensors:
+            problems.append(Problem(f"{where}/outputs/{j}", f"{label}: unknown tensor {t!r}"))
+        elif t in producer:
+            problems.append(Problem(f"{where}/outputs/{j}", f"{label}: tensor {t!r} is already produced by op {producer[t]!r}"))
+        elif tensors[t].role != "intermediate":
+            problems.append(Problem(f"{where}/outputs/{j}", f"{label}: tensor {t!r} has role {tensors[t].role!r}, so no op may produce it"))
+        else:
+            producer[t] = m.name
+    kind = OP_KINDS.get(m.kind)
+    if kind is None:
+        problems.append(Problem(f"{where}/kind", f"{label}: unknown op kind {m.kind!r}; expected one of {sorted(OP_KINDS)}"))
+        return None
+    attrs = dict(m.attrs) | dict(m.model_extra or {})
+    for a in attrs:
+        if a not in kind.attrs:
+            problems.append(Problem(f"{where}/{a}", f"{label}: {m.kind} takes no attribute {a!r}" + (f"; it takes {list(kind.attrs)}" if kind.attrs else "")))
+    low, high = kind.num_inputs
+    if len(m.inputs) < low or (high is not None and len(m.inputs) > high):
+        expected = str(low) if low == high else f"{low} to {high}" if high is not None else f"at least {low}"
+        problems.append(Problem(f"{where}/inputs", f"{label}: {m.kind} takes {expected} input(s), got {len(m.inputs)}"))
+    if len(problems) > count:
+        return None
+    shapes = [tensors[t].shape for t in m.inputs]
+    if kind.reads_output_shapes:
+        shapes += [tensors[t].shape for t in m.outputs]
+    try:
+        nest = kind.loops(shapes, attrs)
+        out_dtypes = kind.out_dtypes([tensors[t].dtype for t in m.inputs], attrs)
+    except OpError as error:
+        problems.append(Problem(f"{where}/{error.field}" if error.field else where, f"{label} ({m.kind}): {error}"))
+        return None
+    if len(nest.output_maps) != len(m.outputs):
+        problems.append(Problem(f"{where}/outputs", f"{label}: {m.kind} produces {len(nest.output_maps)} output(s), got {len(m.outputs)}"))
+        return None
+    for j, (t, shape, dtype) in enumerate(zip(m.outputs, nest.output_shapes(), out_dtypes)):
+        declared = tensors[t]
+        if declared.shape != shape:
+            problems.append(Problem(f"/tensors/{t}/shape", f"{label} ({m.kind}) produces shape {list(shape)} for {t!r}, but it is declared {list(declared.shape)}"))
+        if dtype is not None and declared.dtype != dtype:
+            problems.append(Problem(f"/tensors/{t}/dtype", f"{label} ({m.kind}) produces dtype {dtype} for {t!r}, but it is declared {declared.dtype}"))
+    return Op(m.name, m.kind, tuple(m.inputs), tuple(m.outputs), attrs, nest)
+
+
+def _constraints(model: GraphModel, tensors: dict[str, Tensor], mesh: Mesh | None,
+                 problems: list[Problem]) -> list[Constraint]:
+    out = []
+    for i, c in enumerate(model.constraints):
+        where = f"/constraints/{i}"
+        if c.tensor not in tensors:
+            problems.append(Problem(f"{where}/tensor", f"unknown tensor {c.tensor!r}"))
+            continue
+        partial = c.partial
+        sharding = Sharding(tuple(tuple(a) for a in c.split_axes), tuple(partial.axes) if partial else (),
+                            partial.kind if partial else "sum")
+        problems.extend(_sharding_problems(sharding, tensors[c.tensor].shape, mesh, f"{where}/split_axes", c.tensor))
+        out.append(Constraint(c.tensor, sharding, c.required))
+    return out
+
+
+def _sharding_problems(sharding: Sharding, shape: tuple[int, ...], mesh: Mesh | None, where: str,
+                       tensor: str) -> list[Problem]:
+    problems = []
+    if len(sharding.split_axes) > len(shape):
+        problems.append(Problem(where, f"tensor {tensor!r} has rank {len(shape)} but the sharding names {len(sharding.split_axes)} dims"))
+    used = sharding.used_axes()
+    for axis in dict.fromkeys(a for a in used if used.count(a) > 1):
+        problems.append(Problem(where, f"tensor {tensor!r}: mesh axis {axis!r} is used twice in one sharding"))
+    if mesh is not None:
+        for axis in dict.fromkeys(used):
+            if axis not in mesh.axis_names:
+                problems.append(Problem(where, f"tensor {tensor!r}: unknown mesh axis {axis!r}; the mesh has {list(mesh.axis_names)}"))
+    return problems
+
+
+def _check_acyclic(ops: list[Op], producer: dict[str, str], problems: list[Problem]) -> None:
+    view = nx.DiGraph()
+    view.add_nodes_from(op.name for op in ops)
+    view.add_edges_from((producer[t], op.name) for op in ops for t in op.inputs if t in producer)
+    try:
+        cycle = nx.find_cycle(view)
+    except nx.NetworkXNoCycle:
+        return
+    path = " -> ".join([u for u, _ in cycle] + [cycle[0][0]])
+    problems.append(Problem("/ops", f"the ops form a cycle: {path}"))
+
+
+def graph_to_json(graph: Graph) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "format": FORMAT, "name": graph.name,
+        "tensors": {t.name: {"shape": list(t.shape), "dtype": t.dtype, **({"role": t.role} if t.role != "intermediate" else {})}
+                    for t in graph.tensors.values()},
+        "ops": [{"name": op.name, "kind": op.kind, "inputs": list(op.inputs), "outputs": list(op.outputs), **_plain(op.attrs)}
+                for op in graph.ops],
+        "outputs": list(graph.outputs),
+    }
+    if graph.constraints:
+        doc["constraints"] = [{"tensor": c.tensor, **c.sharding.to_json(), "required": c.required} for c in graph.constraints]
+    if graph.mesh_hint:
+        doc["mesh"] = graph.mesh_hint
+    return doc
+
+
+def _plain(attrs: Any) -> Any:
+    if isinstance(attrs, dict) or hasattr(attrs, "items"):
+        return {k: _plain(v) for k, v in attrs.items()}
+    if isinstance(attrs, (list, tuple)):
+        return [_plain(v) for v in attrs]
+    return attrs

@@ -1,0 +1,64 @@
+"""Compute and memory model of one op under one option, per device.
+
+Compute time is a roofline: the larger of the local FLOPs at the chip's peak for the dtype
+(times its matmul efficiency) and the local bytes moved at HBM bandwidth. Work is split over
+the split loops; loops left whole are computed redundantly on every device of those axes,
+which is exactly what the per-device local extents express.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from autoshard.graph.model import Graph, Op
+from autoshard.mesh import Mesh
+from autoshard.planning.options import ShardingOption, local_extents, operand_shardings, result_shardings
+from autoshard.sharding import Sharding
+
+
+class Hardware(Protocol):
+    """What the cost models need of a topology bound to a mesh (see `cost_models`)."""
+
+    hbm_bytes: float
+    hbm_bytes_per_s: float
+
+    def peak_flops(self, dtype: str) -> float: ...
+
+    def matmul_efficiency(self, dtype: str) -> float: ...
+
+    def collective_seconds(self, kind: str, axes: Sequence[str], bytes_per_device: float) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class OpCost:
+    flops: float  # per device
+    bytes: float  # per device, operands read plus results written
+    seconds: float
+    bound: str  # "compute" or "memory"
+
+
+def tensor_bytes(shape: Sequence[int], itemsize: int, sharding: Sharding, mesh: Mesh) -> int:
+    """Bytes one device holds (the largest shard: every device allocates that much)."""
+    return math.prod(sharding.max_local_shape(mesh, shape)) * itemsize
+
+
+def op_cost(graph: Graph, op: Op, option: ShardingOption, mesh: Mesh, hw: Hardware) -> OpCost:
+    nest = op.nest
+    local = local_extents(nest, option, mesh)
+    fraction = math.prod(local) / max(math.prod(nest.extents), 1)
+    flops = op.flops() * fraction
+    shardings = operand_shardings(nest, option) + result_shardings(nest, option)
+    moved = sum(tensor_bytes(graph.tensors[t].shape, graph.tensors[t].itemsize, s, mesh)
+                for t, s in zip(op.operands, shardings))
+    dtype = graph.tensors[op.inputs[0]].dtype if op.inputs else graph.tensors[op.outputs[0]].dtype
+    compute_s = flops / (hw.peak_flops(dtype) * hw.matmul_efficiency(dtype)) if flops else 0.0
+    memory_s = moved / hw.hbm_bytes_per_s
+    return OpCost(flops, moved, max(compute_s, memory_s), "compute" if compute_s >= memory_s else "memory")
+
+
+def result_bytes(graph: Graph, op: Op, option: ShardingOption, mesh: Mesh) -> int:
+    """Per-device bytes of the op's results under `option` (the activation memory it adds)."""
+    return sum(tensor_bytes(graph.tensors[t].shape, graph.tensors[t].itemsize, s, mesh)
+               for t, s in zip(op.outputs, result_shardings(op.nest, option)))

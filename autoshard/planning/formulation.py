@@ -1,0 +1,273 @@
+"""From graph + mesh + hardware to the optimisation problem, and from its solution to a plan.
+
+Nodes: one per op (its strategies are its options) and one per graph input or parameter (its
+strategies are the storage shardings). Edges: one per use of a tensor, whose matrix prices the
+resharding from the producer's sharding to the one the consumer reads. Node cost: the op's
+compute time, plus reducing a partial graph output. Memory: each node holds its results (a
+storage node its stored tensor) from the step it is produced to its last use.
+
+Costs are integers in picoseconds (times the time weight) plus bytes times the byte weight:
+CP-SAT needs integers, and 1 ps resolves the smallest kernels while a whole training step
+stays far below 2**63.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from autoshard.planning.costs import Hardware, op_cost, result_bytes, tensor_bytes
+from autoshard.errors import InfeasibleError
+from autoshard.graph.model import Graph, Op, Tensor, live_ranges, topological_order
+from autoshard.mesh import Mesh
+from autoshard.planning.options import ShardingOption, operand_shardings, result_shardings
+from autoshard.planning.plan import Plan
+from autoshard.resharding import PricedMoves, resharding_cost
+from autoshard.sharding import Sharding
+from autoshard.solver.problem import Problem
+from autoshard.planning.options import enumerate_options, enumerate_storage
+
+PICOSECONDS = 1e12
+
+
+@dataclass(frozen=True)
+class Weights:
+    """Objective weights: seconds of step time, bytes communicated, bytes of peak memory."""
+
+    time: float = 1.0
+    comm_bytes: float = 0.0
+    memory_bytes: float = 0.0
+
+
+@dataclass
+class Formulation:
+    graph: Graph
+    mesh: Mesh
+    problem: Problem
+    nodes: list[tuple[str, str]]  # ("op", op name) or ("storage", tensor name)
+    choices: list[list[ShardingOption | Sharding]]
+    uses: list[tuple[str, str, int]]  # per edge: (tensor, consumer op, input index)
+    hint: list[int] = field(default_factory=list)  # preferred strategy per node (from hints)
+
+    def plan(self, solution: Sequence[int]) -> Plan:
+        options, storage = {}, {}
+        for (kind, name), choice, pick in zip(self.nodes, self.choices, solution):
+            (options if kind == "op" else storage)[name] = choice[int(pick)]
+        return Plan(self.graph, self.mesh, options, storage)
+
+
+class ReshardingPrices:
+    """Resharding seconds and bytes per (shape, itemsize, source, target), computed once."""
+
+    def __init__(self, mesh: Mesh, price: Callable[[str, tuple[str, ...], float], float]):
+        self.mesh, self.moves = mesh, PricedMoves(price)
+        self._ids: dict[Sharding, int] = {}  # shardings as ints: cheap cache keys
+        self._cache: dict[tuple, tuple[float, float]] = {}
+
+    def __call__(self, shape: tuple[int, ...], itemsize: int, source: Sharding, target: Sharding) -> tuple[float, float]:
+        return self._price(shape, itemsize, source, self._id(source), target, self._id(target))
+
+    def table(self, shape: tuple[int, ...], itemsize: int, sources: list[Sharding],
+              targets: list[Sharding]) -> tuple[np.ndarray, np.ndarray]:
+        """Seconds and bytes of every (source, target) pair, as `|sources| x |targets|` arrays."""
+        target_ids = [self._id(t) for t in targets]
+        pairs = [self._price(shape, itemsize, s, self._id(s), t, t_id)
+                 for s in sources for t, t_id in zip(targets, target_ids)]
+        table = np.array(pairs, dtype=np.float64).reshape(len(sources), len(targets), 2)
+        return table[..., 0], table[..., 1]
+
+    def _id(self, sharding: Sharding) -> int:
+        found = self._ids.get(sharding)
+        if found is None:
+            found = self._ids[sharding] = len(self._ids)
+        return found
+
+    def _price(self, shape: tuple[int, ...], itemsize: int, source: Sharding, source_id: int, target: Sharding,
+               target_id: int) -> tuple[float, float]:
+        key = (shape, itemsize, source_id, target_id)
+        found = self._cache.get(key)
+        if found is None:
+            if source_id == target_id:
+                found = (0.0, 0.0)
+            else:
+                found = resharding_cost(self.mesh, shape, itemsize, source, target, self.moves)
+            self._cache[key] = found
+        return found
+
+
+# At equal time, the plan that holds less wins: each MiB held costs 1 ps, a thousandth of the
+# time of moving it over the fastest link, so it never outweighs a real difference in time.
+TIE_BREAK_PS_PER_BYTE = 1.0 / 2 ** 20
+
+
+def _costs(seconds: Any, comm_bytes: Any, memory: Any, w: Weights) -> np.ndarray:
+    """Objective terms (scalars or arrays of them) as int64 cost units, rounded half to even."""
+    total = (np.asarray(seconds, np.float64) * PICOSECONDS * w.time + np.asarray(comm_bytes, np.float64) * w.comm_bytes
+             + np.asarray(memory, np.float64) * (w.memory_bytes + TIE_BREAK_PS_PER_BYTE))
+    return np.round(total).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class _NodeKind:
+    """What nodes with the same signature share (a graph's identical layers give many of them):
+    strategies, their costs and memory, and per strategy the shardings on the node's edges."""
+
+    choices: list
+    costs: np.ndarray
+    usages: np.ndarray
+    results: tuple[list[Sharding], ...]  # per output position, per strategy
+    operands: tuple[list[Sharding], ...] = ()  # per input index, per strategy
+
+
+def formulate(graph: Graph, mesh: Mesh, hw: Hardware, *, memory_budget: float | None = None,
+              weights: Weights = Weights()) -> Formulation:
+    order = topological_order(graph)
+    step = {op.name: i for i, op in enumerate(order)}
+    ranges = live_ranges(graph, order)
+    prices = ReshardingPrices(mesh, hw.collective_seconds)
+    pins = {c.tensor: c.sharding for c in graph.constraints if c.required}
+    hints = {c.tensor: c.sharding for c in graph.constraints if not c.required}
+    returned = frozenset(graph.outputs)
+
+    nodes: list[tuple[str, str]] = []
+    kinds: list[int] = []  # per node: its signature's number
+    signatures: dict[tuple, int] = {}
+    shared: list[_NodeKind] = []
+    intervals, hint = [], []
+    index: dict[str, int] = {}  # tensor -> node producing or storing it
+
+    def kind_of(signature: tuple, make: Callable[[], _NodeKind]) -> int:
+        found = signatures.get(signature)
+        if found is None:
+            found = signatures[signature] = len(shared)
+            shared.append(make())
+        return found
+
+    def add_storage(tensor: Tensor) -> None:
+        signature = ("storage", tensor.shape, tensor.itemsize, pins.get(tensor.name))
+        k = kind_of(signature, lambda: _storage_kind(tensor.shape, tensor.itemsize, pins.get(tensor.name), mesh, weights))
+        index[tensor.name] = len(nodes)
+        nodes.append(("storage", tensor.name))
+        kinds.append(k)
+        first, last = ranges[tensor.name]
+        intervals.append((first, last + 1))
+        hint.append(_hint_index(shared[k].results[0], hints.get(tensor.name)))
+
+    # Each stored tensor is numbered right after its first consumer. The memory relaxation decodes
+    # nodes in this order: a stored tensor then follows the op that reads it. Numbered up front,
+    # all of them were decided before any op, each on its own among many near-equal shardings
+    # (an optimizer's states and parameter), and the ops between them paid reshardings for the
+    # mismatch: decodes of a 3-D training step at twice the optimum for 30 TRW-S passes.
+    for op in order:
+        signature = _op_signature(graph, op, pins, returned)
+        k = kind_of(signature, lambda: _op_kind(graph, op, mesh, hw, pins, returned, prices, weights))
+        for t in op.outputs:
+            index[t] = len(nodes)
+        nodes.append(("op", op.name))
+        kinds.append(k)
+        last = max(ranges[t][1] for t in op.outputs)
+        intervals.append((step[op.name], last + 1))
+        hint.append(_hint_index(shared[k].results[0], hints.get(op.outputs[0])))
+        for t in op.inputs:
+            if t not in index:
+                add_storage(graph.tensors[t])
+    for tensor in graph.tensors.values():
+        if tensor.role != "intermediate" and tensor.name not in index:
+            add_storage(tensor)
+
+    matrices: dict[tuple[int, int, int, int], np.ndarray] = {}
+    edges, edge_costs, uses = [], [], []
+    for op in order:
+        v = index[op.outputs[0]]
+        for i, t in enumerate(op.inputs):
+            u = index[t]
+            tensor = graph.tensors[t]
+            out_pos = 0 if nodes[u][0] == "storage" else graph.producers[t].outputs.index(t)
+            key = (kinds[u], out_pos, kinds[v], i)  # the signatures fix the shape and both lists
+            matrix = matrices.get(key)
+            if matrix is None:
+                matrix = matrices[key] = _pair_matrix(
+                    shared[kinds[u]].results[out_pos], shared[kinds[v]].operands[i],
+                    lambda s, d: _costs(*prices.table(tensor.shape, tensor.itemsize, s, d), 0.0, weights))
+            edge_costs.append(matrix)
+            edges.append((u, v))
+            uses.append((t, op.name, i))
+    problem = Problem(tuple(shared[k].costs for k in kinds), tuple(shared[k].usages for k in kinds),
+                      np.array(intervals, dtype=np.int64).reshape(-1, 2),
+                      np.array(edges, dtype=np.int64).reshape(-1, 2), tuple(edge_costs),
+                      int(memory_budget) if memory_budget is not None else None, graph.name)
+    return Formulation(graph, mesh, problem, nodes, [shared[k].choices for k in kinds], uses, hint)
+
+
+def _op_signature(graph: Graph, op: Op, pins: dict[str, Sharding], returned: frozenset[str]) -> tuple:
+    """Everything an op node's strategies and costs depend on, its name and neighbours aside."""
+    inputs = tuple((graph.tensors[t].shape, graph.tensors[t].dtype) for t in op.inputs)
+    outputs = tuple((graph.tensors[t].shape, graph.tensors[t].dtype, t in returned, pins.get(t)) for t in op.outputs)
+    return op.kind, op.nest, _hashable(op.attrs), inputs, outputs
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_hashable(v) for v in value)
+    return value
+
+
+def _storage_kind(shape: tuple[int, ...], itemsize: int, pin: Sharding | None, mesh: Mesh, weights: Weights) -> _NodeKind:
+    options = [pin] if pin is not None else enumerate_storage(shape, mesh)
+    held = np.array([tensor_bytes(shape, itemsize, s, mesh) for s in options], dtype=np.int64)
+    return _NodeKind(options, _costs(0.0, 0.0, held, weights), held, (options,))
+
+
+def _op_kind(graph: Graph, op: Op, mesh: Mesh, hw: Hardware, pins: dict[str, Sharding], returned: frozenset[str],
+             prices: ReshardingPrices, weights: Weights) -> _NodeKind:
+    options = enumerate_options(op.nest, mesh)
+    for position, t in enumerate(op.outputs):
+        if t in pins and t not in returned:
+            # A pinned intermediate is produced as pinned (partial allowed: reducing it is
+            # priced on its edges); a pinned graph output is resharded to its pin at the end.
+            options = [o for o in options
+                       if result_shardings(op.nest, o)[position].without_partial() == pins[t].without_partial()]
+    if not options:
+        pinned = [t for t in op.outputs if t in pins]
+        raise InfeasibleError(f"no option of op {op.name!r} ({op.kind}) produces the pinned sharding "
+                              f"{[str(pins[t]) for t in pinned]} of {pinned}")
+    node_seconds, node_comm, node_usage, results = [], [], [], []
+    for option in options:
+        produced = result_shardings(op.nest, option)
+        seconds = op_cost(graph, op, option, mesh, hw).seconds
+        comm = 0.0
+        for t, s in zip(op.outputs, produced):
+            if t in returned:  # the graph hands its outputs over reduced (or as pinned)
+                target = pins.get(t, s.without_partial())
+                r_s, r_b = prices(graph.tensors[t].shape, graph.tensors[t].itemsize, s, target)
+                seconds, comm = seconds + r_s, comm + r_b
+        node_seconds.append(seconds)
+        node_comm.append(comm)
+        node_usage.append(result_bytes(graph, op, option, mesh))
+        results.append(produced)
+    operands = [operand_shardings(op.nest, o) for o in options]
+    usage = np.array(node_usage, dtype=np.int64)
+    return _NodeKind(options, _costs(node_seconds, node_comm, usage, weights), usage,
+                     tuple(list(r) for r in zip(*results)), tuple(list(r) for r in zip(*operands)))
+
+
+def _pair_matrix(sources: list[Sharding], targets: list[Sharding],
+                 table: Callable[[list[Sharding], list[Sharding]], np.ndarray]) -> np.ndarray:
+    """|sources| x |targets| costs, from `table` of the distinct sources and distinct targets."""
+    src_ids: dict[Sharding, int] = {}
+    dst_ids: dict[Sharding, int] = {}
+    src_index = np.array([src_ids.setdefault(s, len(src_ids)) for s in sources])
+    dst_index = np.array([dst_ids.setdefault(d, len(dst_ids)) for d in targets])
+    return table(list(src_ids), list(dst_ids))[src_index[:, None], dst_index[None, :]]
+
+
+def _hint_index(candidates: list[Sharding], wanted: Sharding | None) -> int:
+    if wanted is not None:
+        for i, s in enumerate(candidates):
+            if s == wanted:
+                return i
+    return -1

@@ -1,0 +1,101 @@
+"""Plan a graph: formulate, solve with a certified bound, decode, price, explain infeasibility."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from autoshard.planning.costs import Hardware
+from autoshard.errors import InfeasibleError
+from autoshard.planning.formulation import PICOSECONDS, Formulation, Weights, formulate
+from autoshard.graph.model import Graph, topological_order
+from autoshard.mesh import Mesh
+from autoshard.planning.plan import Plan
+from autoshard.planning.report import Report, estimate
+from autoshard.solver import Problem, solve
+from autoshard.graph.summary import size
+
+
+@dataclass(frozen=True)
+class SolveSettings:
+    time_limit_s: float = 30.0
+    # Stop once (cost - bound) / cost is at most this: the last 0.01% of a certified bound is
+    # rarely worth the rest of the time limit (the default of MIP solvers).
+    gap_limit: float = 1e-4
+    workers: int = 2
+    seed: int = 0
+    memory_budget_bytes: float | None = None  # None: the chip's HBM
+    weights: Weights = Weights()
+    deterministic: bool = False
+
+
+@dataclass
+class PlanResult:
+    plan: Plan
+    report: Report
+    solver: dict[str, Any]
+
+
+def make_plan(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = SolveSettings(),
+              progress: Callable[[str, float, float, float], None] | None = None) -> PlanResult:
+    """`progress(phase, incumbent_ps, bound_ps, elapsed_s)` is called as the solver improves."""
+    started = time.perf_counter()
+    budget = settings.memory_budget_bytes if settings.memory_budget_bytes is not None else hw.hbm_bytes
+    formulation = formulate(graph, mesh, hw, memory_budget=budget, weights=settings.weights)
+    built = time.perf_counter()
+    hint = _whole_hint(formulation.problem, formulation.hint)
+    result = solve(formulation.problem, time_limit_s=settings.time_limit_s, workers=settings.workers,
+                   seed=settings.seed, hint=hint, progress=progress, deterministic=settings.deterministic,
+                   gap_limit=settings.gap_limit)
+    if not result.feasible:
+        raise InfeasibleError(explain_infeasible(formulation, budget))
+    plan = formulation.plan(result.solution)
+    report = estimate(plan, hw)
+    problem = formulation.problem
+    solver = {
+        "status": result.status,
+        "objective_ps": int(result.cost),
+        "objective_s": result.cost / PICOSECONDS,
+        "lower_bound_ps": int(result.lower_bound),
+        "gap": result.gap,
+        "formulate_s": built - started,
+        "solve_s": time.perf_counter() - built,
+        "problem": {"nodes": problem.num_nodes, "edges": problem.num_edges,
+                    "strategies": int(np.sum(problem.num_strategies()))},
+        "memory_budget_bytes": budget,
+    }
+    return PlanResult(plan, report, solver)
+
+
+def _whole_hint(problem: Problem, hinted: list[int]) -> np.ndarray | None:
+    """The graph's hints as a whole solution to start from (None without hints): a node without a
+    hint takes its smallest-usage strategy, the choice that fits whenever anything does."""
+    if not any(h >= 0 for h in hinted):
+        return None
+    return np.array([h if h >= 0 else int(np.lexsort((costs, usages))[0])
+                     for h, costs, usages in zip(hinted, problem.node_costs, problem.node_usages)], dtype=np.int64)
+
+
+def explain_infeasible(formulation: Formulation, budget: float) -> str:
+    """Say which budget or pin makes every plan infeasible, with the numbers."""
+    problem = formulation.problem
+    steps = int(problem.intervals[:, 1].max()) if problem.num_nodes else 0
+    least = np.zeros(max(steps, 1), dtype=np.int64)
+    for i, usage in enumerate(problem.node_usages):
+        start, end = problem.intervals[i]
+        least[start:end] += int(usage.min())
+    peak = int(np.argmax(least))
+    order = topological_order(formulation.graph)
+    at = order[peak].name if peak < len(order) else "end"
+    pinned = [c.tensor for c in formulation.graph.constraints if c.required]
+    if least[peak] <= budget:
+        return (f"no plan within the memory budget {size(budget)} per device was found in the time limit, although "
+                f"one may exist (the least possible peak is {size(int(least[peak]))}); raise the time limit or the budget")
+    text = (f"the memory budget {size(budget)} per device is below {size(int(least[peak]))}, the least any plan "
+            f"needs (at step {peak}, op {at!r}, with every value at its smallest sharding)")
+    if pinned:
+        text += f"; pinned tensors {pinned} keep their pinned shardings"
+    return text

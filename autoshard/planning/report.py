@@ -1,0 +1,216 @@
+"""What a plan costs: per op compute, every resharding with its collectives, per-axis traffic,
+per-device peak memory and when it peaks.
+
+Step time is compute plus communication with no overlap assumed (an upper bound on a real
+step; it is also what the solver minimises). Memory counts each value from the step that
+produces it to its last use, parameters for the whole step.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from autoshard.planning.costs import Hardware, OpCost, op_cost, tensor_bytes
+from autoshard.graph.model import Op, live_ranges, topological_order
+from autoshard.ops.loops import LoopNest
+from autoshard.planning.options import ShardingOption, operand_shardings, result_shardings
+from autoshard.planning.plan import Plan
+from autoshard.resharding import PricedMoves, Resharding, plan_resharding
+from autoshard.sharding import Sharding
+
+
+@dataclass
+class Report:
+    ops: list[dict[str, Any]] = field(default_factory=list)
+    reshardings: list[dict[str, Any]] = field(default_factory=list)
+    compute_s: float = 0.0
+    communication_s: float = 0.0
+    communication_bytes: float = 0.0
+    bytes_per_axis: dict[str, float] = field(default_factory=dict)
+    seconds_per_axis: dict[str, float] = field(default_factory=dict)
+    peak_memory_bytes: int = 0
+    peak_step: int = 0
+    peak_op: str = ""
+    parameter_bytes: int = 0
+    activation_peak_bytes: int = 0
+
+    @property
+    def step_s(self) -> float:
+        return self.compute_s + self.communication_s
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "totals": {
+                "step_s": self.step_s, "compute_s": self.compute_s, "communication_s": self.communication_s,
+                "communication_bytes": self.communication_bytes, "overlap": "none (compute + communication)",
+                "communication_bytes_per_axis": self.bytes_per_axis,
+                "communication_s_per_axis": self.seconds_per_axis,
+                "peak_memory_bytes_per_device": self.peak_memory_bytes,
+                "peak_at": {"step": self.peak_step, "op": self.peak_op},
+                "parameter_bytes_per_device": self.parameter_bytes,
+                "activation_bytes_at_peak_per_device": self.activation_peak_bytes,
+            },
+            "ops": self.ops,
+            "reshardings": self.reshardings,
+        }
+
+
+@dataclass(frozen=True)
+class PlanShardings:
+    """A plan's ops in topological order, each value's sharding as produced (or stored) and each
+    op's input shardings, derived once per op (`Plan.produced` / `Plan.required` derive every
+    operand of the op on each call, which adds up over tens of thousands of ops)."""
+
+    order: list[Op]
+    produced: dict[str, Sharding]
+    required: dict[str, tuple[Sharding, ...]]
+
+    @classmethod
+    def of(cls, plan: Plan) -> "PlanShardings":
+        order = topological_order(plan.graph)
+        produced: dict[str, Sharding] = {}
+        required: dict[str, tuple[Sharding, ...]] = {}
+        derived: dict[tuple[LoopNest, ShardingOption], tuple[tuple[Sharding, ...], tuple[Sharding, ...]]] = {}
+        for op in order:
+            key = (op.nest, plan.options[op.name])
+            if key not in derived:  # repeated layers share nests and options
+                derived[key] = result_shardings(*key), operand_shardings(*key)
+            results, required[op.name] = derived[key]
+            produced.update(zip(op.outputs, results))
+        produced.update(plan.storage)  # a stored value is held as stored, as in `Plan.produced`
+        return cls(order, produced, required)
+
+
+def plan_reshardings(plan: Plan, price: Callable[[str, tuple[str, ...], float], float],
+                     shardings: PlanShardings | None = None) -> list[tuple[str, str, int | None, Resharding]]:
+    """Every resharding the plan needs: (tensor, consumer op or "output", input index, steps).
+
+    A value resharded to the same target for several consumers is resharded once.
+    """
+    graph, mesh = plan.graph, plan.mesh
+    shardings = shardings if shardings is not None else PlanShardings.of(plan)
+    moves = PricedMoves(price)
+    # a graph's identical layers ask for the same reshardings: each is searched once
+    found: dict[tuple[tuple[int, ...], int, Sharding, Sharding], Resharding] = {}
+
+    def resharding(t: str, source: Sharding, target: Sharding) -> Resharding:
+        tensor = graph.tensors[t]
+        key = (tensor.shape, tensor.itemsize, source, target)
+        if key not in found:
+            found[key] = plan_resharding(mesh, tensor.shape, tensor.itemsize, source, target, price, moves)
+        return found[key]
+
+    done: set[tuple[str, Sharding]] = set()
+    out = []
+    for op in shardings.order:
+        for i, (t, target) in enumerate(zip(op.inputs, shardings.required[op.name])):
+            source = shardings.produced[t]
+            if source != target and (t, target) not in done:
+                done.add((t, target))
+                out.append((t, op.name, i, resharding(t, source, target)))
+    for t in graph.outputs:
+        source, target = shardings.produced[t], plan.final(t)
+        if source != target and (t, target) not in done:
+            out.append((t, "output", None, resharding(t, source, target)))
+    return out
+
+
+def estimate(plan: Plan, hw: Hardware) -> Report:
+    graph, mesh = plan.graph, plan.mesh
+    report = Report()
+    shardings = PlanShardings.of(plan)
+    costs: dict[tuple, OpCost] = {}
+    for op in shardings.order:
+        option = plan.options[op.name]
+        # `op_cost` reads the op through its nest, FLOPs and operands' shapes and dtypes only (the
+        # first input's dtype, or the first result's if it has none): repeated layers are priced once
+        key = (op.nest, option, op.flops(), len(op.inputs),
+               tuple((graph.tensors[t].shape, graph.tensors[t].dtype) for t in op.operands))
+        if key not in costs:
+            costs[key] = op_cost(graph, op, option, mesh, hw)
+        cost = costs[key]
+        report.compute_s += cost.seconds
+        report.ops.append({"op": op.name, "kind": op.kind, "option": option.to_json(), "compute_s": cost.seconds,
+                           "flops_per_device": cost.flops, "bytes_per_device": cost.bytes, "bound": cost.bound,
+                           "communication_s": 0.0, "communication_bytes": 0.0})
+    by_name = {entry["op"]: entry for entry in report.ops}
+    per_axis_bytes: dict[str, float] = defaultdict(float)
+    per_axis_s: dict[str, float] = defaultdict(float)
+    for tensor, consumer, index, resharding in plan_reshardings(plan, hw.collective_seconds, shardings):
+        steps = [s.to_json() for s in resharding.steps]
+        moved = sum(_communicated(s) for s in resharding.steps)
+        report.reshardings.append({"tensor": tensor, "consumer": consumer, "input": index,
+                                   "from": resharding.source.to_json(), "to": resharding.target.to_json(),
+                                   "steps": steps, "seconds": resharding.seconds, "bytes_per_device": moved})
+        report.communication_s += resharding.seconds
+        report.communication_bytes += moved
+        for s in resharding.steps:
+            for axis in s.mesh_axes:
+                # a collective over several axes is charged to each of them
+                per_axis_bytes[axis] += _communicated(s)
+                per_axis_s[axis] += s.seconds
+        if consumer in by_name:
+            by_name[consumer]["communication_s"] += resharding.seconds
+            by_name[consumer]["communication_bytes"] += moved
+    report.bytes_per_axis = dict(per_axis_bytes)
+    report.seconds_per_axis = dict(per_axis_s)
+    _memory(plan, report, shardings)
+    return report
+
+
+def _communicated(step) -> float:
+    """Bytes a step puts on the wire per device: an all_slice only keeps part of what is local."""
+    return 0.0 if step.kind == "all_slice" else step.bytes_per_device
+
+
+def memory_timeline(plan: Plan, shardings: PlanShardings | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes each device holds at every step (ops in topological order), and the parameters'
+    share of them: each value counts at its size as produced or stored over its `live_ranges`.
+
+    A running total (add a value at its first step, take it off after its last) costs values
+    plus steps; adding each value into every step it is live costs their product, which a
+    96-layer training step (34k values, 29k steps, parameters live throughout) takes most of a minute.
+    """
+    graph, mesh = plan.graph, plan.mesh
+    shardings = shardings if shardings is not None else PlanShardings.of(plan)
+    ranges = live_ranges(graph, shardings.order)
+    produced = shardings.produced
+    sizes: dict[tuple[tuple[int, ...], int, Sharding], int] = {}
+    held, first, last, is_parameter = [], [], [], []
+    for name, tensor in graph.tensors.items():
+        key = (tensor.shape, tensor.itemsize, produced[name])
+        if key not in sizes:
+            sizes[key] = tensor_bytes(tensor.shape, tensor.itemsize, key[2], mesh)
+        held.append(sizes[key])
+        first.append(ranges[name][0])
+        last.append(ranges[name][1])
+        is_parameter.append(tensor.role == "parameter")
+    # exact integer bytes: int64 unless the sum could overflow it, then Python integers
+    dtype = np.int64 if sum(held) < 2 ** 63 else object
+    steps = max(len(shardings.order), 1)
+    held_a, first_a, last_a = np.array(held, dtype=dtype), np.array(first, dtype=np.intp), np.array(last, dtype=np.intp)
+    mask = np.array(is_parameter, dtype=bool)
+    return (_running_total(steps, held_a, first_a, last_a),
+            _running_total(steps, held_a[mask], first_a[mask], last_a[mask]))
+
+
+def _running_total(steps: int, held: np.ndarray, first: np.ndarray, last: np.ndarray) -> np.ndarray:
+    change = np.zeros(steps + 1, dtype=held.dtype)
+    np.add.at(change, first, held)
+    np.subtract.at(change, last + 1, held)
+    return np.cumsum(change[:steps])
+
+
+def _memory(plan: Plan, report: Report, shardings: PlanShardings) -> None:
+    order = shardings.order
+    usage, params = memory_timeline(plan, shardings)
+    peak = int(np.argmax(usage))  # the first step at the peak
+    report.peak_memory_bytes = int(usage[peak])
+    report.peak_step = peak
+    report.peak_op = order[peak].name if order else ""
+    report.parameter_bytes = int(params[peak])
+    report.activation_peak_bytes = int(usage[peak] - params[peak])

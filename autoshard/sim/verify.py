@@ -1,0 +1,44 @@
+"""Verifying a plan when it is made: partition it and run it in the simulator.
+
+Small plans are verified by default (policy "auto"): their simulation fits in modest host
+memory and takes seconds. Larger plans are skipped with the reason, and can be verified on a
+smaller version of the graph with `autoshard simulate`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autoshard.errors import InputError, Problem
+from autoshard.sim.program import simulate_program, simulation_bytes
+from autoshard.spmd.program import SpmdProgram
+from autoshard.graph.summary import size
+
+VERIFY_POLICIES = ("auto", "always", "never")
+AUTO_LIMIT_BYTES = 256 * 2 ** 20  # what "auto" simulates: seconds of numpy on one host
+ALWAYS_LIMIT_BYTES = 8 * 2 ** 30
+
+
+def policy_problem(policy: str, where: str) -> Problem:
+    return Problem(where, f"unknown verification policy {policy!r}; expected one of {', '.join(VERIFY_POLICIES)}")
+
+
+def verify_program(program: SpmdProgram, policy: str, seed: int = 0,
+                   max_bytes: float = ALWAYS_LIMIT_BYTES) -> dict[str, Any]:
+    """The verdict as JSON: `status` passed, failed or skipped (with `reason`); when run, the
+    max error, the number of values checked and the first divergence (op, device, message).
+    No simulation holds more than `max_bytes` of host memory, whatever the policy."""
+    if policy not in VERIFY_POLICIES:
+        raise InputError([policy_problem(policy, "verify")])
+    if policy == "never":
+        return {"status": "skipped", "reason": "verification not requested"}
+    needed = simulation_bytes(program)
+    limit = min(AUTO_LIMIT_BYTES, max_bytes) if policy == "auto" else max_bytes
+    if needed > limit:
+        return {"status": "skipped", "needs_bytes": needed,
+                "reason": f"simulating this plan needs about {size(needed)} of host memory, over the "
+                          f"{size(limit)} that verification '{policy}' allows; verify a smaller version of the graph "
+                          f"with `autoshard simulate`"}
+    verdict = simulate_program(program, seed=seed, max_bytes=limit)
+    return {"status": "passed" if verdict.passed else "failed", "seed": seed, "summary": verdict.summary(),
+            **verdict.to_json()}
