@@ -15,14 +15,14 @@ from typing import Any, Mapping
 
 import cost_models
 from autoshard import __version__
-from autoshard.planning.make_plan import SolveSettings
-from autoshard.planning.costs import Hardware
 from autoshard.errors import InputError, Problem
-from autoshard.planning.formulation import Weights
 from autoshard.graph.model import Graph
-from autoshard.planning.hardware import bind_hardware
-from autoshard.mesh import Mesh
 from autoshard.graph.schema import graph_from_json, graph_to_json
+from autoshard.mesh import Mesh
+from autoshard.planning.costs import Hardware
+from autoshard.planning.formulation import Weights
+from autoshard.planning.hardware import bind_hardware
+from autoshard.planning.make_plan import SolveSettings
 from service.config import Settings
 from service.errors import TooLarge
 
@@ -158,7 +158,8 @@ def plan_inputs(canonical: Mapping[str, Any]) -> PlanInputs:
     settings = SolveSettings(time_limit_s=options["time_limit_s"], workers=options["workers"], seed=options["seed"],
                              gap_limit=options.get("gap_limit", SolveSettings.gap_limit),
                              memory_budget_bytes=options.get("memory_budget_bytes"),
-                             weights=Weights(**options["weights"]))
+                             weights=Weights(**options["weights"]),
+                             deterministic=options.get("deterministic", False))
     return PlanInputs(graph_from_json(canonical["graph"], mesh), mesh,
                       bind_topology(canonical["topology"], canonical["topology_options"], mesh),
                       topology_name(canonical["topology"]), settings, tuple(options["emit"]), options["dialect"],

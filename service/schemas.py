@@ -61,6 +61,9 @@ class PlanOptions(_Wire):
                                                      "the verdict is the plan's `verification`")
     workers: int | None = Field(None, ge=1, description="solver threads (default and cap: server settings)")
     seed: int = Field(0, ge=0)
+    deterministic: bool = Field(False, description="bound the solver by a fixed amount of work instead of the "
+                                                   "clock: the same request gives the same plan (apart from its "
+                                                   "timing fields); time_limit_s no longer stops the solve")
 
 
 class PlanRequest(_Wire):

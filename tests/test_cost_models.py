@@ -7,8 +7,16 @@ import math
 
 import pytest
 
-from cost_models import (COLLECTIVE_KINDS, BindingError, ProfileError, TopologyError, bind, list_profiles,
-                         load_profile, seconds_from_busbw)
+from cost_models import (
+    COLLECTIVE_KINDS,
+    BindingError,
+    ProfileError,
+    TopologyError,
+    bind,
+    list_profiles,
+    load_profile,
+    seconds_from_busbw,
+)
 
 SHIPPED = ["dgx-a100", "dgx-b200", "dgx-h100", "dgx-h200", "gb200-nvl72", "tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e"]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cost_models import bind, busbw_bytes_per_s, algbw_bytes_per_s, load_profile
+from cost_models import algbw_bytes_per_s, bind, busbw_bytes_per_s, load_profile
 
 ROWS = {row["id"]: row for row in csv.DictReader((Path(__file__).parent / "data" / "collective_reference.csv").open())}
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from autoshard.cli.main import main
+from autoshard.graph.schema import load_graph
 from autoshard.mesh import Mesh
 from autoshard.mlir import emit_partitioned, verify
 from autoshard.planning.plan import plan_from_json
-from autoshard.graph.schema import load_graph
 from autoshard.spmd.program import partition
 
 MLP = str(Path(__file__).parent.parent / "examples" / "mlp.json")

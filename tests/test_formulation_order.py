@@ -1,11 +1,11 @@
 """Node numbering of the formulation: the order the memory relaxation decodes in."""
 
-from autoshard.planning.formulation import formulate
 from autoshard.graph.model import topological_order
-from autoshard.planning.hardware import bind_hardware
+from autoshard.graph.schema import graph_from_json
 from autoshard.mesh import Mesh
 from autoshard.models import GPTConfig, gpt
-from autoshard.graph.schema import graph_from_json
+from autoshard.planning.formulation import formulate
+from autoshard.planning.hardware import bind_hardware
 
 
 def test_every_stored_tensor_follows_its_first_consumer():

@@ -9,8 +9,8 @@ from autoshard.solver.exact import solve_exact
 from autoshard.solver.flat import flatten
 from service.inputs import canonical_plan_request, plan_inputs
 from service.schemas import PlanRequest
-from test_plan_cli import plan_args
-from test_service import MLP, error_of, http, settings_for  # noqa: F401 (http: the service fixture)
+from support.cli import plan_args
+from support.service import MLP, error_of, settings_for
 
 
 def frustrated_ring(base: int) -> Problem:

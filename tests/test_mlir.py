@@ -12,10 +12,9 @@ from pathlib import Path
 from types import MappingProxyType
 
 import pytest
-from test_spmd import MESHES, ZOO, cycled_plans, graph_doc, megatron
 
-from autoshard.spmd.collective_opt import optimize
 from autoshard.errors import InputError
+from autoshard.graph.schema import graph_from_json
 from autoshard.mesh import Mesh
 from autoshard.mlir import MESH, SHARD, emit_annotated, emit_partitioned, to_llvm19, verify
 from autoshard.mlir.dialect import PARTIAL_NOTE
@@ -23,9 +22,17 @@ from autoshard.mlir.toolchain import verify_all
 from autoshard.planning.options import ShardingOption
 from autoshard.planning.plan import Plan
 from autoshard.resharding import CollectiveStep, Transfer
-from autoshard.graph.schema import graph_from_json
 from autoshard.sharding import Sharding
+from autoshard.spmd.collective_opt import optimize
 from autoshard.spmd.program import Communicate, LocalOp, SpmdProgram, partition
+from support.graphs import (
+    MESHES,
+    ZOO,
+    cycled_plans,
+    graph_doc,
+    megatron,
+    mlp2d,  # noqa: F401
+)
 
 O, S = ShardingOption, Sharding
 GOLDEN = Path(__file__).parent / "golden"
@@ -216,20 +223,6 @@ def test_bad_input_is_an_input_error():
 
 
 # --- golden files ------------------------------------------------------------------------------
-
-def mlp2d() -> Plan:
-    """The seeds' 2-D weight-stationary MLP on a 2x2x2 mesh."""
-    mesh = Mesh.of(a=2, b=2, c=2)
-    graph = graph_from_json(graph_doc(
-        "mlp_2d_weight_stationary",
-        {"x": ((2, 4, 8), "f32", "input"), "w1": ((8, 32), "f32", "parameter"), "w2": ((32, 8), "f32", "parameter"),
-         "h": ((2, 4, 32), "f32"), "r": ((2, 4, 32), "f32"), "y": ((2, 4, 8), "f32")},
-        [("fc1", "matmul", ["x", "w1"], ["h"], {}), ("relu", "relu", ["h"], ["r"], {}),
-         ("fc2", "matmul", ["r", "w2"], ["y"], {})],
-        constraints=[{"tensor": "y", "split_axes": [[], [], ["a", "b", "c"]]}]), mesh)
-    return Plan(graph, mesh, {"fc1": O(((), (), ("b", "c"), ("a",))), "relu": O(((), (), ("b", "c"))),
-                              "fc2": O(((), (), ("a",), ("b", "c")))},
-                {"x": S(((), (), ("a", "b", "c"))), "w1": S((("a",), ("b", "c"))), "w2": S((("b", "c"), ("a",)))})
 
 
 def embedding_vocab_split() -> SpmdProgram:

@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 
 from autoshard.graph.model import Graph
+from autoshard.graph.schema import graph_from_json
 from autoshard.mesh import Mesh
 from autoshard.mlir import emit_annotated, emit_partitioned
 from autoshard.mlir.lower_grad import GRAD_LOWERINGS
 from autoshard.mlir.toolchain import verify_all
 from autoshard.models import GPTConfig, gpt
 from autoshard.ops.grads import GRAD_RULES
-from autoshard.planning.plan import Plan
-from autoshard.graph.schema import graph_from_json
 from autoshard.planning.options import enumerate_options, enumerate_storage
+from autoshard.planning.plan import Plan
 
 MESH = Mesh.of(x=2, y=2)
 

@@ -18,17 +18,17 @@ returning a 4x4 shard where the pinned layout has 8x4 (a later upstream change r
 from __future__ import annotations
 
 import pytest
-from test_spmd import MLP, megatron
 
+from autoshard.graph.schema import graph_from_json
 from autoshard.mesh import Mesh
 from autoshard.mlir import collectives, emit_annotated, emit_partitioned, upstream_partition
 from autoshard.mlir.toolchain import CollectiveUse
 from autoshard.planning.options import ShardingOption
 from autoshard.planning.plan import Plan
 from autoshard.resharding import bytes_moved_price
-from autoshard.graph.schema import graph_from_json
 from autoshard.sharding import Sharding
 from autoshard.spmd.program import partition
+from support.graphs import MLP, megatron
 
 O, S = ShardingOption, Sharding
 MESH = Mesh.of(dp=2, tp=4)

@@ -14,12 +14,12 @@ import pytest
 from autoshard.cli.main import main
 from autoshard.errors import InputError
 from autoshard.graph.evaluate import evaluate_graph, random_inputs
+from autoshard.graph.schema import graph_from_json, load_graph
 from autoshard.models import GPTConfig, GraphBuilder, MLPConfig, MoEConfig, gpt, mlp, moe
-from autoshard.ops.differentiate import add_backward
 from autoshard.models.training import ADAM_SCALARS
 from autoshard.ops import OpError
+from autoshard.ops.differentiate import add_backward
 from autoshard.ops.loops import PARALLEL, REDUCTION
-from autoshard.graph.schema import graph_from_json, load_graph
 
 TINY_GPT = GPTConfig(layers=2, hidden=8, heads=2, seq=4, batch=2, vocab=11, dtype="f64")
 TINY_LLAMA = GPTConfig(layers=2, hidden=8, heads=2, seq=4, batch=2, vocab=11, ffn=12, dtype="f64", style="llama")

@@ -219,7 +219,7 @@ def test_invalid_loops_are_the_ones_a_split_would_break(kind_name, shapes, attrs
 
 def test_every_registered_kind_has_a_test_case():
     tested = {c[0] for c in CASES}
-    # elementwise kinds below; `grad` rows are covered by tests/test_grads.py
+    # elementwise kinds below; `grad` rows are covered by tests/test_grad_row.py
     untested = set(OP_KINDS) - tested - {"abs", "log", "sqrt", "rsqrt", "square", "pow", "grad"}
     assert not untested, f"add a case for {sorted(untested)}"
 

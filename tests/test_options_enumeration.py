@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from autoshard.mesh import Mesh
 from autoshard.ops import OP_KINDS
-from autoshard.planning.options import ShardingOption, check_option
+from autoshard.planning.options import ShardingOption, check_option, enumerate_options, enumerate_storage
 from autoshard.sharding import Sharding
-from autoshard.planning.options import enumerate_options, enumerate_storage
 
 
 def test_matmul_options_on_a_2d_mesh_are_all_axis_assignments():

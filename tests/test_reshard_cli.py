@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from autoshard.cli.main import main
 from autoshard.cli import reshard
-from autoshard.planning.hardware import bind_hardware
+from autoshard.cli.main import main
 from autoshard.mesh import Mesh
 from autoshard.mlir.toolchain import verify
+from autoshard.planning.hardware import bind_hardware
 from autoshard.resharding import bytes_moved_price, plan_resharding
 from autoshard.sharding import Sharding
 from autoshard.spmd.program import check_program, resharding_program

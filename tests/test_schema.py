@@ -10,8 +10,8 @@ import pytest
 from autoshard.cli.main import main
 from autoshard.errors import InputError
 from autoshard.graph.model import live_ranges, to_networkx, topological_order
-from autoshard.mesh import Mesh
 from autoshard.graph.schema import graph_from_json, graph_to_json, load_graph
+from autoshard.mesh import Mesh
 
 GOOD = {
     "format": "autoshard.graph/v1", "name": "mlp",

@@ -10,52 +10,17 @@ import pytest
 from fastapi.testclient import TestClient
 
 import cost_models
-from autoshard.planning.make_plan import SolveSettings, make_plan
 from autoshard.client import Client, ServiceError
 from autoshard.errors import InputError
-from autoshard.planning.hardware import bind_hardware
+from autoshard.graph.schema import graph_from_json
 from autoshard.mesh import Mesh
 from autoshard.mlir import verify
+from autoshard.planning.hardware import bind_hardware
+from autoshard.planning.make_plan import SolveSettings, make_plan
 from autoshard.planning.plan import plan_from_json
-from autoshard.graph.schema import graph_from_json
 from service.app import create_app
-from service.config import Settings
 from service.store import Store
-
-MLP = {
-    "format": "autoshard.graph/v1", "name": "mlp",
-    "tensors": {"x": {"shape": [8, 16], "dtype": "f32", "role": "input"},
-                "w1": {"shape": [16, 32], "dtype": "f32", "role": "parameter"},
-                "w2": {"shape": [32, 16], "dtype": "f32", "role": "parameter"},
-                "h": {"shape": [8, 32], "dtype": "f32"},
-                "y": {"shape": [8, 16], "dtype": "f32"}},
-    "ops": [{"name": "fc1", "kind": "matmul", "inputs": ["x", "w1"], "outputs": ["h"]},
-            {"name": "fc2", "kind": "matmul", "inputs": ["h", "w2"], "outputs": ["y"]}],
-}
-OPTIONS = {"time_limit_s": 2, "seed": 0}
-
-
-def settings_for(tmp_path, **overrides) -> Settings:
-    values = dict(db=tmp_path / "plans.sqlite3", default_time_limit_s=10, max_body_bytes=20_000, max_ops=8,
-                  max_tensors=16, max_time_limit_s=60)
-    return Settings(**(values | overrides))
-
-
-@pytest.fixture
-def http(tmp_path):
-    with TestClient(create_app(settings_for(tmp_path))) as client:
-        yield client
-
-
-@pytest.fixture
-def client(http):
-    return Client(http=http)
-
-
-def error_of(response) -> dict:
-    body = response.json()
-    assert set(body) == {"error"}
-    return body["error"]
+from support.service import MLP, OPTIONS, error_of, settings_for
 
 
 def test_plan_is_the_library_plan_and_prices_the_same_through_estimate(client):

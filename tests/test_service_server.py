@@ -12,8 +12,11 @@ import pytest
 import schemathesis
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import (content_type_conformance, response_schema_conformance,
-                                               status_code_conformance)
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from autoshard.client import Client, LocalService, PlanJob
 

@@ -17,21 +17,20 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from autoshard.planning.make_plan import SolveSettings, make_plan
 from autoshard.errors import InfeasibleError
 from autoshard.graph.model import Graph
-from autoshard.planning.hardware import bind_hardware
+from autoshard.graph.schema import graph_from_json
 from autoshard.mesh import Mesh
 from autoshard.models import GPTConfig, MLPConfig, MoEConfig, gpt, moe
 from autoshard.models import mlp as mlp_model
-from autoshard.planning.options import ShardingOption
+from autoshard.planning.hardware import bind_hardware
+from autoshard.planning.make_plan import SolveSettings, make_plan
+from autoshard.planning.options import ShardingOption, enumerate_options, enumerate_storage
 from autoshard.planning.plan import Plan
 from autoshard.resharding import bytes_moved_price
-from autoshard.graph.schema import graph_from_json
 from autoshard.sharding import Sharding
 from autoshard.sim.program import simulate_program, verify_plan
 from autoshard.spmd.program import partition
-from autoshard.planning.options import enumerate_options, enumerate_storage
 
 MESHES = [Mesh.of(x=2), Mesh.of(x=4), Mesh.of(x=2, y=2), Mesh.of(x=3, y=2), Mesh.of(x=2, y=2, z=2)]
 

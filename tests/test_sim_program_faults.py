@@ -7,11 +7,11 @@ import dataclasses
 import numpy as np
 import pytest
 
+from autoshard.graph.schema import graph_from_json
 from autoshard.mesh import Mesh
 from autoshard.planning.options import ShardingOption
 from autoshard.planning.plan import Plan
 from autoshard.resharding import bytes_moved_price
-from autoshard.graph.schema import graph_from_json
 from autoshard.sharding import Sharding
 from autoshard.sim import program as sim_program
 from autoshard.sim.program import simulate_program, verify_plan

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from autoshard.graph.schema import graph_from_json
 from autoshard.mesh import Mesh
 from autoshard.planning.options import ShardingOption, operand_shardings, result_shardings
-from autoshard.graph.schema import graph_from_json
 from autoshard.sharding import Sharding
 from autoshard.sim import assemble, distribute
 from autoshard.sim.compare import compare_shards, tolerance

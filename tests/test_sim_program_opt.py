@@ -11,17 +11,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoshard.spmd.collective_opt import optimize
 from autoshard.graph.model import Graph
+from autoshard.graph.schema import graph_from_json
 from autoshard.mesh import Mesh
-from autoshard.planning.options import ShardingOption
+from autoshard.planning.options import ShardingOption, enumerate_options, enumerate_storage
 from autoshard.planning.plan import Plan
 from autoshard.resharding import bytes_moved_price
-from autoshard.graph.schema import graph_from_json
 from autoshard.sharding import Sharding
 from autoshard.sim.program import simulate_program
+from autoshard.spmd.collective_opt import optimize
 from autoshard.spmd.program import LocalOp, check_program, partition
-from autoshard.planning.options import enumerate_options, enumerate_storage
 
 MESHES = [Mesh.of(x=2), Mesh.of(x=4), Mesh.of(x=2, y=2), Mesh.of(x=2, y=3), Mesh.of(x=2, y=2, z=2)]
 DIM = st.sampled_from([4, 2, 3, 6, 8, 5])

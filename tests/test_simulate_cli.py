@@ -7,15 +7,15 @@ import json
 
 import pytest
 
-from autoshard.delivery import deliver as deliverables
-from autoshard.planning.make_plan import SolveSettings, make_plan
 from autoshard.cli.main import main
-from autoshard.planning.hardware import bind_hardware
-from autoshard.mesh import Mesh
-from autoshard.planning.options import ShardingOption
-from autoshard.planning.plan import Plan, plan_to_json
+from autoshard.delivery import deliver as deliverables
 from autoshard.delivery.document import plan_document
 from autoshard.graph.schema import graph_from_json
+from autoshard.mesh import Mesh
+from autoshard.planning.hardware import bind_hardware
+from autoshard.planning.make_plan import SolveSettings, make_plan
+from autoshard.planning.options import ShardingOption
+from autoshard.planning.plan import Plan, plan_to_json
 from autoshard.sharding import Sharding
 from autoshard.spmd.program import Communicate, LocalOp
 

@@ -6,11 +6,9 @@ import pytest
 
 from autoshard.solver.descent import descend, keep_strategies, within_usage
 from autoshard.solver.flat import flatten
-from autoshard.solver.heuristic import smallest_usage
 from autoshard.solver.problem import Problem
 from autoshard.solver.search import Search
-from test_solver_optimum import random_problem
-from test_solver_reduce import flat_assignments
+from support.solver_problems import flat_assignments, random_problem
 
 
 def _random_keep(fp, rng) -> np.ndarray:

@@ -6,7 +6,7 @@ import pytest
 from autoshard.solver import messages
 from autoshard.solver.flat import flatten
 from autoshard.solver.lagrange import Relaxation
-from test_solver_optimum import random_problem
+from support.solver_problems import random_problem
 
 
 def reference_passes(fp, pen, order, msg, msg_off, part, num_passes):

@@ -1,51 +1,14 @@
 """Solvers against exhaustive enumeration on random small problems; bounds never above the optimum."""
 
-import itertools
 
 import numpy as np
 import pytest
 
-from autoshard.solver import FORBIDDEN_COST, Problem, score, solve
+from autoshard.solver import Problem, score, solve
 from autoshard.solver.exact import solve_exact
 from autoshard.solver.flat import flatten
 from autoshard.solver.lagrange import Relaxation
-
-
-def random_problem(seed: int, limited: bool, forbidden: bool = False) -> Problem:
-    rng = np.random.default_rng(seed)
-    n = int(rng.integers(2, 7))
-    sizes = rng.integers(1, 4, n)
-    costs = [rng.integers(0, 50, s) for s in sizes]
-    usages = [rng.integers(0, 20, s) for s in sizes]
-    starts = rng.integers(0, 8, n)
-    intervals = np.stack([starts, starts + rng.integers(0, 6, n)], axis=1)
-    edges, matrices = [], []
-    for _ in range(int(rng.integers(1, 2 * n))):
-        u, v = (int(a) for a in rng.choice(n, 2, replace=False))
-        matrix = rng.integers(0, 40, (sizes[u], sizes[v]))
-        if forbidden:
-            matrix[rng.random(matrix.shape) < 0.2] = FORBIDDEN_COST
-        edges.append([u, v])  # repeated pairs and both directions happen: parallel edges
-        matrices.append(matrix)
-    limit = None
-    if limited:
-        lowest = score_peak(costs, usages, intervals, edges, matrices, [int(np.argmin(u)) for u in usages])
-        limit = int(lowest + rng.integers(0, 15))
-    return Problem(node_costs=tuple(costs), node_usages=tuple(usages), intervals=intervals, edges=edges,
-                   edge_costs=tuple(matrices), usage_limit=limit)
-
-
-def score_peak(costs, usages, intervals, edges, matrices, x) -> int:
-    problem = Problem(node_costs=tuple(costs), node_usages=tuple(usages), intervals=intervals, edges=edges,
-                      edge_costs=tuple(matrices))
-    return score(problem, x).peak_usage
-
-
-def enumerate_optimum(problem: Problem) -> int | None:
-    """Cheapest feasible cost over every assignment avoiding forbidden choices, None if none fits."""
-    costs = [score(problem, x) for x in itertools.product(*(range(len(c)) for c in problem.node_costs))]
-    fitting = [s.cost for s in costs if s.feasible and s.forbidden == 0]
-    return min(fitting) if fitting else None
+from support.solver_problems import enumerate_optimum, random_problem
 
 
 @pytest.mark.parametrize("limited", [False, True])

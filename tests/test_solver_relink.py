@@ -7,8 +7,7 @@ from autoshard.solver.flat import flatten
 from autoshard.solver.heuristic import smallest_usage
 from autoshard.solver.lagrange import Relaxation, StepLength
 from autoshard.solver.search import Search
-from test_solver_optimum import random_problem
-from test_solver_reduce import flat_assignments
+from support.solver_problems import flat_assignments, random_problem
 
 
 @pytest.mark.parametrize("seed", range(10))

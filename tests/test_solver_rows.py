@@ -9,7 +9,7 @@ from autoshard.solver import Problem, score, solve
 from autoshard.solver import exact as exact_module
 from autoshard.solver.exact import solve_exact
 from autoshard.solver.flat import flatten
-from test_solver_optimum import enumerate_optimum
+from support.solver_problems import enumerate_optimum
 
 
 def two_steps(limit: int) -> Problem:

@@ -1,6 +1,6 @@
 """`autoshard iopddl`: solve or score an instance of the IOPDDL contest format.
 
-    autoshard iopddl PROBLEM.json[.gz] --time-limit SECONDS [--workers N] [--seed S] [-o SOLUTION.json]
+    autoshard iopddl PROBLEM.json[.gz] --time-limit SECONDS [--workers N] [--seed S] [--deterministic] [-o SOLUTION.json]
     autoshard iopddl --score PROBLEM SOLUTION
 """
 
@@ -23,6 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--time-limit", type=float, default=60.0, metavar="SECONDS", help="wall-clock budget")
     parser.add_argument("--workers", type=int, default=1, help="CP-SAT worker threads")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--deterministic", action="store_true",
+                        help="a fixed amount of work instead of the clock: the same answer on every run")
     parser.add_argument("-o", "--output", type=Path, help="write the answer JSON here instead of stdout")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     parser.set_defaults(run=run)
@@ -57,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"[{elapsed:7.1f}s] {phase:8s} best {cost:.6g}  bound {bound:.6g}", file=sys.stderr, flush=True)
 
     result = solve(problem, time_limit_s=args.time_limit, workers=args.workers, seed=args.seed,
-                   progress=progress)
+                   progress=progress, deterministic=args.deterministic)
     if not args.quiet:
         print(f"{problem.name or args.problem.name}: {result.status}, cost {result.cost}, bound "
               f"{result.lower_bound}, gap {result.gap:.2%}", file=sys.stderr)

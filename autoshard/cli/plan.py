@@ -10,13 +10,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autoshard.planning.make_plan import SolveSettings, make_plan
 from autoshard.cli.args import add_hardware_args, hardware_from_args, mesh_from_args, parse_bytes, parse_slice
 from autoshard.delivery.deliver import deliver, ir_request_problems
 from autoshard.errors import InputError, Problem
-from autoshard.planning.formulation import Weights
 from autoshard.graph.schema import load_graph
 from autoshard.graph.summary import si, size
+from autoshard.planning.formulation import Weights
+from autoshard.planning.make_plan import SolveSettings, make_plan
 from autoshard.sim.verify import VERIFY_POLICIES, policy_problem
 
 
@@ -31,6 +31,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                              "optimality or use the whole time limit)")
     parser.add_argument("--workers", type=int, default=2, help="solver threads (default 2)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--deterministic", action="store_true",
+                        help="bound the solver by a fixed amount of work instead of the clock: the same graph, "
+                             "flags and seed give the same plan.json (apart from its timing fields) on any machine; "
+                             "--time-limit no longer stops it")
     parser.add_argument("--weights", default="time=1", help="objective weights, e.g. time=1,comm_bytes=1e-12")
     parser.add_argument("-o", "--output", help="directory to write plan.json (and IR) into")
     parser.add_argument("--emit", default="", help="IR to write beside plan.json: annotated, partitioned or both "
@@ -99,7 +103,8 @@ def checked_settings(args: argparse.Namespace) -> tuple[SolveSettings, tuple[str
     if problems:
         raise InputError(problems)
     settings = SolveSettings(time_limit_s=args.time_limit, gap_limit=args.gap_limit, workers=args.workers,
-                             seed=args.seed, memory_budget_bytes=budget, weights=weights)
+                             seed=args.seed, memory_budget_bytes=budget, weights=weights,
+                             deterministic=args.deterministic)
     return settings, stages
 
 

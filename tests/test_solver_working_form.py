@@ -1,6 +1,5 @@
 """The working form and neighbourhoods keep costs and memory feasibility exact; the heuristic path is sound."""
 
-import itertools
 
 import numpy as np
 import pytest
@@ -9,13 +8,11 @@ from autoshard.solver import exact as exact_module
 from autoshard.solver import score, solve
 from autoshard.solver.flat import flatten, only_steps
 from autoshard.solver.subproblem import restrict
-from test_solver_optimum import enumerate_optimum, random_problem
-
-
-
-
-def flat_assignments(fp):
-    return (np.array(x) for x in itertools.product(*(range(s) for s in fp.sizes())))
+from support.solver_problems import (
+    enumerate_optimum,
+    flat_assignments,  # noqa: F401
+    random_problem,
+)
 
 
 @pytest.mark.parametrize("seed", range(12))

@@ -10,8 +10,13 @@ from autoshard.affine import AffineExpr, AffineMap
 from autoshard.errors import InputError, ShardingError
 from autoshard.mesh import Mesh
 from autoshard.ops import OP_KINDS
-from autoshard.planning.options import (ShardingOption, check_option, operand_shardings, options_consistent_with,
-                               result_shardings)
+from autoshard.planning.options import (
+    ShardingOption,
+    check_option,
+    operand_shardings,
+    options_consistent_with,
+    result_shardings,
+)
 from autoshard.sharding import Sharding
 
 

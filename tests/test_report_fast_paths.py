@@ -9,18 +9,18 @@ import random
 
 import pytest
 
-from autoshard.planning.make_plan import SolveSettings, make_plan
-from autoshard.planning.costs import op_cost, tensor_bytes
-from autoshard.planning.formulation import formulate
 from autoshard.graph.model import topological_order
-from autoshard.planning.hardware import bind_hardware
+from autoshard.graph.schema import graph_from_json
 from autoshard.mesh import Mesh
 from autoshard.models import GPTConfig, MLPConfig, MoEConfig, gpt, mlp, moe
+from autoshard.planning.costs import op_cost, tensor_bytes
+from autoshard.planning.formulation import formulate
+from autoshard.planning.hardware import bind_hardware
+from autoshard.planning.make_plan import SolveSettings, make_plan
 from autoshard.planning.options import ShardingOption
 from autoshard.planning.plan import Plan
 from autoshard.planning.report import estimate, memory_timeline
 from autoshard.resharding import plan_resharding
-from autoshard.graph.schema import graph_from_json
 from autoshard.sharding import Sharding
 
 MESH = Mesh.parse("dp=2,tp=2")

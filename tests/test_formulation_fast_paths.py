@@ -11,16 +11,15 @@ import itertools
 
 import pytest
 
+from autoshard.graph.schema import graph_from_json
+from autoshard.mesh import Mesh
+from autoshard.models import GPTConfig, gpt
 from autoshard.planning.costs import op_cost, result_bytes, tensor_bytes
 from autoshard.planning.formulation import PICOSECONDS, TIE_BREAK_PS_PER_BYTE, Weights, formulate
 from autoshard.planning.hardware import bind_hardware
-from autoshard.mesh import Mesh
-from autoshard.models import GPTConfig, gpt
-from autoshard.planning.options import operand_shardings, result_shardings
+from autoshard.planning.options import enumerate_storage, operand_shardings, result_shardings
 from autoshard.resharding import PricedMoves, bytes_moved_price, plan_resharding, resharding_cost
-from autoshard.graph.schema import graph_from_json
 from autoshard.sharding import Sharding
-from autoshard.planning.options import enumerate_storage
 
 
 def slow_price(mesh, shape, itemsize, source, target, price) -> tuple[float, float]:

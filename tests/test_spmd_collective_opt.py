@@ -7,17 +7,16 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from test_mlir import mlp2d
-from test_spmd import MESHES, ZOO, assert_runs_like_the_graph, cycled_plans, graph_doc
 
-from autoshard.spmd.collective_opt import REWRITES, local_flops, optimize, reduction_step
+from autoshard.graph.schema import graph_from_json
 from autoshard.mesh import Mesh
 from autoshard.planning.options import ShardingOption
 from autoshard.planning.plan import Plan
 from autoshard.resharding import plan_resharding
-from autoshard.graph.schema import graph_from_json
 from autoshard.sharding import Sharding
+from autoshard.spmd.collective_opt import REWRITES, local_flops, optimize, reduction_step
 from autoshard.spmd.program import Communicate, SpmdProgram, check_program, partition
+from support.graphs import MESHES, ZOO, assert_runs_like_the_graph, cycled_plans, graph_doc, mlp2d
 
 O, S = ShardingOption, Sharding
 F = "f32"

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from autoshard.graph.schema import graph_from_json
 from autoshard.ops import OP_KINDS, Block, OpError, evaluate, evaluate_block
 from autoshard.ops.grads import GRAD_RULES, SLOPES
 from autoshard.ops.loops import INVALID, PARALLEL, REDUCTION
 from autoshard.ops.payloads import UNARY
-from autoshard.graph.schema import graph_from_json
 
 POSITIVE = {"log", "sqrt", "rsqrt"}
 

@@ -9,15 +9,15 @@ import itertools
 import numpy as np
 import pytest
 
-from autoshard.planning.make_plan import SolveSettings, make_plan
 from autoshard.errors import InfeasibleError
+from autoshard.graph.schema import graph_from_json
+from autoshard.mesh import Mesh
 from autoshard.planning.formulation import formulate
 from autoshard.planning.hardware import bind_hardware
-from autoshard.mesh import Mesh
+from autoshard.planning.make_plan import SolveSettings, make_plan
 from autoshard.planning.options import ShardingOption
 from autoshard.planning.plan import plan_from_json
 from autoshard.planning.report import estimate
-from autoshard.graph.schema import graph_from_json
 from autoshard.sharding import Sharding
 from autoshard.sim.program import verify_plan
 from autoshard.solver.problem import score

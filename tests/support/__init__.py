@@ -1,0 +1,1 @@
+"""Helpers shared by several test modules (fixtures live in conftest.py)."""

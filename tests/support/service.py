@@ -1,0 +1,32 @@
+"""Service settings, a small graph and error helpers shared by the service tests (fixtures are in
+conftest.py)."""
+
+from __future__ import annotations
+
+from service.config import Settings
+
+MLP = {
+    "format": "autoshard.graph/v1", "name": "mlp",
+    "tensors": {"x": {"shape": [8, 16], "dtype": "f32", "role": "input"},
+                "w1": {"shape": [16, 32], "dtype": "f32", "role": "parameter"},
+                "w2": {"shape": [32, 16], "dtype": "f32", "role": "parameter"},
+                "h": {"shape": [8, 32], "dtype": "f32"},
+                "y": {"shape": [8, 16], "dtype": "f32"}},
+    "ops": [{"name": "fc1", "kind": "matmul", "inputs": ["x", "w1"], "outputs": ["h"]},
+            {"name": "fc2", "kind": "matmul", "inputs": ["h", "w2"], "outputs": ["y"]}],
+}
+
+
+OPTIONS = {"time_limit_s": 2, "seed": 0}
+
+
+def settings_for(tmp_path, **overrides) -> Settings:
+    values = dict(db=tmp_path / "plans.sqlite3", default_time_limit_s=10, max_body_bytes=20_000, max_ops=8,
+                  max_tensors=16, max_time_limit_s=60)
+    return Settings(**(values | overrides))
+
+
+def error_of(response) -> dict:
+    body = response.json()
+    assert set(body) == {"error"}
+    return body["error"]
