@@ -55,6 +55,8 @@ def test_service_curl_example_answers_with_a_verified_plan(tmp_path):
 
 def test_python_api_example_runs_and_delivers_verified_ir(monkeypatch, capsys):
     code = re.search(r"## Python API\n.*?```python\n(.*?)```", README, re.S).group(1)
+    # the front door is enough: one import, every other name reached through it
+    assert [line for line in code.splitlines() if "import" in line] == ["import autoshard"]
     monkeypatch.chdir(ROOT)
     namespace: dict = {}
     exec(compile(code, "README.md", "exec"), namespace)

@@ -1,8 +1,9 @@
 """Resharding: the cheapest sequence of collectives that turns one sharding of a tensor into another.
 
-Reads the vocabulary only (`errors`, `mesh`, `sharding`); everything that prices or runs a
-resharding (planning, spmd, mlir, sim) imports it from here. The steps' exact semantics are in
-`README.md` beside this file.
+Everything that prices or runs a resharding (planning, spmd, mlir, sim) imports it from here.
+The steps' exact semantics are in `README.md` beside this file.
+
+May import: the vocabulary and `ops`.
 """
 
 from autoshard.resharding.planner import (STEP_KINDS, BytesMovedPrice, CollectiveStep, Price, PricedMoves, Resharding,
