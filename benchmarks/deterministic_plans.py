@@ -37,6 +37,7 @@ TRANSFORMERS = [
     ("gpt", 2, "tp=8", False), ("gpt", 4, "dp=2,tp=4", False), ("gpt", 4, "dp=8", True),
     ("gpt", 2, "dp=2,tp=4", True), ("gpt", 4, "dp=4,tp=8", True), ("gpt", 2, "pp=2,dp=4,tp=8", True),
     ("llama", 2, "dp=2,tp=4", False), ("llama", 2, "dp=2,tp=4", True),
+    ("gpt", 32, "tp=8", False), ("gpt", 8, "dp=4,tp=8", True),
 ]
 WIDTHS = {"gpt": dict(hidden=2048, heads=16, seq=2048, batch=8, vocab=50257),
           "llama": dict(hidden=4096, heads=32, seq=4096, batch=8, vocab=32000)}
@@ -74,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-iopddl", action="store_true")
     parser.add_argument("--no-transformers", action="store_true")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--only", default="", help="run only the cases whose name contains this text")
     parser.add_argument("--compare", type=Path, help="an earlier output: print which cases differ")
     args = parser.parse_args(argv)
     compile_kernels()
@@ -89,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         for style, layers, mesh_text, training in TRANSFORMERS:
             name = f"{style} {layers} layers {mesh_text} {'training' if training else 'forward'}"
             jobs.append((name, lambda c=(style, layers, mesh_text, training): transformer_case(*c, args.workers)))
+    jobs = [(name, job) for name, job in jobs if args.only in name]
     earlier = json.loads(args.compare.read_text()) if args.compare else {}
     print("| case | cost | bound | digest | seconds | same as before |\n| --- | ---: | ---: | --- | ---: | --- |")
     for name, job in jobs:
