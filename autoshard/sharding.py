@@ -107,7 +107,9 @@ class Sharding:
         return Sharding(self.split_axes, (), "sum", self.dims_offsets)
 
     def with_split(self, split_axes: Sequence[Sequence[str]]) -> "Sharding":
-        return Sharding(tuple(tuple(a) for a in split_axes), self.partial_axes, self.partial_kind)
+        """The same partial axes and explicit offsets over new split axes (`check` tells whether
+        the offsets still fit the new split)."""
+        return Sharding(tuple(tuple(a) for a in split_axes), self.partial_axes, self.partial_kind, self.dims_offsets)
 
     def check(self, mesh: Mesh, shape: Sequence[int], where: str = "") -> None:
         """Raise a ShardingError naming every problem of this sharding for `shape` on `mesh`."""

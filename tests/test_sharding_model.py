@@ -88,6 +88,15 @@ def test_explicit_offsets_override_ceildiv():
         Sharding((("x",),), dims_offsets=((0, 2, 5, 14),)).check(mesh, (14,))
 
 
+def test_with_split_keeps_explicit_offsets():
+    mesh = Mesh.of(x=4, y=2)
+    s = Sharding((("x",),), ("y",), "max", dims_offsets=((0, 2, 5, 9, 14),))
+    moved = s.with_split([["x"], []])
+    assert moved.dims_offsets == ((0, 2, 5, 9, 14),)
+    assert (moved.partial_axes, moved.partial_kind) == (("y",), "max")
+    assert [moved.local_shape(mesh, (14, 3), (i, 0))[0] for i in range(4)] == [2, 3, 4, 5]
+
+
 def test_sharding_parse_forms_and_mlir_attrs():
     mesh = Mesh.of(x=2, y=3)
     short = Sharding.parse("[[x],[y]]")
