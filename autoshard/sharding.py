@@ -187,17 +187,6 @@ class Sharding:
             out["sharded_dims_offsets"] = [list(o) for o in self.dims_offsets]
         return out
 
-    def mlir_attrs(self, mesh: Mesh) -> str:
-        """`split_axes = [[0], [1]] partial = sum[1]` with axes as mesh indices."""
-        split = ", ".join("[" + ", ".join(str(mesh.axis_index(a)) for a in axes) + "]" for axes in self.split_axes)
-        text = f"split_axes = [{split}]"
-        if self.partial_axes:
-            text += f" partial = {self.partial_kind}[" + ", ".join(str(mesh.axis_index(a)) for a in self.partial_axes) + "]"
-        if self.dims_offsets:
-            flat = [o for offs in self.dims_offsets if offs for o in offs]
-            text += " sharded_dims_offsets = [" + ", ".join(map(str, flat)) + "]"
-        return text
-
     def __str__(self) -> str:
         text = "[" + ", ".join("[" + ", ".join(a) + "]" for a in self.split_axes) + "]"
         if self.partial_axes:
