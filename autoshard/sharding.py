@@ -16,8 +16,7 @@ from typing import Any, Sequence
 
 from autoshard.errors import Problem, ShardingError
 from autoshard.mesh import Device, Mesh
-
-REDUCTION_KINDS = ("sum", "max", "min", "product")
+from autoshard.reductions import REDUCTION_KINDS
 
 
 def ceildiv(a: int, b: int) -> int:

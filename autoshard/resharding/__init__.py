@@ -1,6 +1,6 @@
 """Resharding: the cheapest sequence of collectives that turns one sharding of a tensor into another.
 
-Reads the vocabulary only (`errors`, `mesh`, `sharding`); everything that prices or runs a
+Reads the vocabulary only (`errors`, `reductions`, `mesh`, `sharding`); everything that prices or runs a
 resharding (planning, spmd, mlir, sim) imports it from here. The steps' exact semantics are in
 `README.md` beside this file.
 

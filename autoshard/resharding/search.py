@@ -17,21 +17,19 @@ from typing import NamedTuple, Sequence
 
 from autoshard.errors import ShardingError
 from autoshard.mesh import Mesh
+from autoshard.reductions import REDUCTIONS
 from autoshard.resharding.geometry import received_elements
 from autoshard.resharding.moves import (Context, Move, build_step, canonical_state, goal_after, offered_moves,
                                         permute_move, price_move)
 from autoshard.resharding.steps import Price, Resharding
 from autoshard.sharding import Sharding
 
-_IDEMPOTENT_KINDS = ("max", "min")
-
-
 def _effective_target(mesh: Mesh, source: Sharding, target: Sharding) -> Sharding:
     """The target with partial axes the source lacks removed: a replicated value is a valid
     max/min-partial one; a sum/product-partial value cannot be made by resharding."""
     keep = [a for a in target.partial_axes if a in source.partial_axes and source.partial_kind == target.partial_kind]
     extra = [a for a in target.partial_axes if a not in keep]
-    if extra and target.partial_kind not in _IDEMPOTENT_KINDS:
+    if extra and not REDUCTIONS[target.partial_kind].idempotent:
         raise ShardingError(f"target is {target.partial_kind}-partial over {extra} but the source ({source}) is not "
                             f"{target.partial_kind}-partial there; resharding can only reduce partial values", "target/partial")
     return canonical_state(mesh, target.split_axes, keep, target.partial_kind, target.dims_offsets)

@@ -29,12 +29,10 @@ from autoshard.errors import ShardingError
 from autoshard.mesh import Mesh
 from autoshard.ops.loops import PARALLEL
 from autoshard.planning.options import ShardingOption, check_option, local_extents, operand_shardings, result_shardings
+from autoshard.reductions import REDUCTIONS
 from autoshard.resharding import CollectiveStep, plan_resharding
 from autoshard.sharding import Sharding, ceildiv
 from autoshard.spmd.program import Communicate, Instruction, LocalOp, SpmdProgram, Value, canonical, check_program
-
-# Elementwise ops linear in partial values of a reduction kind: op(reduce(x), reduce(y)) = reduce(op(x, y)).
-LINEAR_IN_PARTIALS = {"sum": ("add", "sub"), "max": ("max",), "min": ("min",)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,7 +228,7 @@ def _reduced_pair(program: SpmdProgram, index: int, kind: str) -> tuple[int, int
         pair.append(p)
     a, b = (program.body[p] for p in pair)
     same = (a.step.dims.get("reduction") == b.step.dims.get("reduction") and a.input.sharding.partial_kind ==
-            b.input.sharding.partial_kind and op.op.kind in LINEAR_IN_PARTIALS.get(a.step.dims["reduction"], ()))
+            b.input.sharding.partial_kind and op.op.kind in REDUCTIONS[a.step.dims["reduction"]].passes_through)
     return (pair[0], pair[1]) if same else None
 
 
