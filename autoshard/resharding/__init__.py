@@ -11,8 +11,8 @@ Dijkstra, `plan_resharding`, `resharding_cost`).
 """
 
 from autoshard.resharding.search import PricedMoves, plan_resharding, resharding_cost
-from autoshard.resharding.steps import (STEP_KINDS, BytesMovedPrice, CollectiveStep, Price, Resharding, Transfer,
-                                        bytes_moved_price)
+from autoshard.resharding.steps import (STEP_KINDS, BytesMovedPrice, CollectiveStep, Price, Resharding, StepKind,
+                                        Transfer, bytes_moved_price, step_kind)
 
-__all__ = ["STEP_KINDS", "BytesMovedPrice", "CollectiveStep", "Price", "PricedMoves", "Resharding", "Transfer",
-           "bytes_moved_price", "plan_resharding", "resharding_cost"]
+__all__ = ["STEP_KINDS", "BytesMovedPrice", "CollectiveStep", "Price", "PricedMoves", "Resharding", "StepKind",
+           "Transfer", "bytes_moved_price", "plan_resharding", "resharding_cost", "step_kind"]

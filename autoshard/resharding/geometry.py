@@ -15,7 +15,7 @@ from functools import lru_cache
 import numpy as np
 
 from autoshard.mesh import Device, Mesh
-from autoshard.resharding.steps import Box, CollectiveStep, Transfer
+from autoshard.resharding.steps import Box, CollectiveStep, Transfer, step_kind
 from autoshard.sharding import Sharding, ceildiv
 
 
@@ -160,9 +160,9 @@ def device_transfers(mesh: Mesh, shape: tuple[int, ...], before: Sharding, after
 def received_elements(mesh: Mesh, shape: tuple[int, ...], step: CollectiveStep) -> dict[Device, float]:
     """Elements each device receives in `step`: the part of its new shard it did not hold, or
     for reductions the ring volume."""
-    if step.kind in ("all_reduce", "reduce_scatter"):
-        g = mesh.group_size(step.mesh_axes)
-        factor = (2 if step.kind == "all_reduce" else 1) * (g - 1) / g
+    kind = step_kind(step.kind)
+    if kind.reduces:
+        factor = kind.ring_factor(mesh.group_size(step.mesh_axes))
         boxes = _boxes(mesh, shape, step.before)
         return dict(zip(mesh.devices(), factor * (boxes[..., 1] - boxes[..., 0]).prod(axis=1)))
     return dict(zip(mesh.devices(), missing_elements(mesh, shape, step.before, step.after).astype(float)))

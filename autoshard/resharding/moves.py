@@ -24,7 +24,7 @@ from typing import Any, Iterator, Sequence
 from autoshard.mesh import Mesh
 from autoshard.resharding.geometry import (device_transfers, dim_offsets, exchange_axes, fan_in, missing_elements,
                                            pieces)
-from autoshard.resharding.steps import CollectiveStep, Price
+from autoshard.resharding.steps import STEP_KINDS, CollectiveStep, Price
 from autoshard.sharding import Sharding, ceildiv
 
 
@@ -94,9 +94,10 @@ def offered_moves(ctx: Context, state: Sharding) -> tuple[tuple[Move, ...], tupl
             new_offsets: list) -> None:
         after = canonical_state(mesh, new_split, new_partial, kind, new_offsets)
         buffer = list(local)
-        cut = dims.get("split_axis", dims.get("scatter_axis"))
-        if cut is not None:
+        row = STEP_KINDS[kind_]
+        if row.padded:
             # Equal chunks per peer: the buffer is padded to a multiple of the group along the cut dim.
+            cut = dims[row.cut]
             buffer[cut] = ceildiv(buffer[cut], count(axes)) * count(axes)
         moves.append(Move(kind_, tuple(axes), tuple(dims.items()), after, math.prod(buffer) * ctx.dtype_bytes))
 
@@ -179,6 +180,6 @@ def price_move(mesh: Mesh, shape: tuple[int, ...], state: Sharding, move: Move, 
     if move.kind != "permute":
         return price(move.kind, move.mesh_axes, move.bytes_per_device)
     if fan_in(mesh, shape, state, move.after) <= 1:
-        return price("send_recv", move.mesh_axes, move.bytes_per_device)
+        return price(STEP_KINDS["permute"].price_kind, move.mesh_axes, move.bytes_per_device)
     group = mesh.group_size(move.mesh_axes)
     return price("all_to_all", move.mesh_axes, move.bytes_per_device * group / (group - 1))

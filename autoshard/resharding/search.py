@@ -21,7 +21,7 @@ from autoshard.reductions import REDUCTIONS
 from autoshard.resharding.geometry import received_elements
 from autoshard.resharding.moves import (Context, Move, build_step, canonical_state, goal_after, offered_moves,
                                         permute_move, price_move)
-from autoshard.resharding.steps import Price, Resharding
+from autoshard.resharding.steps import STEP_KINDS, Price, Resharding
 from autoshard.sharding import Sharding
 
 def _effective_target(mesh: Mesh, source: Sharding, target: Sharding) -> Sharding:
@@ -176,7 +176,7 @@ class _PathTree:
             if state in came:
                 before, index = came[state]
                 move = self._edge(before, index).move
-                self.bytes[state] = self.bytes[before] + (move.bytes_per_device if move.kind != "all_slice" else 0)
+                self.bytes[state] = self.bytes[before] + (move.bytes_per_device if STEP_KINDS[move.kind].moves_data else 0)
             at = key[0]
             for index, (after, seconds, permutes, _) in enumerate(head + swaps):
                 known = best.get(after)
@@ -287,14 +287,14 @@ def _search(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, source: Shar
 
 def resharding_cost(mesh: Mesh, shape: Sequence[int], dtype_bytes: float, source: Sharding, target: Sharding,
                     moves: PricedMoves) -> tuple[float, float]:
-    """`plan_resharding(...)`'s seconds and the bytes per device its steps are priced on (all_slice,
-    which moves nothing, left out), without building the steps."""
+    """`plan_resharding(...)`'s seconds and the bytes per device its steps are priced on (steps
+    that move nothing, all_slice, left out), without building the steps."""
     shape = tuple(shape)
     if not source.partial_axes:
         space, first, last = _space(mesh, shape, dtype_bytes, source, target, moves)
         return space.tree(first).cost(last)
     path = _search(mesh, shape, dtype_bytes, source, target, moves)
-    return sum(seconds for _, _, seconds in path), float(sum(m.bytes_per_device for _, m, _ in path if m.kind != "all_slice"))
+    return sum(seconds for _, _, seconds in path), float(sum(m.bytes_per_device for _, m, _ in path if STEP_KINDS[m.kind].moves_data))
 
 
 def plan_resharding(mesh: Mesh, shape: Sequence[int], dtype_bytes: float, source: Sharding, target: Sharding,

@@ -30,7 +30,7 @@ from autoshard.mesh import Mesh
 from autoshard.ops.loops import PARALLEL
 from autoshard.planning.options import ShardingOption, check_option, local_extents, operand_shardings, result_shardings
 from autoshard.reductions import REDUCTIONS
-from autoshard.resharding import CollectiveStep, plan_resharding
+from autoshard.resharding import STEP_KINDS, CollectiveStep, plan_resharding
 from autoshard.sharding import Sharding, ceildiv
 from autoshard.spmd.program import Communicate, Instruction, LocalOp, SpmdProgram, Value, canonical, check_program
 
@@ -175,7 +175,7 @@ def _sole_user(program: SpmdProgram, value: Value) -> int | None:
 
 def _unused(program: SpmdProgram) -> Iterator[int]:
     users = _users(program)
-    for index in _communicates(program, *_KINDS):
+    for index in _communicates(program, *STEP_KINDS):
         if not users.get(program.body[index].output.id):
             yield index
 
@@ -183,9 +183,6 @@ def _unused(program: SpmdProgram) -> Iterator[int]:
 def _drop(program: SpmdProgram, index: int) -> tuple[SpmdProgram, str]:
     c = program.body[index]
     return _edit(program, {index}, {}), f"dropped unused {c.step.kind} of {c.input.tensor!r}"
-
-
-_KINDS = ("all_gather", "all_slice", "all_to_all", "all_reduce", "reduce_scatter", "permute")
 
 
 # --- fold_all_reduce ----------------------------------------------------------------------
@@ -406,7 +403,7 @@ def _cut_exact(mesh: Mesh, value: Value, after: Sharding, dim: int) -> bool:
 
 def _chain_sites(program: SpmdProgram) -> Iterator[int]:
     producers = _producers(program)
-    for index in _communicates(program, *_KINDS):
+    for index in _communicates(program, *STEP_KINDS):
         first = producers.get(program.body[index].input.id)
         if first is not None and isinstance(program.body[first], Communicate) and \
                 _sole_user(program, program.body[first].output) == index:
