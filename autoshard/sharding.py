@@ -9,7 +9,6 @@ the last shards may be short or even empty. Explicit `sharded_dims_offsets` over
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -95,10 +94,6 @@ class Sharding:
         return tuple(a for axes in self.split_axes for a in axes) + self.partial_axes
 
     @property
-    def is_replicated(self) -> bool:
-        return not self.split_axes and not self.partial_axes
-
-    @property
     def is_partial(self) -> bool:
         return bool(self.partial_axes)
 
@@ -170,12 +165,6 @@ class Sharding:
     def max_local_shape(self, mesh: Mesh, shape: Sequence[int]) -> tuple[int, ...]:
         """The largest shard per dim: the buffer every device allocates."""
         return tuple(max(b - a for a, b in self.dim_bounds(mesh, size, dim)) for dim, size in enumerate(shape))
-
-    def is_even(self, mesh: Mesh, shape: Sequence[int]) -> bool:
-        return all(len({b - a for a, b in self.dim_bounds(mesh, size, dim)}) == 1 for dim, size in enumerate(shape))
-
-    def local_bytes(self, mesh: Mesh, shape: Sequence[int], itemsize: float) -> float:
-        return math.prod(self.max_local_shape(mesh, shape)) * itemsize
 
     # --- printing -----------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:

@@ -6,7 +6,6 @@ import pytest
 
 from autoshard.solver.descent import descend, keep_strategies, within_usage
 from autoshard.solver.flat import flatten
-from autoshard.solver.heuristic import smallest_usage
 from autoshard.solver.problem import Problem
 from autoshard.solver.search import Search
 from test_solver_optimum import random_problem
