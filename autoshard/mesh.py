@@ -91,13 +91,6 @@ class Mesh:
             index = index * size + coord
         return index
 
-    def device_at(self, linear: int) -> Device:
-        coords = []
-        for size in reversed(self.shape):
-            linear, coord = divmod(linear, size)
-            coords.append(coord)
-        return tuple(reversed(coords))
-
     def in_group_index(self, device: Device, axes: Sequence[str]) -> tuple[int, ...]:
         """The device's multi-index over `axes` (the in-group device of the reference)."""
         return tuple(device[self.axis_index(a)] for a in axes)

@@ -9,15 +9,13 @@ the last shards may be short or even empty. Explicit `sharded_dims_offsets` over
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from autoshard.errors import Problem, ShardingError
 from autoshard.mesh import Device, Mesh
-
-REDUCTION_KINDS = ("sum", "max", "min", "product")
+from autoshard.reductions import REDUCTION_KINDS
 
 
 def ceildiv(a: int, b: int) -> int:
@@ -96,10 +94,6 @@ class Sharding:
         return tuple(a for axes in self.split_axes for a in axes) + self.partial_axes
 
     @property
-    def is_replicated(self) -> bool:
-        return not self.split_axes and not self.partial_axes
-
-    @property
     def is_partial(self) -> bool:
         return bool(self.partial_axes)
 
@@ -107,7 +101,9 @@ class Sharding:
         return Sharding(self.split_axes, (), "sum", self.dims_offsets)
 
     def with_split(self, split_axes: Sequence[Sequence[str]]) -> "Sharding":
-        return Sharding(tuple(tuple(a) for a in split_axes), self.partial_axes, self.partial_kind)
+        """The same partial axes and explicit offsets over new split axes (`check` tells whether
+        the offsets still fit the new split)."""
+        return Sharding(tuple(tuple(a) for a in split_axes), self.partial_axes, self.partial_kind, self.dims_offsets)
 
     def check(self, mesh: Mesh, shape: Sequence[int], where: str = "") -> None:
         """Raise a ShardingError naming every problem of this sharding for `shape` on `mesh`."""
@@ -170,12 +166,6 @@ class Sharding:
         """The largest shard per dim: the buffer every device allocates."""
         return tuple(max(b - a for a, b in self.dim_bounds(mesh, size, dim)) for dim, size in enumerate(shape))
 
-    def is_even(self, mesh: Mesh, shape: Sequence[int]) -> bool:
-        return all(len({b - a for a, b in self.dim_bounds(mesh, size, dim)}) == 1 for dim, size in enumerate(shape))
-
-    def local_bytes(self, mesh: Mesh, shape: Sequence[int], itemsize: float) -> float:
-        return math.prod(self.max_local_shape(mesh, shape)) * itemsize
-
     # --- printing -----------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"split_axes": [list(a) for a in self.split_axes]}
@@ -184,17 +174,6 @@ class Sharding:
         if self.dims_offsets:
             out["sharded_dims_offsets"] = [list(o) for o in self.dims_offsets]
         return out
-
-    def mlir_attrs(self, mesh: Mesh) -> str:
-        """`split_axes = [[0], [1]] partial = sum[1]` with axes as mesh indices."""
-        split = ", ".join("[" + ", ".join(str(mesh.axis_index(a)) for a in axes) + "]" for axes in self.split_axes)
-        text = f"split_axes = [{split}]"
-        if self.partial_axes:
-            text += f" partial = {self.partial_kind}[" + ", ".join(str(mesh.axis_index(a)) for a in self.partial_axes) + "]"
-        if self.dims_offsets:
-            flat = [o for offs in self.dims_offsets if offs for o in offs]
-            text += " sharded_dims_offsets = [" + ", ".join(map(str, flat)) + "]"
-        return text
 
     def __str__(self) -> str:
         text = "[" + ", ".join("[" + ", ".join(a) + "]" for a in self.split_axes) + "]"

@@ -42,4 +42,3 @@ def test_in_group_device_of_a_3d_mesh():
 def test_linear_index_of_the_reference():
     mesh = Mesh.of(x=10, y=20, z=30)
     assert mesh.linear_index((1, 2, 3)) == 3 + 30 * 2 + 20 * 30 * 1
-    assert mesh.device_at(663) == (1, 2, 3)

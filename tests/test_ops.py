@@ -17,7 +17,8 @@ import pytest
 from autoshard.ops import OP_KINDS, Block, evaluate, evaluate_block
 from autoshard.ops.interpret import interpret
 from autoshard.ops.loops import INVALID, PARALLEL, REDUCTION
-from autoshard.ops.payloads import PAIRWISE, PAYLOADS
+from autoshard.ops.payloads import PAYLOADS
+from autoshard.reductions import REDUCTIONS
 
 rng = np.random.default_rng(7)
 
@@ -172,7 +173,7 @@ def evaluate_split(kind, nest, attrs, inputs, loop):
         cut = [x[nest.operand_range(m, block, x.shape)] for x, m in zip(inputs, nest.input_maps)]
         (part,) = evaluate_block(kind, nest, attrs, cut, block)
         if nest.iterator_types[loop] == REDUCTION:
-            out = part if out is None else PAIRWISE[nest.reduction_kind](out, part)
+            out = part if out is None else REDUCTIONS[nest.reduction_kind].pairwise(out, part)
         else:
             region = nest.operand_range(nest.output_maps[0], block, full.shape)
             out = np.zeros_like(full) if out is None else out

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from autoshard.affine import AffineExpr, AffineMap
 from autoshard.errors import InputError, ShardingError
 from autoshard.mesh import Mesh
+from autoshard.mlir.module import sharding_attrs
 from autoshard.ops import OP_KINDS
 from autoshard.planning.options import (
     ShardingOption,
@@ -72,7 +73,6 @@ def test_uneven_shards_follow_ceildiv_with_short_last_shard():
     # 5 split 4 ways: ceil = 2, so the last shard is empty
     assert [s.local_shape(mesh, (5,), (i,))[0] for i in range(4)] == [2, 2, 1, 0]
     assert s.max_local_shape(mesh, (10, 3)) == (3, 3)
-    assert not s.is_even(mesh, (10, 3)) and s.is_even(mesh, (12, 3))
 
 
 def test_multi_axis_split_uses_first_axis_as_major():
@@ -88,9 +88,18 @@ def test_explicit_offsets_override_ceildiv():
     s = Sharding((("x",),), dims_offsets=((0, 2, 5, 9, 14),))
     s.check(mesh, (14,))
     assert [s.local_shape(mesh, (14,), (i,))[0] for i in range(4)] == [2, 3, 4, 5]
-    assert "sharded_dims_offsets = [0, 2, 5, 9, 14]" in s.mlir_attrs(mesh)
+    assert "sharded_dims_offsets = [0, 2, 5, 9, 14]" in sharding_attrs(mesh, s, (14,), with_partial=True)
     with pytest.raises(ShardingError, match="rise from 0 to 14"):
         Sharding((("x",),), dims_offsets=((0, 2, 5, 14),)).check(mesh, (14,))
+
+
+def test_with_split_keeps_explicit_offsets():
+    mesh = Mesh.of(x=4, y=2)
+    s = Sharding((("x",),), ("y",), "max", dims_offsets=((0, 2, 5, 9, 14),))
+    moved = s.with_split([["x"], []])
+    assert moved.dims_offsets == ((0, 2, 5, 9, 14),)
+    assert (moved.partial_axes, moved.partial_kind) == (("y",), "max")
+    assert [moved.local_shape(mesh, (14, 3), (i, 0))[0] for i in range(4)] == [2, 3, 4, 5]
 
 
 def test_sharding_parse_forms_and_mlir_attrs():
@@ -99,7 +108,7 @@ def test_sharding_parse_forms_and_mlir_attrs():
     full = Sharding.parse({"split_axes": [["x"], ["y"]], "partial": {"kind": "max", "axes": []}})
     assert short.split_axes == full.split_axes == (("x",), ("y",))
     p = Sharding.parse('{"split_axes": [[], ["y"]], "partial": {"kind": "sum", "axes": ["x"]}}')
-    assert p.mlir_attrs(mesh) == "split_axes = [[], [1]] partial = sum[0]"
+    assert sharding_attrs(mesh, p, (4, 6), with_partial=True) == "split_axes = [[], [1]] partial = sum[0]"
     assert Sharding.parse("[[x], []]") == Sharding.parse("[[x]]")
 
 

@@ -9,10 +9,11 @@ import pytest
 from autoshard.graph.schema import graph_from_json
 from autoshard.mesh import Mesh
 from autoshard.planning.options import ShardingOption, operand_shardings, result_shardings
+from autoshard.reductions import REDUCTIONS
 from autoshard.sharding import Sharding
 from autoshard.sim import assemble, distribute
 from autoshard.sim.compare import compare_shards, tolerance
-from autoshard.sim.local_op import Placed, ProgramError, loop_block, reduction_identity, run_local_op
+from autoshard.sim.local_op import Placed, ProgramError, loop_block, run_local_op
 from autoshard.sim.precision import widen_graph, widen_inputs
 from autoshard.sim.program import comparison_dtypes
 
@@ -70,7 +71,7 @@ def test_empty_reduction_block_contributes_the_identity(kind, reduction, dtype):
     x = rng.integers(-5, 5, (2, 3)).astype(np.float32 if dtype == "f32" else np.int32)
     shards, sharding, shape = run(op, MESH, ShardingOption(((), ("x",))), [x], dtype=dtype)
     np_dtype = x.dtype
-    np.testing.assert_array_equal(shards[(3,)], np.full(2, reduction_identity(reduction, np_dtype), np_dtype))
+    np.testing.assert_array_equal(shards[(3,)], np.full(2, REDUCTIONS[reduction].identity(np_dtype), np_dtype))
     expected = {"reduce_sum": x.sum(1), "reduce_max": x.max(1), "reduce_min": x.min(1)}[kind]
     np.testing.assert_array_equal(assemble(shards, MESH, sharding, shape), expected)
 

@@ -9,14 +9,12 @@ so a generator can reuse one name per layer role. The document is a plain dict, 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 from autoshard.ops import OP_KINDS, OpError
 from autoshard.ops.table import OpDecl
 from autoshard.graph.schema import FORMAT
-from autoshard.sharding import Sharding
 
 Shape = tuple[int, ...]
 
@@ -39,7 +37,6 @@ class GraphBuilder:
         self.tensors: dict[str, TensorDecl] = {}
         self.ops: list[OpDecl] = []
         self.outputs: list[str] = []
-        self.constraints: list[dict[str, Any]] = []
         self._op_names: set[str] = set()
 
     # --- declarations --------------------------------------------------------------------
@@ -68,12 +65,6 @@ class GraphBuilder:
     def mark_outputs(self, *tensors: str) -> None:
         self.outputs.extend(t for t in tensors if t not in self.outputs)
 
-    def constrain(self, tensor: str, sharding: Sharding, required: bool = True) -> None:
-        entry: dict[str, Any] = {"tensor": tensor, "split_axes": [list(a) for a in sharding.split_axes]}
-        if sharding.partial_axes:
-            entry["partial"] = {"kind": sharding.partial_kind, "axes": list(sharding.partial_axes)}
-        self.constraints.append(entry | {"required": required})
-
     # --- queries -------------------------------------------------------------------------
     def shape(self, tensor: str) -> Shape:
         return self.tensors[tensor].shape
@@ -84,9 +75,6 @@ class GraphBuilder:
     def tensors_with_role(self, role: str) -> list[str]:
         return [t.name for t in self.tensors.values() if t.role == role]
 
-    def element_count(self, role: str) -> int:
-        return sum(math.prod(t.shape) for t in self.tensors.values() if t.role == role)
-
     def document(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
             "format": FORMAT, "name": self.name,
@@ -96,8 +84,6 @@ class GraphBuilder:
                     for op in self.ops],
             "outputs": list(self.outputs),
         }
-        if self.constraints:
-            doc["constraints"] = list(self.constraints)
         if self.mesh:
             doc["mesh"] = self.mesh
         return doc

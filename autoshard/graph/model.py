@@ -17,7 +17,6 @@ from autoshard.dtypes import DTYPES
 from autoshard.ops import OP_KINDS, LoopNest, OpKind
 from autoshard.sharding import Sharding
 
-ROLES = ("input", "parameter", "intermediate")
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from autoshard.errors import InputError, Problem
 from autoshard.graph.model import Constraint, Graph, Op, Tensor
 from autoshard.mesh import Mesh
 from autoshard.ops import OP_KINDS, OpError
+from autoshard.reductions import REDUCTION_KINDS
 from autoshard.sharding import Sharding
 
 FORMAT = "autoshard.graph/v1"
@@ -43,7 +44,7 @@ class OpModel(BaseModel):
 
 class PartialModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    kind: Literal["sum", "max", "min", "product"] = "sum"
+    kind: Literal[REDUCTION_KINDS] = "sum"
     axes: list[str]
 
 

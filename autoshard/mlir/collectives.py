@@ -10,7 +10,7 @@ an empty tile with themselves. Every transfer of the step appears exactly once.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from autoshard.mesh import Device, Mesh
 from autoshard.mlir.device import DeviceIndex
@@ -18,25 +18,27 @@ from autoshard.mlir.dialect import Dialect
 from autoshard.mlir.linalg import Operand, Spec, empty
 from autoshard.mlir.module import MESH_SYMBOL, axes_list
 from autoshard.mlir.text import Body, int_list, tensor_type
-from autoshard.resharding import CollectiveStep, Transfer
+from autoshard.resharding import CollectiveStep, Transfer, step_kind
 
-_ATTRS = {"all_gather": ("gather_axis",), "all_slice": ("slice_axis",), "all_to_all": ("split_axis", "concat_axis"),
-          "all_reduce": ("reduction",), "reduce_scatter": ("reduction", "scatter_axis")}
-_CUT_ATTRS = ("slice_axis", "scatter_axis", "split_axis")  # the tensor dim a collective cuts into pieces
-_DIM_ATTRS = _CUT_ATTRS + ("gather_axis", "concat_axis")
+Printer = Callable[[Body, Dialect, Mesh, CollectiveStep, Operand, Spec, DeviceIndex, str], Operand]
 
 
 def emit_step(b: Body, dialect: Dialect, mesh: Mesh, step: CollectiveStep, x: Operand, out: Spec,
               device: DeviceIndex, hint: str) -> Operand:
-    if step.kind == "permute":
-        return _permute(b, dialect, mesh, step, x, out, device, hint)
+    return STEP_PRINTERS[step_kind(step.kind).name](b, dialect, mesh, step, x, out, device, hint)
+
+
+def _collective(b: Body, dialect: Dialect, mesh: Mesh, step: CollectiveStep, x: Operand, out: Spec,
+                device: DeviceIndex, hint: str) -> Operand:
+    """The dialect's collective op of the step's kind, with its attributes in the table's order."""
+    kind = step_kind(step.kind)
     attrs = " ".join(f"{k} = {dialect.reduction(step.dims[k]) if k == 'reduction' else step.dims[k]}"
-                     for k in _ATTRS[step.kind])
-    cut = next((step.dims[k] for k in _CUT_ATTRS if k in step.dims), None)
+                     for k in kind.attrs)
+    cut = step.dims[kind.cut] if kind.cut is not None else None
     if cut is not None and isinstance(x.sizes[cut], int) and x.sizes[cut] % mesh.group_size(step.mesh_axes):
         x = _dynamic(b, x, cut)
     # The verifier wants a dim the collective touches to be dynamic in the result where it is in the input.
-    touched = {step.dims[k] for k in _DIM_ATTRS if k in step.dims}
+    touched = {step.dims[k] for k in kind.dim_attrs}
     result = Spec(out.shape, out.dtype, tuple("?" if d in touched and isinstance(x.sizes[d], str) else size
                                               for d, size in enumerate(out.sizes)))
     name = b.name(hint)
@@ -177,3 +179,14 @@ def _insert(b: Body, buffer: Operand, piece: str, offsets: list[str], sizes: lis
     b.emit(f"{name} = tensor.insert_slice {piece} into {buffer.name}[{', '.join(offsets)}] [{', '.join(sizes)}] "
            f"{int_list([1] * len(offsets))} : {tile} into {buffer.type}")
     return Operand(name, buffer.spec)
+
+
+# How each kind of `autoshard.resharding.STEP_KINDS` is printed.
+STEP_PRINTERS: dict[str, Printer] = {
+    "all_gather": _collective,
+    "all_slice": _collective,
+    "all_to_all": _collective,
+    "all_reduce": _collective,
+    "reduce_scatter": _collective,
+    "permute": _permute,
+}

@@ -139,7 +139,7 @@ def _norm_grad(centred: bool) -> Callable:
         forward = ctx.op.attrs.get("forward", {})
         x, dy = ctx.inputs[0], ctx.inputs[-1]
         gamma = ctx.inputs[1] if len(ctx.inputs) > 2 else None
-        rank, dtype = len(x.shape), x.dtype
+        rank = len(x.shape)
         axis = forward.get("axis", -1) % rank
         n = ctx.extents[axis]  # the normalised axis is never split
         eps = forward.get("eps", 1e-5 if centred else 1e-6)

@@ -12,6 +12,7 @@ from typing import Callable
 from autoshard.dtypes import DTYPES
 from autoshard.errors import InputError
 from autoshard.mlir.text import Body, elem_type, float_literal
+from autoshard.reductions import REDUCTIONS
 
 Emit = Callable[[Body, list[str], str], str]  # (body, scalar operands, dtype) -> result name
 
@@ -117,26 +118,13 @@ def payload(b: Body, name: str, args: list[str], dtype: str, where: str) -> str:
 
 # --- reductions ---------------------------------------------------------------------------
 
-_COMBINER = {"sum": "add", "max": "max", "min": "min", "product": "mul"}
-
-
 def combine(b: Body, kind: str, acc: str, value: str, dtype: str, where: str) -> str:
-    return payload(b, _COMBINER[kind], [acc, value], dtype, where)
+    return payload(b, REDUCTIONS[kind].combiner, [acc, value], dtype, where)
 
 
 def identity_value(kind: str, dtype: str) -> float:
     """The neutral element of reduction `kind` on `dtype` (the init of a reduction's output)."""
-    dt = DTYPES[dtype]
-    if kind == "sum":
-        return 0
-    if kind == "product":
-        return 1
-    if dtype == "bool":
-        return 0 if kind == "max" else 1
-    if dt.is_float:
-        return float("-inf") if kind == "max" else float("inf")
-    bits = 8 * dt.itemsize
-    return -(2 ** (bits - 1)) if kind == "max" else 2 ** (bits - 1) - 1
+    return REDUCTIONS[kind].identity(DTYPES[dtype].numpy).item()
 
 
 # --- conversions --------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from typing import Sequence
 
 from autoshard.errors import AutoshardError
 from autoshard.mesh import Mesh
-from autoshard.resharding import Price
+from autoshard.resharding import STEP_KINDS, Price
 from autoshard.sharding import ceildiv
 
 TOOLS = {"shard": "mlir-opt-22", "mesh": "mlir-opt-19"}
@@ -105,7 +105,7 @@ class CollectiveUse:
     def bytes_per_device(self, mesh: Mesh, itemsize: float) -> float:
         """The input buffer, padded to equal chunks along the cut dim (the planner's convention)."""
         shape = list(self.in_shape)
-        cut = re.search(r"(?:split_axis|scatter_axis) = (\d+)", self.attrs)
+        cut = _PADDED_CUT.search(self.attrs)
         if cut:
             group = mesh.group_size(self.names(mesh))
             shape[int(cut.group(1))] = ceildiv(shape[int(cut.group(1))], group) * group
@@ -115,7 +115,9 @@ class CollectiveUse:
         return price(self.kind, self.names(mesh), self.bytes_per_device(mesh, itemsize))
 
 
-_COLLECTIVE = re.compile(r"= (?:shard|mesh)\.(all_gather|all_slice|all_to_all|all_reduce|reduce_scatter|shift) \S+ "
+_PADDED_CUT = re.compile("(?:" + "|".join(k.cut for k in STEP_KINDS.values() if k.padded) + r") = (\d+)")
+# The collectives of a step kind, and the shift a permute may become.
+_COLLECTIVE = re.compile(r"= (?:shard|mesh)\.(" + "|".join(k for k in STEP_KINDS if k != "permute") + r"|shift) \S+ "
                          r"on @\w+ (?:grid|mesh)_axes = \[([\d, ]*)\](.*?) : tensor<([\dx]*)\w+> -> tensor<([\dx]*)\w+>")
 
 

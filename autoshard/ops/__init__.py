@@ -2,7 +2,7 @@
 
 Also reverse-mode differentiation (`differentiate`), a transform of ops into gradient ops.
 
-May import: the vocabulary (`errors`, `dtypes`, `affine`).
+May import: the vocabulary (`errors`, `dtypes`, `affine`, `reductions`).
 """
 
 from autoshard.ops import contraction, elementwise, generic, nn, reduction, structural  # noqa: F401  (rows register)

@@ -12,12 +12,12 @@ from autoshard.ops.interpret import interpret
 from autoshard.ops.loops import INVALID, PARALLEL, REDUCTION, LoopNest
 from autoshard.ops.payloads import PAYLOADS
 from autoshard.ops.table import Attrs, Context, OpError, OpKind, Shape, register
+from autoshard.reductions import REDUCTIONS
 
 # Accepted iterator spellings: the seeds' `reduction_sum` etc., and plain `reduction` (sum).
 ITERATOR_SPELLINGS = {
     "parallel": (PARALLEL, None), "invalid": (INVALID, None), "reduction": (REDUCTION, None),
-    "reduction_sum": (REDUCTION, "sum"), "reduction_max": (REDUCTION, "max"),
-    "reduction_min": (REDUCTION, "min"), "reduction_product": (REDUCTION, "product"),
+    **{f"reduction_{kind}": (REDUCTION, kind) for kind in REDUCTIONS},
 }
 
 

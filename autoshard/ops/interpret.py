@@ -13,7 +13,8 @@ import numpy as np
 
 from autoshard.affine import AffineMap
 from autoshard.ops.loops import REDUCTION, Block, LoopNest
-from autoshard.ops.payloads import COMBINE, Payload
+from autoshard.ops.payloads import Payload
+from autoshard.reductions import REDUCTIONS
 
 
 def _index_grids(map_: AffineMap, block: Block, origin: Sequence[int]) -> tuple[np.ndarray, ...]:
@@ -45,7 +46,7 @@ def interpret(nest: LoopNest, payload: Payload, inputs: Sequence[np.ndarray], bl
     point = values[0] if combiner_form else payload.fn(*values)
     reductions = tuple(i for i, t in enumerate(nest.iterator_types) if t == REDUCTION)
     if reductions:
-        point = COMBINE[nest.reduction_kind](point, axis=reductions, keepdims=True)
+        point = REDUCTIONS[nest.reduction_kind].fold(point, axis=reductions, keepdims=True)
     out_map = nest.output_maps[0]
     out_block = Block(block.starts, tuple(1 if i in reductions else s for i, s in enumerate(block.sizes)), block.extents)
     out_origin = tuple(expr.range_over(block.starts, block.sizes)[0] for expr in out_map.results)

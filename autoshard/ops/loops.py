@@ -13,7 +13,6 @@ from typing import Sequence
 from autoshard.affine import AffineExpr, AffineMap
 
 PARALLEL, REDUCTION, INVALID = "parallel", "reduction", "invalid"
-ITERATOR_TYPES = (PARALLEL, REDUCTION, INVALID)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,8 @@ from typing import Callable
 
 import numpy as np
 
+from autoshard.reductions import BY_COMBINER
+
 
 def _gelu(x: np.ndarray) -> np.ndarray:
     # tanh approximation, as used by GPT-2/3
@@ -35,7 +37,12 @@ class Payload:
     arity: int
     fn: Callable[..., np.ndarray]
     flops: int = 1  # per element, for the compute model
-    combiner_of: str | None = None  # the reduction kind this payload is the combiner of
+
+    @property
+    def combiner_of(self) -> str | None:
+        """The reduction kind this payload is the combiner of, if any."""
+        reduction = BY_COMBINER.get(self.name)
+        return reduction.name if reduction is not None else None
 
 
 PAYLOADS: dict[str, Payload] = {p.name: p for p in (
@@ -52,21 +59,14 @@ PAYLOADS: dict[str, Payload] = {p.name: p for p in (
     Payload("sigmoid", 1, _sigmoid, 4),
     Payload("silu", 1, lambda x: x * _sigmoid(x), 5),
     Payload("square", 1, np.square),
-    Payload("add", 2, np.add, 1, "sum"),
+    Payload("add", 2, np.add),
     Payload("sub", 2, np.subtract),
-    Payload("mul", 2, np.multiply, 1, "product"),
+    Payload("mul", 2, np.multiply),
     Payload("div", 2, np.divide),
-    Payload("max", 2, np.maximum, 1, "max"),
-    Payload("min", 2, np.minimum, 1, "min"),
+    Payload("max", 2, np.maximum),
+    Payload("min", 2, np.minimum),
     Payload("pow", 2, np.power, 4),
 )}
 
 UNARY = tuple(n for n, p in PAYLOADS.items() if p.arity == 1 and n != "copy")
 BINARY = tuple(n for n, p in PAYLOADS.items() if p.arity == 2)
-
-COMBINE: dict[str, Callable[..., np.ndarray]] = {
-    "sum": np.sum, "max": np.max, "min": np.min, "product": np.prod,
-}
-PAIRWISE: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
-    "sum": np.add, "max": np.maximum, "min": np.minimum, "product": np.multiply,
-}

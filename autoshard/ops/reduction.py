@@ -8,8 +8,8 @@ import numpy as np
 
 from autoshard.affine import AffineExpr, AffineMap
 from autoshard.ops.loops import INVALID, PARALLEL, REDUCTION, LoopNest
-from autoshard.ops.payloads import COMBINE
 from autoshard.ops.table import Attrs, Context, OpError, OpKind, Shape, int_list_attr, normalize_axis, register
+from autoshard.reductions import REDUCTIONS
 
 
 def _reduced_dims(shape: Shape, attrs: Attrs) -> tuple[int, ...]:
@@ -35,7 +35,7 @@ def _reduce_loops(kind: str):
 def _reduce_compute(kind: str, mean: bool = False):
     def compute(inputs: list[np.ndarray], ctx: Context) -> list[np.ndarray]:
         dims = ctx.nest.reduction_loops
-        value = COMBINE[kind](inputs[0], axis=dims, keepdims=True)
+        value = REDUCTIONS[kind].fold(inputs[0], axis=dims, keepdims=True)
         if mean:
             # Divide by the *global* count so that partial sums of a split reduction still add up.
             value = value / float(np.prod([ctx.block.extents[d] for d in dims]))
@@ -45,7 +45,7 @@ def _reduce_compute(kind: str, mean: bool = False):
 
 for _kind, _reduction in (("reduce_sum", "sum"), ("reduce_max", "max"), ("reduce_min", "min"), ("reduce_mean", "sum")):
     register(OpKind(_kind, (1, 1), _reduce_loops(_reduction), _reduce_compute(_reduction, _kind == "reduce_mean"),
-                    attrs=("dims", "keepdims"), payload={"sum": "add"}.get(_reduction, _reduction),
+                    attrs=("dims", "keepdims"), payload=REDUCTIONS[_reduction].combiner,
                     doc=f"{_kind[7:]} over attribute dims (default all); keepdims keeps them as size 1"))
 
 

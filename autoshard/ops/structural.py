@@ -8,7 +8,7 @@ import numpy as np
 
 from autoshard.affine import AffineExpr, AffineMap
 from autoshard.ops.loops import INVALID, PARALLEL, REDUCTION, LoopNest
-from autoshard.ops.table import (Attrs, Context, OpError, OpKind, Shape, int_attr, int_list_attr, normalize_axis,
+from autoshard.ops.table import (Attrs, Context, OpError, OpKind, Shape, int_list_attr, normalize_axis,
                                  prod, register, shape_error)
 
 

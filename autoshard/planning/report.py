@@ -19,7 +19,7 @@ from autoshard.graph.model import Op, live_ranges, topological_order
 from autoshard.ops.loops import LoopNest
 from autoshard.planning.options import ShardingOption, operand_shardings, result_shardings
 from autoshard.planning.plan import Plan
-from autoshard.resharding import PricedMoves, Resharding, plan_resharding
+from autoshard.resharding import PricedMoves, Resharding, plan_resharding, step_kind
 from autoshard.sharding import Sharding
 
 
@@ -164,7 +164,7 @@ def estimate(plan: Plan, hw: Hardware) -> Report:
 
 def _communicated(step) -> float:
     """Bytes a step puts on the wire per device: an all_slice only keeps part of what is local."""
-    return 0.0 if step.kind == "all_slice" else step.bytes_per_device
+    return step.bytes_per_device if step_kind(step.kind).moves_data else 0.0
 
 
 def memory_timeline(plan: Plan, shardings: PlanShardings | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -21,13 +21,11 @@ import numpy as np
 
 from autoshard.errors import AutoshardError
 from autoshard.mesh import Device, Mesh
+from autoshard.reductions import REDUCTIONS
 from autoshard.sharding import ceildiv
 
 Shards = dict[Device, np.ndarray]
 Box = tuple[tuple[int, int], ...]
-
-REDUCE_UFUNCS = {"sum": np.add, "max": np.maximum, "min": np.minimum, "product": np.multiply}
-
 
 class UndefinedValueError(AutoshardError):
     """A collective read a device whose value is undefined (or that holds none)."""
@@ -88,7 +86,7 @@ def all_to_all(shards: Shards, mesh: Mesh, mesh_axes: Sequence[str], split_axis:
 
 
 def _reduced(shards: Shards, group: list[Device], reduction: str, op: str) -> np.ndarray:
-    return functools.reduce(REDUCE_UFUNCS[reduction], (_read(shards, d, op) for d in group))
+    return functools.reduce(REDUCTIONS[reduction].pairwise, (_read(shards, d, op) for d in group))
 
 
 def all_reduce(shards: Shards, mesh: Mesh, mesh_axes: Sequence[str], reduction: str = "sum") -> Shards:

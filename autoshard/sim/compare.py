@@ -14,8 +14,9 @@ import numpy as np
 
 from autoshard.dtypes import DTYPES
 from autoshard.mesh import Device, Mesh
+from autoshard.reductions import REDUCTIONS
 from autoshard.sharding import Sharding
-from autoshard.sim.collectives import REDUCE_UFUNCS, Shards
+from autoshard.sim.collectives import Shards
 from autoshard.sim.local_op import ProgramError
 
 # Relative tolerance per evaluation type (bf16 and f8 are evaluated in f32).
@@ -66,7 +67,7 @@ def reduce_partial(shards: Shards, mesh: Mesh, sharding: Sharding, what: str) ->
     """Every device's value with the partial groups reduced (each group member holds the total)."""
     if not sharding.partial_axes:
         return shards
-    ufunc = REDUCE_UFUNCS[sharding.partial_kind]
+    ufunc = REDUCTIONS[sharding.partial_kind].pairwise
     out: Shards = {}
     for group in mesh.device_groups(sharding.partial_axes):
         missing = [list(d) for d in group if d not in shards]

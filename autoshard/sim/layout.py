@@ -16,8 +16,9 @@ import numpy as np
 
 from autoshard.errors import AutoshardError
 from autoshard.mesh import Device, Mesh
+from autoshard.reductions import REDUCTIONS
 from autoshard.sharding import Sharding
-from autoshard.sim.collectives import REDUCE_UFUNCS, Shards
+from autoshard.sim.collectives import Shards
 
 
 class LayoutError(AutoshardError):
@@ -29,9 +30,8 @@ def _partial_parts(array: np.ndarray, kind: str, count: int, seed: int) -> list[
     if count == 1:
         return [array]
     if array.dtype == np.bool_:
-        # No arithmetic on bools: one part holds the value, the others the kind's identity
-        # (False for sum = or and max, True for min and product).
-        identity = np.full_like(array, kind in ("min", "product"))
+        # No arithmetic on bools: one part holds the value, the others the kind's identity.
+        identity = np.full_like(array, REDUCTIONS[kind].identity(np.bool_))
         return [array, *(identity for _ in range(count - 1))]
     rng = np.random.default_rng(seed)
     noise = [rng.integers(0, 5, array.shape).astype(array.dtype) for _ in range(count - 1)]
@@ -65,7 +65,7 @@ def distribute(array: np.ndarray, mesh: Mesh, sharding: Sharding, shape: Sequenc
 def _reduce_partial(shards: Shards, mesh: Mesh, sharding: Sharding) -> Shards:
     if not sharding.partial_axes:
         return shards
-    ufunc = REDUCE_UFUNCS[sharding.partial_kind]
+    ufunc = REDUCTIONS[sharding.partial_kind].pairwise
     reduced: Shards = {}
     for group in mesh.device_groups(sharding.partial_axes):
         shapes = {shards[d].shape for d in group}

@@ -23,6 +23,7 @@ from autoshard.mesh import Device, Mesh
 from autoshard.ops import Block, evaluate_block
 from autoshard.ops.loops import LoopNest
 from autoshard.planning.options import ShardingOption
+from autoshard.reductions import REDUCTIONS
 from autoshard.sharding import Sharding, ceildiv
 from autoshard.sim.collectives import Shards
 
@@ -85,18 +86,6 @@ def cut_operand(op: Op, index: int, value: Placed, mesh: Mesh, device: Device, b
     return local[tuple(slice(n.start - h.start, max(n.stop, n.start) - h.start) for n, h in zip(needed, held))]
 
 
-def reduction_identity(kind: str, dtype: np.dtype) -> np.generic:
-    """The value a device with nothing to reduce contributes to a partial result."""
-    if kind in ("sum", "product"):
-        return dtype.type(kind == "product")
-    if dtype == np.bool_:
-        return np.bool_(kind == "min")
-    if np.issubdtype(dtype, np.floating):
-        return dtype.type(-np.inf if kind == "max" else np.inf)
-    info = np.iinfo(dtype)
-    return dtype.type(info.min if kind == "max" else info.max)
-
-
 def run_local_op(mesh: Mesh, op: Op, option: ShardingOption, inputs: Sequence[Placed],
                  outputs: Sequence[tuple[Sharding, tuple[int, ...], str]]) -> list[Shards]:
     """Every device's local results of `op` under `option`.
@@ -112,7 +101,7 @@ def run_local_op(mesh: Mesh, op: Op, option: ShardingOption, inputs: Sequence[Pl
         if 0 in block.sizes:
             # Nothing to compute: an empty shard, or the identity where only a reduction loop is empty.
             values = [np.full(tuple(r.stop - r.start for r in _written(m, block)),
-                              reduction_identity(nest.reduction_kind, dt), dt)
+                              REDUCTIONS[nest.reduction_kind].identity(dt), dt)
                       for m, dt in zip(nest.output_maps, dtypes)]
         else:
             cut = [cut_operand(op, i, value, mesh, device, block) for i, value in enumerate(inputs)]

@@ -7,6 +7,7 @@ import numpy as np
 
 from autoshard.dtypes import DTYPES
 from autoshard.mesh import Mesh
+from autoshard.reductions import REDUCTIONS
 from autoshard.resharding import Resharding
 from autoshard.sharding import Sharding
 from autoshard.sim.collectives import UndefinedValueError
@@ -28,7 +29,7 @@ def holds_target(end: Sharding, target: Sharding, mesh: Mesh, shape: tuple[int, 
     min-partial value there, so the planner need not make it partial)."""
     if end.same_layout(target, mesh, shape):
         return True
-    idempotent = target.partial_kind in ("max", "min") and set(end.partial_axes) <= set(target.partial_axes)
+    idempotent = REDUCTIONS[target.partial_kind].idempotent and set(end.partial_axes) <= set(target.partial_axes)
     kind_agrees = not end.partial_axes or end.partial_kind == target.partial_kind
     return idempotent and kind_agrees and end.without_partial().same_layout(target.without_partial(), mesh, shape)
 

@@ -3,28 +3,37 @@ of every plan the resharding planner returns."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 from autoshard.mesh import Mesh
-from autoshard.resharding import CollectiveStep, Resharding
+from autoshard.resharding import CollectiveStep, Resharding, step_kind
 from autoshard.sim import collectives as c
 from autoshard.sim.collectives import Shards
 
 
+def _collective(fn: Callable[..., Shards]) -> Callable[[Shards, Mesh, tuple[int, ...], CollectiveStep], Shards]:
+    """A step run by the collective of its kind, its `dims` passed as the keyword arguments."""
+    return lambda shards, mesh, shape, step: fn(shards, mesh, step.mesh_axes, **step.dims)
+
+
+def _permute(shards: Shards, mesh: Mesh, shape: tuple[int, ...], step: CollectiveStep) -> Shards:
+    out_shapes = {d: step.after.local_shape(mesh, shape, d) for d in mesh.devices()}
+    return c.permute(shards, step.dims["transfers"], out_shapes)
+
+
+# How each kind of `autoshard.resharding.STEP_KINDS` runs.
+STEP_RUNNERS: dict[str, Callable[[Shards, Mesh, tuple[int, ...], CollectiveStep], Shards]] = {
+    "all_gather": _collective(c.all_gather),
+    "all_slice": _collective(c.all_slice),
+    "all_to_all": _collective(c.all_to_all),
+    "all_reduce": _collective(c.all_reduce),
+    "reduce_scatter": _collective(c.reduce_scatter),
+    "permute": _permute,
+}
+
+
 def apply_step(shards: Shards, mesh: Mesh, shape: tuple[int, ...], step: CollectiveStep) -> Shards:
-    axes, dims = step.mesh_axes, step.dims
-    if step.kind == "all_gather":
-        return c.all_gather(shards, mesh, axes, dims["gather_axis"])
-    if step.kind == "all_slice":
-        return c.all_slice(shards, mesh, axes, dims["slice_axis"])
-    if step.kind == "all_to_all":
-        return c.all_to_all(shards, mesh, axes, dims["split_axis"], dims["concat_axis"])
-    if step.kind == "all_reduce":
-        return c.all_reduce(shards, mesh, axes, dims["reduction"])
-    if step.kind == "reduce_scatter":
-        return c.reduce_scatter(shards, mesh, axes, dims["scatter_axis"], dims["reduction"])
-    if step.kind == "permute":
-        out_shapes = {d: step.after.local_shape(mesh, shape, d) for d in mesh.devices()}
-        return c.permute(shards, dims["transfers"], out_shapes)
-    raise ValueError(f"unknown resharding step kind {step.kind!r}")
+    return STEP_RUNNERS[step_kind(step.kind).name](shards, mesh, shape, step)
 
 
 def apply_resharding(shards: Shards, mesh: Mesh, resharding: Resharding) -> Shards:

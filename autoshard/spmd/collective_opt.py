@@ -29,12 +29,10 @@ from autoshard.errors import ShardingError
 from autoshard.mesh import Mesh
 from autoshard.ops.loops import PARALLEL
 from autoshard.planning.options import ShardingOption, check_option, local_extents, operand_shardings, result_shardings
-from autoshard.resharding import CollectiveStep, plan_resharding
+from autoshard.reductions import REDUCTIONS
+from autoshard.resharding import STEP_KINDS, CollectiveStep, plan_resharding
 from autoshard.sharding import Sharding, ceildiv
 from autoshard.spmd.program import Communicate, Instruction, LocalOp, SpmdProgram, Value, canonical, check_program
-
-# Elementwise ops linear in partial values of a reduction kind: op(reduce(x), reduce(y)) = reduce(op(x, y)).
-LINEAR_IN_PARTIALS = {"sum": ("add", "sub"), "max": ("max",), "min": ("min",)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +175,7 @@ def _sole_user(program: SpmdProgram, value: Value) -> int | None:
 
 def _unused(program: SpmdProgram) -> Iterator[int]:
     users = _users(program)
-    for index in _communicates(program, *_KINDS):
+    for index in _communicates(program, *STEP_KINDS):
         if not users.get(program.body[index].output.id):
             yield index
 
@@ -185,9 +183,6 @@ def _unused(program: SpmdProgram) -> Iterator[int]:
 def _drop(program: SpmdProgram, index: int) -> tuple[SpmdProgram, str]:
     c = program.body[index]
     return _edit(program, {index}, {}), f"dropped unused {c.step.kind} of {c.input.tensor!r}"
-
-
-_KINDS = ("all_gather", "all_slice", "all_to_all", "all_reduce", "reduce_scatter", "permute")
 
 
 # --- fold_all_reduce ----------------------------------------------------------------------
@@ -230,7 +225,7 @@ def _reduced_pair(program: SpmdProgram, index: int, kind: str) -> tuple[int, int
         pair.append(p)
     a, b = (program.body[p] for p in pair)
     same = (a.step.dims.get("reduction") == b.step.dims.get("reduction") and a.input.sharding.partial_kind ==
-            b.input.sharding.partial_kind and op.op.kind in LINEAR_IN_PARTIALS.get(a.step.dims["reduction"], ()))
+            b.input.sharding.partial_kind and op.op.kind in REDUCTIONS[a.step.dims["reduction"]].passes_through)
     return (pair[0], pair[1]) if same else None
 
 
@@ -408,7 +403,7 @@ def _cut_exact(mesh: Mesh, value: Value, after: Sharding, dim: int) -> bool:
 
 def _chain_sites(program: SpmdProgram) -> Iterator[int]:
     producers = _producers(program)
-    for index in _communicates(program, *_KINDS):
+    for index in _communicates(program, *STEP_KINDS):
         first = producers.get(program.body[index].input.id)
         if first is not None and isinstance(program.body[first], Communicate) and \
                 _sole_user(program, program.body[first].output) == index:

@@ -139,9 +139,6 @@ class SpmdProgram:
     def users(self, value: Value) -> list[Instruction]:
         return [i for i in self.body if any(v.id == value.id for v in i.inputs)]
 
-    def is_result(self, value: Value) -> bool:
-        return any(v.id == value.id for v in self.results)
-
 
 def check_program(program: SpmdProgram) -> None:
     """Raise ValueError unless ids are unique, every read follows its definition and every

@@ -1,0 +1,185 @@
+"""The moves offered from a state: single collectives whose exact effect turns one sharding
+into another, each offered only where it is exact for the tensor's sizes (pieces cut by the
+reference's ceildiv rule, uneven shards included):
+
+- `all_reduce` / `reduce_scatter` drop partial axes (the latter appends them to a dim);
+- `all_gather` drops a suffix of a dim's axes; `all_slice` appends free axes to a dim;
+- `all_to_all` moves a suffix of one dim's axes to the end of another dim's;
+- `permute` is a direct point-to-point exchange into the target (or an axis-order swap): each
+  device receives only the part of its new shard it does not already hold, from a device that
+  holds it (see README.md).
+
+Also how a move is priced and how it becomes a `CollectiveStep`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from types import MappingProxyType
+from typing import Any, Iterator, Sequence
+
+from autoshard.mesh import Mesh
+from autoshard.resharding.geometry import (device_transfers, dim_offsets, exchange_axes, fan_in, missing_elements,
+                                           pieces)
+from autoshard.resharding.steps import STEP_KINDS, CollectiveStep, Price
+from autoshard.sharding import Sharding, ceildiv
+
+
+@lru_cache(maxsize=4096)
+def _gather_exact(size: int, major: int, minor: int) -> bool:
+    """Concatenating `minor` consecutive shards of a `major*minor` split gives the `major` split."""
+    fine = pieces(size, major * minor)
+    return all((fine[p * minor][0], fine[p * minor + minor - 1][1]) == bounds for p, bounds in enumerate(pieces(size, major)))
+
+
+@lru_cache(maxsize=4096)
+def _slice_exact(size: int, major: int, minor: int) -> bool:
+    """Cutting each shard of the `major` split into `minor` pieces gives the `major*minor` split."""
+    fine = pieces(size, major * minor)
+    return all((a + s, a + e) == fine[p * minor + j]
+               for p, (a, b) in enumerate(pieces(size, major)) for j, (s, e) in enumerate(pieces(b - a, minor)))
+
+
+def canonical_state(mesh: Mesh, split: Sequence[Sequence[str]], partial: Sequence[str], kind: str,
+                    offsets: Sequence[Sequence[int]]) -> Sharding:
+    """A canonical sharding: partial axes in mesh order, kind `sum` when nothing is partial."""
+    partial = tuple(sorted(partial, key=mesh.axis_index))
+    return Sharding(tuple(tuple(a) for a in split), partial, kind if partial else "sum", tuple(tuple(o) for o in offsets))
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What the moves out of a state depend on. The goal enters only through the partial axes it
+    keeps (never reduced) and through the permute straight into it (`goal_after`), so one
+    context serves every goal with those partial axes."""
+
+    mesh: Mesh
+    shape: tuple[int, ...]
+    dtype_bytes: float
+    axes: tuple[str, ...]
+    dims: tuple[int, ...]
+    goal_partial: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    kind: str
+    mesh_axes: tuple[str, ...]
+    dims: tuple[tuple[str, Any], ...]
+    after: Sharding
+    bytes_per_device: float
+
+
+def _ordered_subsets(axes: Sequence[str]) -> Iterator[tuple[str, ...]]:
+    for k in range(1, len(axes) + 1):
+        yield from itertools.permutations(axes, k)
+
+
+@lru_cache(maxsize=65536)
+def offered_moves(ctx: Context, state: Sharding) -> tuple[tuple[Move, ...], tuple[Move, ...]]:
+    """The moves out of `state` but the permute into the goal: those offered before it and the
+    axis-order permutes offered after it."""
+    mesh, shape, rank = ctx.mesh, ctx.shape, len(ctx.shape)
+    split = [state.dim_axes(d) for d in range(rank)]
+    offsets = [dim_offsets(state, d) for d in range(rank)]
+    partial, kind = state.partial_axes, state.partial_kind
+    local = state.max_local_shape(mesh, shape)
+    count = mesh.group_size
+    moves: list[Move] = []
+
+    def add(kind_: str, axes: Sequence[str], dims: dict[str, Any], new_split: list, new_partial: Sequence[str],
+            new_offsets: list) -> None:
+        after = canonical_state(mesh, new_split, new_partial, kind, new_offsets)
+        buffer = list(local)
+        row = STEP_KINDS[kind_]
+        if row.padded:
+            # Equal chunks per peer: the buffer is padded to a multiple of the group along the cut dim.
+            cut = dims[row.cut]
+            buffer[cut] = ceildiv(buffer[cut], count(axes)) * count(axes)
+        moves.append(Move(kind_, tuple(axes), tuple(dims.items()), after, math.prod(buffer) * ctx.dtype_bytes))
+
+    def with_dim(seq: list, d: int, value: Any) -> list:
+        return seq[:d] + [value] + seq[d + 1:]
+
+    drop = [a for a in partial if a not in ctx.goal_partial]
+    for k in range(1, len(drop) + 1):
+        for axes in itertools.combinations(drop, k):
+            rest = [a for a in partial if a not in axes]
+            add("all_reduce", axes, {"reduction": kind}, split, rest, offsets)
+            for order in itertools.permutations(axes):
+                for d in ctx.dims:
+                    if not offsets[d] and _slice_exact(shape[d], count(split[d]), count(order)):
+                        add("reduce_scatter", order, {"reduction": kind, "scatter_axis": d},
+                            with_dim(split, d, split[d] + order), rest, offsets)
+
+    for d in ctx.dims:
+        for k in range(1, len(split[d]) + 1):
+            major, minor = split[d][:-k], split[d][-k:]
+            if not (major == () or (not offsets[d] and _gather_exact(shape[d], count(major), count(minor)))):
+                continue
+            gathered = with_dim(split, d, major)
+            cleared = with_dim(offsets, d, ())
+            add("all_gather", minor, {"gather_axis": d}, gathered, partial, cleared)
+            for d2 in ctx.dims:
+                if d2 != d and not offsets[d2] and _slice_exact(shape[d2], count(split[d2]), count(minor)):
+                    add("all_to_all", minor, {"split_axis": d2, "concat_axis": d},
+                        with_dim(gathered, d2, split[d2] + minor), partial, cleared)
+
+    used = set(state.used_axes())
+    free = [a for a in ctx.axes if a not in used]
+    for d in ctx.dims:
+        if offsets[d]:
+            continue
+        for order in _ordered_subsets(free):
+            if _slice_exact(shape[d], count(split[d]), count(order)):
+                add("all_slice", order, {"slice_axis": d}, with_dim(split, d, split[d] + order), partial, offsets)
+
+    swaps = []
+    for d in ctx.dims:
+        if len(split[d]) > 1 and not offsets[d]:
+            swaps += [permute_move(mesh, shape, ctx.dtype_bytes, state,
+                                   canonical_state(mesh, with_dim(split, d, order), partial, kind, offsets))
+                      for order in itertools.permutations(split[d]) if order != split[d]]
+    return tuple(moves), tuple(swaps)
+
+
+def goal_after(mesh: Mesh, state: Sharding, goal: Sharding) -> Sharding | None:
+    """Where the permute into the goal's split leads from `state` (keeping its partial axes, to be
+    reduced later), or None when it is not offered: the state lacks a partial axis the goal
+    keeps, or the goal splits a dim over an axis the state is partial over."""
+    partial = state.partial_axes
+    if not partial and not goal.partial_axes:  # the common case, without building the state
+        return goal if goal != state else None
+    if not set(goal.partial_axes) <= set(partial) or any(a in partial for axes in goal.split_axes for a in axes):
+        return None
+    after = canonical_state(mesh, goal.split_axes, partial, state.partial_kind, goal.dims_offsets)
+    return after if after != state else None
+
+
+def permute_move(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, state: Sharding, after: Sharding) -> Move:
+    moved = int(missing_elements(mesh, shape, state, after).max()) * dtype_bytes
+    return Move("permute", exchange_axes(mesh, len(shape), state, after), (), after, moved)
+
+
+def build_step(mesh: Mesh, shape: tuple[int, ...], before: Sharding, move: Move, seconds: float) -> CollectiveStep:
+    dims = dict(move.dims)
+    if move.kind == "permute":
+        dims["transfers"] = device_transfers(mesh, shape, before, move.after, move.mesh_axes)
+    return CollectiveStep(move.kind, move.mesh_axes, MappingProxyType(dims), before.max_local_shape(mesh, shape),
+                          move.after.max_local_shape(mesh, shape), move.bytes_per_device, seconds, before, move.after)
+
+
+def price_move(mesh: Mesh, shape: tuple[int, ...], state: Sharding, move: Move, price: Price) -> float:
+    """A collective's own price; a permute in which every device receives from at most one
+    other device is point-to-point traffic (send_recv of the most any device receives), while
+    one that gathers from several peers is an all-to-all exchange and is priced as one, so that
+    it pays the same fixed costs as the collectives it replaces."""
+    if move.kind != "permute":
+        return price(move.kind, move.mesh_axes, move.bytes_per_device)
+    if fan_in(mesh, shape, state, move.after) <= 1:
+        return price(STEP_KINDS["permute"].price_kind, move.mesh_axes, move.bytes_per_device)
+    group = mesh.group_size(move.mesh_axes)
+    return price("all_to_all", move.mesh_axes, move.bytes_per_device * group / (group - 1))

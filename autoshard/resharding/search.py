@@ -1,0 +1,311 @@
+"""Plan the collectives that turn one sharding of a tensor into another, cheapest first.
+
+States are shardings, edges the moves of `autoshard.resharding.moves`. Dijkstra over the
+states, priced by the caller's `price(kind, mesh_axes, bytes_per_device)`, returns the cheapest
+sequence (ties: fewer permutes, then fewer steps). Intermediate shardings use only the mesh
+axes and dims that the source or the target uses. `PricedMoves` keeps the priced moves of every
+state across searches; `_PathTree` keeps one Dijkstra tree per start for every goal.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from functools import lru_cache
+from typing import NamedTuple, Sequence
+
+from autoshard.errors import ShardingError
+from autoshard.mesh import Mesh
+from autoshard.reductions import REDUCTIONS
+from autoshard.resharding.geometry import received_elements
+from autoshard.resharding.moves import (Context, Move, build_step, canonical_state, goal_after, offered_moves,
+                                        permute_move, price_move)
+from autoshard.resharding.steps import STEP_KINDS, Price, Resharding
+from autoshard.sharding import Sharding
+
+def _effective_target(mesh: Mesh, source: Sharding, target: Sharding) -> Sharding:
+    """The target with partial axes the source lacks removed: a replicated value is a valid
+    max/min-partial one; a sum/product-partial value cannot be made by resharding."""
+    keep = [a for a in target.partial_axes if a in source.partial_axes and source.partial_kind == target.partial_kind]
+    extra = [a for a in target.partial_axes if a not in keep]
+    if extra and not REDUCTIONS[target.partial_kind].idempotent:
+        raise ShardingError(f"target is {target.partial_kind}-partial over {extra} but the source ({source}) is not "
+                            f"{target.partial_kind}-partial there; resharding can only reduce partial values", "target/partial")
+    return canonical_state(mesh, target.split_axes, keep, target.partial_kind, target.dims_offsets)
+
+
+class _Edge(NamedTuple):
+    after: int  # state id in its _Space
+    seconds: float
+    permutes: int
+    move: Move
+
+
+class _Space:
+    """The states of one context as small ints, with their priced moves, filled in as searches
+    reach them (ints hash and compare far faster than shardings)."""
+
+    def __init__(self, ctx: Context, moves: "PricedMoves"):
+        self.ctx, self.moves = ctx, moves
+        self.states: list[Sharding] = []
+        self.ids: dict[Sharding, int] = {}
+        self.out: list[tuple[tuple[_Edge, ...], tuple[_Edge, ...]] | None] = []
+        self.into_goal: dict[tuple[int, int], _Edge | None] = {}
+        self.trees: dict[int, _PathTree] = {}
+
+    def id(self, state: Sharding) -> int:
+        found = self.ids.get(state)
+        if found is None:
+            found = self.ids[state] = len(self.states)
+            self.states.append(state)
+            self.out.append(None)
+        return found
+
+    def edges(self, state: int, goal: int) -> tuple[_Edge, ...]:
+        """Every move out of `state` towards `goal`, in the order Dijkstra relaxes them: the
+        goal-independent ones with the permute into the goal between `head` and `swaps`."""
+        head, swaps = self.base_edges(state)
+        edge = self.goal_edge(state, goal)
+        return head + swaps if edge is None else head + (edge,) + swaps
+
+    def base_edges(self, state: int) -> tuple[tuple[_Edge, ...], tuple[_Edge, ...]]:
+        out = self.out[state]
+        if out is None:
+            head, swaps = offered_moves(self.ctx, self.states[state])
+            out = self.out[state] = (tuple(self._edge(state, m) for m in head), tuple(self._edge(state, m) for m in swaps))
+        return out
+
+    def goal_edge(self, state: int, goal: int) -> _Edge | None:
+        """The permute from `state` into `goal`'s split, if offered."""
+        key = (state, goal)
+        if key not in self.into_goal:
+            after = goal_after(self.ctx.mesh, self.states[state], self.states[goal])
+            self.into_goal[key] = None if after is None else self._edge(state, self.moves.permute(self.ctx, self.states[state], after))
+        return self.into_goal[key]
+
+    def tree(self, start: int) -> "_PathTree":
+        found = self.trees.get(start)
+        if found is None:
+            found = self.trees[start] = _PathTree(self, start)
+        return found
+
+    def _edge(self, state: int, move: Move) -> _Edge:
+        seconds = self.moves.seconds(self.ctx, self.states[state], move)
+        return _Edge(self.id(move.after), seconds, int(move.kind == "permute"), move)
+
+
+class PricedMoves:
+    """The moves out of each state with their prices under one `price`, kept across searches:
+    a graph's identical layers ask about the same states for many sources and targets. Pass
+    one to `plan_resharding` / `resharding_cost` for every resharding priced by `price`."""
+
+    def __init__(self, price: Price):
+        self._price, self._prices = price, {}
+        self._spaces: dict[tuple, _Space] = {}
+        self._permutes: dict[tuple, tuple[Move, float]] = {}  # permutes priced once for every context
+
+    def price(self, kind: str, mesh_axes: tuple[str, ...], bytes_per_device: float) -> float:
+        """`price`, called once per distinct collective (the same buffers recur across states)."""
+        key = (kind, mesh_axes, bytes_per_device)
+        found = self._prices.get(key)
+        if found is None:
+            found = self._prices[key] = self._price(kind, mesh_axes, bytes_per_device)
+        return found
+
+    def space(self, mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, axes: frozenset[str], dims: frozenset[int],
+              goal_partial: tuple[str, ...]) -> _Space:
+        """The space of searches that may use `axes` and `dims`, towards goals partial over `goal_partial`."""
+        key = (mesh, shape, dtype_bytes, axes, dims, goal_partial)
+        found = self._spaces.get(key)
+        if found is None:
+            ctx = Context(mesh, shape, dtype_bytes, tuple(a for a in mesh.axis_names if a in axes), tuple(sorted(dims)), goal_partial)
+            found = self._spaces[key] = _Space(ctx, self)
+        return found
+
+    def permute(self, ctx: Context, state: Sharding, after: Sharding) -> Move:
+        return self._priced_permute(ctx, state, after)[0]
+
+    def seconds(self, ctx: Context, state: Sharding, move: Move) -> float:
+        if move.kind == "permute":
+            return self._priced_permute(ctx, state, move.after)[1]
+        return self.price(move.kind, move.mesh_axes, move.bytes_per_device)
+
+    def _priced_permute(self, ctx: Context, state: Sharding, after: Sharding) -> tuple[Move, float]:
+        key = (ctx.mesh, ctx.shape, ctx.dtype_bytes, state, after)
+        found = self._permutes.get(key)
+        if found is None:
+            move = permute_move(ctx.mesh, ctx.shape, ctx.dtype_bytes, state, after)
+            found = self._permutes[key] = (move, price_move(ctx.mesh, ctx.shape, state, move, self.price))
+        return found
+
+
+_UNKNOWN = object()  # a goal edge not worked out yet (None: worked out, not offered)
+
+
+class _PathTree:
+    """Dijkstra from one state over the goal-independent moves, run only as far as some goal
+    needs and kept for the next goal.
+
+    From a start with no partial axes no state is partial, so the permute into the goal leads
+    to the goal itself and ends the search: a search towards any goal pops the same states in
+    the same order as this tree until it pops the goal, and differs only in the candidates the
+    permutes add for the goal. `cost` replays exactly that, so every goal of the space reads
+    its answer off one tree (the same path as `_search`, ties included)."""
+
+    def __init__(self, space: _Space, start: int):
+        self.space = space
+        self.order: list[int] = []  # settled states, in the order Dijkstra pops them
+        self.rank: dict[int, int] = {}
+        self.best: dict[int, tuple[float, int, int]] = {start: (0.0, 0, 0)}
+        self.came: dict[int, tuple[int, int]] = {}  # state -> (predecessor, index of the move in its edges)
+        self.bytes: dict[int, float] = {start: 0}  # summed along the path as resharding_cost sums them
+        self._tie = itertools.count()
+        self._frontier = [((0.0, 0, 0), next(self._tie), start)]
+
+    def settle(self, goal: int) -> None:
+        """Pop states until `goal` is settled or none is left."""
+        best, came, frontier = self.best, self.came, self._frontier
+        while goal not in self.rank and frontier:
+            key, _, state = heapq.heappop(frontier)
+            if key > best[state]:
+                continue
+            self.rank[state] = len(self.order)
+            self.order.append(state)
+            head, swaps = self.space.base_edges(state)
+            if state in came:
+                before, index = came[state]
+                move = self._edge(before, index).move
+                self.bytes[state] = self.bytes[before] + (move.bytes_per_device if STEP_KINDS[move.kind].moves_data else 0)
+            at = key[0]
+            for index, (after, seconds, permutes, _) in enumerate(head + swaps):
+                known = best.get(after)
+                if known is not None and at + seconds > known[0]:
+                    continue
+                new_key = (at + seconds, key[1] + permutes, key[2] + 1)
+                if known is None or new_key < known:
+                    best[after] = new_key
+                    came[after] = (state, index)
+                    heapq.heappush(frontier, (new_key, next(self._tie), after))
+
+    def cost(self, goal: int) -> tuple[float, float]:
+        """Seconds and bytes of the path `_search` finds to `goal`."""
+        self.settle(goal)
+        key = position = None
+        bytes_ = 0.0
+        if goal in self.rank:
+            key, bytes_ = self.best[goal], self.bytes[goal]
+            if goal in self.came:
+                # Relaxations happen in pop order, then in edge order with the goal permute
+                # between head and swaps; the first one reaching the least key is kept.
+                before, index = self.came[goal]
+                position = (self.rank[before], 0 if index < len(self.space.base_edges(before)[0]) else 2)
+        best, into_goal, goal_edge = self.best, self.space.into_goal, self.space.goal_edge
+        for state in self.order:
+            at = best[state]
+            if key is not None and not at < key:
+                break
+            edge = into_goal.get((state, goal), _UNKNOWN)
+            if edge is _UNKNOWN:
+                edge = goal_edge(state, goal)
+            if edge is None or (key is not None and at[0] + edge.seconds > key[0]):
+                continue
+            new_key = (at[0] + edge.seconds, at[1] + 1, at[2] + 1)
+            if key is None or new_key < key or (new_key == key and (self.rank[state], 1) < position):
+                key, position = new_key, (self.rank[state], 1)
+                bytes_ = self.bytes[state] + edge.move.bytes_per_device
+        if key is None:
+            raise ShardingError(f"no resharding reaches {self.space.states[goal]}", "target")
+        return key[0], float(bytes_)
+
+    def _edge(self, state: int, index: int) -> _Edge:
+        head, swaps = self.space.base_edges(state)
+        return head[index] if index < len(head) else swaps[index - len(head)]
+
+
+@lru_cache(maxsize=65536)
+def _endpoint(mesh: Mesh, shape: tuple[int, ...], sharding: Sharding, where: str) -> tuple[Sharding, frozenset[str], frozenset[int]]:
+    """A checked source or target as a canonical state, with the mesh axes and dims it uses."""
+    sharding.check(mesh, shape, where)
+    state = canonical_state(mesh, sharding.split_axes, sharding.partial_axes, sharding.partial_kind, sharding.dims_offsets)
+    return state, frozenset(sharding.used_axes()), frozenset(d for d, axes in enumerate(sharding.split_axes) if axes)
+
+
+def _space(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, source: Sharding, target: Sharding,
+           moves: PricedMoves) -> tuple[_Space, int, int]:
+    """The space a search from `source` to `target` runs in, and its start and goal."""
+    start, source_axes, source_dims = _endpoint(mesh, shape, source, "source")
+    goal, target_axes, target_dims = _endpoint(mesh, shape, target, "target")
+    if target.partial_axes:
+        goal = _effective_target(mesh, source, target)
+    space = moves.space(mesh, shape, dtype_bytes, source_axes | target_axes, source_dims | target_dims, goal.partial_axes)
+    return space, space.id(start), space.id(goal)
+
+
+def _search(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, source: Sharding, target: Sharding,
+            moves: PricedMoves) -> list[tuple[Sharding, Move, float]]:
+    """Dijkstra from `source` to `target` (ties: fewer permutes, then fewer steps): the cheapest
+    path as (state before, move, seconds) steps."""
+    space, first, last = _space(mesh, shape, dtype_bytes, source, target, moves)
+    best: dict[int, tuple[float, int, int]] = {first: (0.0, 0, 0)}
+    came: dict[int, tuple[int, Move, float]] = {}
+    # Seconds of the best path to the goal so far: a state reached later than that is popped
+    # after the goal, if ever, and changes nothing, so it is not recorded.
+    bound = math.inf
+    tie = itertools.count()
+    frontier = [(best[first], next(tie), first)]
+    while frontier:
+        key, _, state = heapq.heappop(frontier)
+        if state == last:
+            break
+        if key > best[state]:
+            continue
+        at = key[0]
+        for after, seconds, permutes, move in space.edges(state, last):
+            reached = at + seconds
+            if reached > bound:
+                continue
+            known = best.get(after)
+            if known is not None and reached > known[0]:
+                continue  # decided by the seconds alone, without building the key
+            new_key = (reached, key[1] + permutes, key[2] + 1)
+            if known is None or new_key < known:
+                best[after] = new_key
+                came[after] = (state, move, seconds)
+                heapq.heappush(frontier, (new_key, next(tie), after))
+                if after == last:
+                    bound = reached
+
+    path = []
+    state = last
+    while state != first:
+        before, move, seconds = came[state]
+        path.append((space.states[before], move, seconds))
+        state = before
+    return path[::-1]
+
+
+def resharding_cost(mesh: Mesh, shape: Sequence[int], dtype_bytes: float, source: Sharding, target: Sharding,
+                    moves: PricedMoves) -> tuple[float, float]:
+    """`plan_resharding(...)`'s seconds and the bytes per device its steps are priced on (steps
+    that move nothing, all_slice, left out), without building the steps."""
+    shape = tuple(shape)
+    if not source.partial_axes:
+        space, first, last = _space(mesh, shape, dtype_bytes, source, target, moves)
+        return space.tree(first).cost(last)
+    path = _search(mesh, shape, dtype_bytes, source, target, moves)
+    return sum(seconds for _, _, seconds in path), float(sum(m.bytes_per_device for _, m, _ in path if STEP_KINDS[m.kind].moves_data))
+
+
+def plan_resharding(mesh: Mesh, shape: Sequence[int], dtype_bytes: float, source: Sharding, target: Sharding,
+                    price: Price, moves: PricedMoves | None = None) -> Resharding:
+    """The cheapest sequence of collectives under `price` that turns `source` into `target`
+    (`moves`, if given, must have been made with the same `price`)."""
+    shape = tuple(shape)
+    path = _search(mesh, shape, dtype_bytes, source, target, moves if moves is not None else PricedMoves(price))
+    steps = tuple(build_step(mesh, shape, before, move, seconds) for before, move, seconds in path)
+    totals = {d: 0.0 for d in mesh.devices()}
+    for step in steps:
+        for d, elements in received_elements(mesh, shape, step).items():
+            totals[d] += elements
+    return Resharding(shape, dtype_bytes, source, target, steps, float(max(totals.values()) * dtype_bytes))
