@@ -14,8 +14,10 @@ from autoshard.planning.options import ShardingOption
 from autoshard.planning.plan import Plan
 from autoshard.resharding import plan_resharding
 from autoshard.sharding import Sharding
-from autoshard.spmd.collective_opt import REWRITES, local_flops, optimize, reduction_step
+from autoshard.spmd.collective_opt import optimize
 from autoshard.spmd.program import Communicate, SpmdProgram, check_program, partition
+from autoshard.spmd.rewrites import REWRITES
+from autoshard.spmd.surgery import local_flops, reduction_step
 from support.graphs import MESHES, ZOO, assert_runs_like_the_graph, cycled_plans, graph_doc, mlp2d
 
 O, S = ShardingOption, Sharding
