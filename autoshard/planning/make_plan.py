@@ -28,7 +28,7 @@ class SolveSettings:
     workers: int = 2
     seed: int = 0
     memory_budget_bytes: float | None = None  # None: the chip's HBM
-    weights: Weights = Weights()
+    weights: Weights = Weights()  # each in seconds of objective per unit it weighs (see `Weights`)
     deterministic: bool = False
 
 
@@ -44,7 +44,7 @@ def make_plan(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = 
     """`progress(phase, incumbent_ps, bound_ps, elapsed_s)` is called as the solver improves."""
     started = time.perf_counter()
     budget = settings.memory_budget_bytes if settings.memory_budget_bytes is not None else hw.hbm_bytes
-    formulation = formulate(graph, mesh, hw, memory_budget=budget, weights=settings.weights)
+    formulation = formulate(graph, mesh, hw, memory_budget_bytes=budget, weights=settings.weights)
     built = time.perf_counter()
     hint = _whole_hint(formulation.problem, formulation.hint)
     result = solve(formulation.problem, time_limit_s=settings.time_limit_s, workers=settings.workers,
