@@ -34,7 +34,8 @@ _FRONT_DOOR = {
     "deliver": "autoshard.delivery.deliver",
     "verify_plan": "autoshard.sim.program",
 }
-__all__ = ["__version__", *_FRONT_DOOR]
+__all__ = ["__version__", "Mesh", "Sharding", "load_graph", "bind_hardware", "SolveSettings", "make_plan", "Weights",
+           "estimate", "deliver", "verify_plan"]  # the names of _FRONT_DOOR
 
 if TYPE_CHECKING:
     from autoshard.delivery.deliver import deliver

@@ -99,6 +99,6 @@ def _hierarchical(kind: str, inner: SwitchLevel | TorusLevel, outer: NetworkLeve
 def _flat_ring(kind: str, inner: SwitchLevel, outer: NetworkLevel, b: float, r: float) -> float:
     """One ring through all devices; each node boundary is crossed on every NIC of the group (B.4.1)."""
     n = inner.n * outer.n
-    rate = min(inner.bytes_per_s, inner.n * outer.bytes_per_s) * r
+    rate = min(inner.bytes_per_s_oneway, inner.n * outer.bytes_per_s_oneway) * r
     latency = inner.latency_per_peer_s * (inner.n - 1) + outer.latency_per_unit_s * (outer.n - 1)
     return latency + ring_wire_bytes(kind, n, b) / rate

@@ -79,7 +79,7 @@ class BoundTopology:
         return math.prod(self.axis_sizes[self._axis_index(a, "axes")] for a in axes)
 
     # -- per-axis information -------------------------------------------------------------
-    def axis_bandwidth_bytes_per_s(self, axis: str) -> float:
+    def axis_bandwidth_bytes_per_s_oneway(self, axis: str) -> float:
         """Bus bandwidth of a large all-gather over `axis` alone (per device, one way)."""
         if self.axis_sizes[self._axis_index(axis, "axis")] == 1:
             return math.inf

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from autoshard.planning.formulation import WEIGHT_UNITS, weight_name_problem
 
 JobStatus = Literal["queued", "solving", "done", "failed", "cancelled"]
 Stage = Literal["annotated", "partitioned"]
@@ -41,11 +44,28 @@ class TopologyOptions(_Wire):
 
 
 class Weights(_Wire):
-    """Objective weights: seconds of step time, bytes communicated, bytes of peak memory."""
+    """Objective weights, each in seconds of objective per unit of what it weighs: the solver minimises
+    time * step seconds + comm_s_per_byte * bytes communicated + memory_s_per_byte * bytes held."""
 
-    time: float = Field(1.0, ge=0)
-    comm_bytes: float = Field(0.0, ge=0)
-    memory_bytes: float = Field(0.0, ge=0)
+    time: float = Field(1.0, ge=0, description=WEIGHT_UNITS["time"] + " (dimensionless)")
+    comm_s_per_byte: float = Field(0.0, ge=0, description=WEIGHT_UNITS["comm_s_per_byte"],
+                                   examples=[1e-11])
+    memory_s_per_byte: float = Field(0.0, ge=0, description=WEIGHT_UNITS["memory_s_per_byte"] +
+                                     ", summed over every value of the step (not the peak)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_names(cls, data: Any) -> Any:
+        """A renamed or unknown weight is a problem at its own field, saying what the weights are."""
+        if not isinstance(data, dict):
+            return data
+        wrong = [(name, value, weight_name_problem(name)) for name, value in data.items() if isinstance(name, str)]
+        details = [InitErrorDetails(type=PydanticCustomError("weight_name", "{message}", {"message": message}),
+                                    loc=(name,), input=value)
+                   for name, value, message in wrong if message is not None]
+        if details:
+            raise ValidationError.from_exception_data(cls.__name__, details)
+        return data
 
 
 class PlanOptions(_Wire):
@@ -53,7 +73,8 @@ class PlanOptions(_Wire):
     gap_limit: float = Field(1e-4, ge=0, lt=1, description="stop once (cost - bound) / cost is at most this; "
                                                            "0: prove optimality or use the whole time limit")
     memory_budget_bytes: float | None = Field(None, gt=0, description="per-device memory limit (default: the chip's HBM)")
-    weights: Weights = Field(default_factory=Weights)
+    weights: Weights = Field(default_factory=Weights, description="objective weights, each in seconds of objective "
+                                                                    "per unit it weighs (default: step time only)")
     emit: list[Stage] = Field(default_factory=list, description="IR to emit with the plan")
     dialect: Dialect = "mesh"
     verify: VerifyPolicy = Field("auto", description="simulate the partitioned plan against the unsharded graph: "

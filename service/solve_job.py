@@ -30,8 +30,8 @@ def failure(kind: str, message: str, problems: list[dict[str, str]] | None = Non
 
 class ProgressSender:
     """Forwards the solver's progress reports (`phase, cost, bound, elapsed_s`), at most one per
-    interval. Objective and bound are in the objective's units: picoseconds of step time when
-    only time is weighted."""
+    interval. Objective and bound are in picoseconds of objective (see `Weights`): of step time
+    when only time is weighted."""
 
     def __init__(self, conn: Connection):
         self.conn = conn

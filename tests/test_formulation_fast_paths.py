@@ -29,8 +29,8 @@ def slow_price(mesh, shape, itemsize, source, target, price) -> tuple[float, flo
 
 def scalar_cost(seconds: float, comm_bytes: float, memory: float, w: Weights) -> int:
     """The objective's definition, one value at a time (the formulation computes whole arrays)."""
-    return int(round(seconds * PICOSECONDS * w.time + comm_bytes * w.comm_bytes
-                     + memory * (w.memory_bytes + TIE_BREAK_PS_PER_BYTE)))
+    return int(round(seconds * PICOSECONDS * w.time + comm_bytes * PICOSECONDS * w.comm_s_per_byte
+                     + memory * (w.memory_s_per_byte * PICOSECONDS + TIE_BREAK_PS_PER_BYTE)))
 
 
 def with_partial(mesh: Mesh, shardings: list[Sharding], kind: str) -> list[Sharding]:
@@ -89,7 +89,7 @@ def test_formulation_of_repeated_layers_equals_the_direct_computation():
     mesh = Mesh.parse("a=2,b=2")
     graph = graph_from_json(gpt(GPTConfig(layers=2, hidden=32, heads=2, seq=8, batch=4, vocab=20, style="llama"), training=True))
     hw = bind_hardware("dgx-h100", mesh)
-    weights = Weights(comm_bytes=1e-3)
+    weights = Weights(comm_s_per_byte=1e-15)
     formulation = formulate(graph, mesh, hw, weights=weights)
     problem = formulation.problem
     slow: dict[tuple, tuple[float, float]] = {}

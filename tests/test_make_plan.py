@@ -83,7 +83,7 @@ def test_megatron_layout_for_weight_dominated_mlp_on_tensor_parallel_mesh():
     (resharding,) = result.report.reshardings
     assert resharding["tensor"] == "y" and [s["kind"] for s in resharding["steps"]] in (["all_reduce"], ["reduce_scatter", "all_gather"])
     # nothing cheaper exists
-    assert result.solver["objective_ps"] == brute_force_cost(formulate(graph, mesh, hw, memory_budget=hw.hbm_bytes))
+    assert result.solver["objective_ps"] == brute_force_cost(formulate(graph, mesh, hw, memory_budget_bytes=hw.hbm_bytes))
     assert result.solver["gap"] <= 1e-9
     assert_simulates(result, hw, mlp(8, 16, 64, pin_output=[]))
 
@@ -192,7 +192,7 @@ def test_solver_optimum_equals_exhaustive_enumeration_on_random_graphs(seed):
     mesh = Mesh.parse("a=4")  # small enough to enumerate every plan
     graph = graph_from_json(doc, mesh)
     hw = bind_hardware("tpu-v5e", mesh)
-    formulation = formulate(graph, mesh, hw, memory_budget=hw.hbm_bytes)
+    formulation = formulate(graph, mesh, hw, memory_budget_bytes=hw.hbm_bytes)
     result = make_plan(graph, mesh, hw, SETTINGS)
     assert result.solver["objective_ps"] == brute_force_cost(formulation)
     assert_simulates(result, hw)

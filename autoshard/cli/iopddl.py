@@ -52,11 +52,11 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"must be at least 1, found {args.workers}", "--workers")
     last = [-1e9]
 
-    def progress(phase: str, cost: float, bound: float, elapsed: float) -> None:
-        if args.quiet or elapsed - last[0] < 2.0:
+    def progress(phase: str, cost: float, bound: float, elapsed_s: float) -> None:
+        if args.quiet or elapsed_s - last[0] < 2.0:
             return
-        last[0] = elapsed
-        print(f"[{elapsed:7.1f}s] {phase:8s} best {cost:.6g}  bound {bound:.6g}", file=sys.stderr, flush=True)
+        last[0] = elapsed_s
+        print(f"[{elapsed_s:7.1f}s] {phase:8s} best {cost:.6g}  bound {bound:.6g}", file=sys.stderr, flush=True)
 
     result = solve(problem, time_limit_s=args.time_limit, workers=args.workers, seed=args.seed,
                    progress=progress, deterministic=args.deterministic)

@@ -15,7 +15,7 @@ from autoshard.delivery.deliver import deliver, ir_request_problems
 from autoshard.errors import InputError, Problem
 from autoshard.graph.schema import load_graph
 from autoshard.graph.summary import si, size
-from autoshard.planning.formulation import Weights
+from autoshard.planning.formulation import Weights, weight_name_problem
 from autoshard.planning.make_plan import SolveSettings, make_plan
 from autoshard.sim.verify import VERIFY_POLICIES, policy_problem
 
@@ -35,7 +35,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="bound the solver by a fixed amount of work instead of the clock: the same graph, "
                              "flags and seed give the same plan.json (apart from its timing fields) on any machine; "
                              "--time-limit no longer stops it")
-    parser.add_argument("--weights", default="time=1", help="objective weights, e.g. time=1,comm_bytes=1e-12")
+    parser.add_argument("--weights", default="time=1",
+                        help="objective weights, e.g. time=1,comm_s_per_byte=1e-11: time (seconds of objective per "
+                             "second of step time), comm_s_per_byte (per byte communicated per device), "
+                             "memory_s_per_byte (per byte held per device); default time=1")
     parser.add_argument("-o", "--output", help="directory to write plan.json (and IR) into")
     parser.add_argument("--emit", default="", help="IR to write beside plan.json: annotated, partitioned or both "
                                                    "(comma-separated; needs -o)")
@@ -54,11 +57,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def parse_weights(text: str, problems: list[Problem]) -> Weights:
+    """`time=1,comm_s_per_byte=1e-11`: each weight in seconds of objective per unit it weighs."""
     values: dict[str, float] = {}
     for part in text.split(","):
         name, _, value = (piece.strip() for piece in part.partition("="))
-        if name not in ("time", "comm_bytes", "memory_bytes"):
-            problems.append(Problem("--weights", f"unknown weight {name!r}; expected time, comm_bytes, memory_bytes"))
+        wrong = weight_name_problem(name)
+        if wrong is not None:
+            problems.append(Problem("--weights", wrong))
             continue
         try:
             values[name] = float(value)

@@ -108,7 +108,7 @@ def choose_price(args: argparse.Namespace, mesh: Mesh) -> tuple[Price, dict[str,
             if value is not None:
                 raise InputError("only applies with --topology", flag)
         price = bytes_moved_price(mesh)
-        return price, {"model": "bytes_moved", "bytes_per_s": price.bytes_per_s}
+        return price, {"model": "bytes_moved", "bytes_per_s": price.bytes_per_s_oneway}
     topo = hardware_from_args(args, mesh)
     return topo.collective_seconds, {"model": "topology", "topology": topo.profile.name,
                                      "machine": topo.machine.describe()}

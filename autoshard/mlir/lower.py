@@ -128,19 +128,19 @@ def _reduce_mean(b: Body, ctx: LoweringContext) -> list[Operand]:
 def _softmax(b: Body, ctx: LoweringContext) -> list[Operand]:
     ctx.require_float()
     (x,) = ctx.inputs
-    axis = ctx.op.attrs.get("axis", -1) % len(x.shape)
+    dim = ctx.op.attrs.get("axis", -1) % len(x.shape)
     out = empty(b, x.spec)
     result = b.name(ctx.op.outputs[0])
-    b.emit(f"{result} = linalg.softmax dimension({axis}) {ins_outs([x], [out])} -> {out.type}")
+    b.emit(f"{result} = linalg.softmax dimension({dim}) {ins_outs([x], [out])} -> {out.type}")
     return [Operand(result, x.spec)]
 
 
-def _sum_over(b: Body, x: Operand, axis: int, square: bool, hint: str) -> Operand:
-    """Sum (of squares) of `x` over `axis`, the axis dropped."""
+def _sum_over(b: Body, x: Operand, dim: int, square: bool, hint: str) -> Operand:
+    """Sum (of squares) of `x` over `dim`, the dim dropped."""
     rank = len(x.shape)
-    kept = [d for d in range(rank) if d != axis]
+    kept = [d for d in range(rank) if d != dim]
     init = reduction_init(b, x.spec.take(kept), "sum")
-    iterators = ["reduction" if d == axis else "parallel" for d in range(rank)]
+    iterators = ["reduction" if d == dim else "parallel" for d in range(rank)]
 
     def region(b: Body, args: list[str], acc: str) -> str:
         value = payload(b, "square", args, x.dtype, "") if square else args[0]
@@ -153,9 +153,9 @@ def _normalise(b: Body, ctx: LoweringContext, centre: bool) -> list[Operand]:
     ctx.require_float()
     x, params = ctx.inputs[0], ctx.inputs[1:]
     rank, dtype = len(x.shape), x.dtype
-    axis = ctx.op.attrs.get("axis", -1) % rank
-    n = ctx.extents[axis]  # the normalised axis is never split
-    kept = _loops(rank, *[d for d in range(rank) if d != axis])
+    dim = ctx.op.attrs.get("axis", -1) % rank
+    n = ctx.extents[dim]  # the normalised dim is never split
+    kept = _loops(rank, *[d for d in range(rank) if d != dim])
     identity = AffineMap.identity(rank)
     eps = ctx.op.attrs.get("eps", 1e-5 if centre else 1e-6)
 
@@ -163,10 +163,10 @@ def _normalise(b: Body, ctx: LoweringContext, centre: bool) -> list[Operand]:
         return payload(b, "div", [total, constant(b, n, dtype, "n")], dtype, "")
 
     if centre:
-        total = _sum_over(b, x, axis, False, "sum")
+        total = _sum_over(b, x, dim, False, "sum")
         x = _elementwise(b, [x, total], x.spec, lambda b, a: payload(b, "sub", [a[0], mean(b, a[1])], dtype, ""),
                          "centred", [identity, kept])
-    squares = _sum_over(b, x, axis, True, "squares")
+    squares = _sum_over(b, x, dim, True, "squares")
 
     def scale(b: Body, args: list[str]) -> str:
         var = payload(b, "add", [mean(b, args[1]), constant(b, eps, dtype, "eps")], dtype, "")
@@ -176,7 +176,7 @@ def _normalise(b: Body, ctx: LoweringContext, centre: bool) -> list[Operand]:
         if len(args) > 3:
             y = payload(b, "add", [y, args[3]], dtype, "")
         return y
-    maps = [identity, kept] + [_loops(rank, axis)] * len(params)
+    maps = [identity, kept] + [_loops(rank, dim)] * len(params)
     return [_elementwise(b, [x, squares, *params], x.spec, scale, ctx.op.outputs[0], maps)]
 
 
@@ -329,9 +329,9 @@ def _reshape(b: Body, ctx: LoweringContext) -> list[Operand]:
 
 
 def _concat(b: Body, ctx: LoweringContext) -> list[Operand]:
-    axis = ctx.op.attrs.get("axis", 0) % len(ctx.out.shape)
+    dim = ctx.op.attrs.get("axis", 0) % len(ctx.out.shape)
     result = Operand(b.name(ctx.op.outputs[0]), ctx.out)
-    b.emit(f"{result.name} = tensor.concat dim({axis}) {', '.join(o.name for o in ctx.inputs)} : "
+    b.emit(f"{result.name} = tensor.concat dim({dim}) {', '.join(o.name for o in ctx.inputs)} : "
            f"({', '.join(o.type for o in ctx.inputs)}) -> {result.type}")
     return [result]
 

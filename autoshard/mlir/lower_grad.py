@@ -140,31 +140,31 @@ def _norm_grad(centred: bool) -> Callable:
         x, dy = ctx.inputs[0], ctx.inputs[-1]
         gamma = ctx.inputs[1] if len(ctx.inputs) > 2 else None
         rank = len(x.shape)
-        axis = forward.get("axis", -1) % rank
-        n = ctx.extents[axis]  # the normalised axis is never split
+        dim = forward.get("axis", -1) % rank
+        n = ctx.extents[dim]  # the normalised dim is never split
         eps = forward.get("eps", 1e-5 if centred else 1e-6)
-        identity, row = AffineMap.identity(rank), _loops(rank, *[d for d in range(rank) if d != axis])
-        rows = x.spec.take([d for d in range(rank) if d != axis])
-        over_axis = ["reduction" if d == axis else "parallel" for d in range(rank)]
+        identity, row = AffineMap.identity(rank), _loops(rank, *[d for d in range(rank) if d != dim])
+        rows = x.spec.take([d for d in range(rank) if d != dim])
+        over_dim = ["reduction" if d == dim else "parallel" for d in range(rank)]
         if centred:
-            total = _summed(b, [x], [identity, row], over_axis, rows, lambda a, v: v[0], "sum")
+            total = _summed(b, [x], [identity, row], over_dim, rows, lambda a, v: v[0], "sum")
             x = _parallel(b, [x, total], [identity, row], x.spec,
                           lambda a, v: a.op("sub", v[0], a.op("div", v[1], a.const(n))), "centred")
-        squares = _summed(b, [x], [identity, row], over_axis, rows, lambda a, v: a.op("square", v[0]), "squares")
+        squares = _summed(b, [x], [identity, row], over_dim, rows, lambda a, v: a.op("square", v[0]), "squares")
         inv_std = _parallel(b, [squares], [AffineMap.identity(rank - 1)], rows, lambda a, v: a.op(
             "div", a.const(1.0), a.op("sqrt", a.op("add", a.op("div", v[0], a.const(n)), a.const(eps)))), "inv_std")
         x_hat = _parallel(b, [x, inv_std], [identity, row], x.spec, lambda a, v: a.mul(v[0], v[1]), "x_hat")
         if wrt in (1, 2):
-            over_rows = ["parallel" if d == axis else "reduction" for d in range(rank)]
-            out_map = _loops(rank, axis)
+            over_rows = ["parallel" if d == dim else "reduction" for d in range(rank)]
+            out_map = _loops(rank, dim)
             if wrt == 2:
                 return [_summed(b, [dy], [identity, out_map], over_rows, ctx.out, lambda a, v: v[0], ctx.op.outputs[0])]
             return [_summed(b, [dy, x_hat], [identity, identity, out_map], over_rows, ctx.out, lambda a, v: a.mul(*v),
                             ctx.op.outputs[0])]
-        g = dy if gamma is None else _parallel(b, [dy, gamma], [identity, _loops(rank, axis)], dy.spec,
+        g = dy if gamma is None else _parallel(b, [dy, gamma], [identity, _loops(rank, dim)], dy.spec,
                                                lambda a, v: a.mul(*v), "g")
-        g_sum = _summed(b, [g], [identity, row], over_axis, rows, lambda a, v: v[0], "g_sum") if centred else None
-        gx_sum = _summed(b, [g, x_hat], [identity, identity, row], over_axis, rows, lambda a, v: a.mul(*v), "gx_sum")
+        g_sum = _summed(b, [g], [identity, row], over_dim, rows, lambda a, v: v[0], "g_sum") if centred else None
+        gx_sum = _summed(b, [g, x_hat], [identity, identity, row], over_dim, rows, lambda a, v: a.mul(*v), "gx_sum")
 
         def dx(a: _Arith, v: list[str]) -> str:
             g_, x_hat_, inv, *sums = v

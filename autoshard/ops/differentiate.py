@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable, Protocol, Sequence
 
 from autoshard.ops.grads import GRAD_RULES
-from autoshard.ops.table import OpDecl, normalize_axis
+from autoshard.ops.table import OpDecl, normalize_dim
 
 
 class GraphBuilder(Protocol):
@@ -166,10 +166,10 @@ def _neg(b: GraphBuilder, op: OpDecl, index: int, dy: str) -> str:
 
 
 def _softmax(b: GraphBuilder, op: OpDecl, index: int, dy: str) -> str:
-    # dx = y * (dy - sum(dy * y)) over the softmax axis
+    # dx = y * (dy - sum(dy * y)) over the softmax dim
     name, y = _name(op, index), op.output
-    axis = normalize_axis(op.attrs.get("axis", -1), len(b.shape(y)))
-    dot = b.op("reduce_sum", [b.op("mul", [dy, y], f"{name}.mul")], f"{name}.sum", dims=[axis], keepdims=True)
+    dim = normalize_dim(op.attrs.get("axis", -1), len(b.shape(y)))
+    dot = b.op("reduce_sum", [b.op("mul", [dy, y], f"{name}.mul")], f"{name}.sum", dims=[dim], keepdims=True)
     return b.op("mul", [y, b.op("sub", [dy, dot], f"{name}.sub")], name)
 
 
@@ -189,7 +189,7 @@ def _cast(b: GraphBuilder, op: OpDecl, index: int, dy: str) -> str:
 
 def _reduce_sum(b: GraphBuilder, op: OpDecl, index: int, dy: str) -> str:
     shape = b.shape(op.inputs[0])
-    dims = {normalize_axis(d, len(shape), "dims") for d in op.attrs.get("dims", range(len(shape)))}
+    dims = {normalize_dim(d, len(shape), "dims") for d in op.attrs.get("dims", range(len(shape)))}
     kept = list(range(len(shape))) if op.attrs.get("keepdims", False) else [d for d in range(len(shape)) if d not in dims]
     return b.op("broadcast_in_dim", [dy], _name(op, index), shape=list(shape), broadcast_dimensions=kept)
 
@@ -210,8 +210,8 @@ def _norm(b: GraphBuilder, op: OpDecl, index: int, dy: str) -> str:
         return _grad_op(b, op, index, dy)
     # the shift's gradient is the output gradient summed over every dim but the normalised one
     rank = len(b.shape(dy))
-    axis = normalize_axis(op.attrs.get("axis", -1), rank)
-    return b.op("reduce_sum", [dy], _name(op, index), dims=[d for d in range(rank) if d != axis])
+    dim = normalize_dim(op.attrs.get("axis", -1), rank)
+    return b.op("reduce_sum", [dy], _name(op, index), dims=[d for d in range(rank) if d != dim])
 
 
 RULES: dict[str, Rule] = {

@@ -23,7 +23,7 @@ import numpy as np
 from autoshard.affine import AffineMap
 from autoshard.ops.loops import INVALID, PARALLEL, REDUCTION, LoopNest, map_extent
 from autoshard.ops.payloads import PAYLOADS
-from autoshard.ops.table import OP_KINDS, Attrs, Context, OpError, OpKind, Shape, normalize_axis, register
+from autoshard.ops.table import OP_KINDS, Attrs, Context, OpError, OpKind, Shape, normalize_dim, register
 
 # compute(forward inputs, output gradient, forward context, wrt) -> gradient block of input `wrt`
 GradCompute = Callable[[list[np.ndarray], np.ndarray, Context, int], np.ndarray]
@@ -93,27 +93,27 @@ GRAD_RULES["reduce_mean"] = GradRule(_reduce_mean_grad, (0,), lambda nest, wrt: 
 
 # --- layer_norm / rms_norm ---------------------------------------------------------------
 def _norm_parts(inputs: list[np.ndarray], ctx: Context, centred: bool) -> tuple[np.ndarray, np.ndarray, int, list[int]]:
-    """(x_hat, 1/std, axis, the shape a parameter broadcasts as)."""
+    """(x_hat, 1/std, dim, the shape a parameter broadcasts as)."""
     x = inputs[0]
-    axis = normalize_axis(ctx.attrs.get("axis", -1), x.ndim)
+    dim = normalize_dim(ctx.attrs.get("axis", -1), x.ndim)
     shape = [1] * x.ndim
-    shape[axis] = -1
-    centre = np.mean(x, axis=axis, keepdims=True) if centred else 0.0
-    second = np.mean(np.square(x - centre), axis=axis, keepdims=True)
+    shape[dim] = -1
+    centre = np.mean(x, axis=dim, keepdims=True) if centred else 0.0
+    second = np.mean(np.square(x - centre), axis=dim, keepdims=True)
     inv_std = 1.0 / np.sqrt(second + ctx.attrs.get("eps", 1e-5 if centred else 1e-6))
-    return (x - centre) * inv_std, inv_std, axis, shape
+    return (x - centre) * inv_std, inv_std, dim, shape
 
 
 def _norm_grad(centred: bool) -> GradCompute:
     def compute(inputs: list[np.ndarray], dy: np.ndarray, ctx: Context, wrt: int) -> np.ndarray:
-        x_hat, inv_std, axis, shape = _norm_parts(inputs, ctx, centred)
-        others = tuple(d for d in range(dy.ndim) if d != axis)
+        x_hat, inv_std, dim, shape = _norm_parts(inputs, ctx, centred)
+        others = tuple(d for d in range(dy.ndim) if d != dim)
         if wrt == 1:
             return np.sum(dy * x_hat, axis=others)
         if wrt == 2:
             return np.sum(dy, axis=others)
         g = dy * inputs[1].reshape(shape) if len(inputs) > 1 else dy
-        mean = lambda v: np.mean(v, axis=axis, keepdims=True)  # noqa: E731
+        mean = lambda v: np.mean(v, axis=dim, keepdims=True)  # noqa: E731
         return inv_std * ((g - mean(g) if centred else g) - x_hat * mean(g * x_hat))
     return compute
 

@@ -8,13 +8,13 @@ import numpy as np
 
 from autoshard.affine import AffineExpr, AffineMap
 from autoshard.ops.loops import INVALID, PARALLEL, REDUCTION, LoopNest
-from autoshard.ops.table import Attrs, Context, OpError, OpKind, Shape, int_list_attr, normalize_axis, register
+from autoshard.ops.table import Attrs, Context, OpError, OpKind, Shape, int_list_attr, normalize_dim, register
 from autoshard.reductions import REDUCTIONS
 
 
 def _reduced_dims(shape: Shape, attrs: Attrs) -> tuple[int, ...]:
     dims = int_list_attr(attrs, "dims", tuple(range(len(shape))))
-    norm = tuple(sorted({normalize_axis(d, len(shape), "dims") for d in dims}))
+    norm = tuple(sorted({normalize_dim(d, len(shape), "dims") for d in dims}))
     if len(norm) != len(dims):
         raise OpError(f"attribute 'dims' {list(dims)} names a dim twice", "dims")
     return norm
@@ -54,32 +54,32 @@ def _normalising_loops(param_count: tuple[int, int]):
     def loops(shapes: Sequence[Shape], attrs: Attrs) -> LoopNest:
         x, params = shapes[0], shapes[1:]
         rank = len(x)
-        axis = normalize_axis(attrs.get("axis", -1), rank) if rank else 0
+        dim = normalize_dim(attrs.get("axis", -1), rank) if rank else 0
         if rank == 0:
             raise OpError("expected an input of rank >= 1")
         for i, p in enumerate(params):
-            if p != (x[axis],):
-                raise OpError(f"parameter {i + 1} must have shape [{x[axis]}], got {list(p)}")
-        iterators = tuple(INVALID if d == axis else PARALLEL for d in range(rank))
-        param_map = AffineMap(rank, (AffineExpr.loop(axis),))
+            if p != (x[dim],):
+                raise OpError(f"parameter {i + 1} must have shape [{x[dim]}], got {list(p)}")
+        iterators = tuple(INVALID if d == dim else PARALLEL for d in range(rank))
+        param_map = AffineMap(rank, (AffineExpr.loop(dim),))
         return LoopNest(x, iterators, (AffineMap.identity(rank),) + (param_map,) * len(params), (AffineMap.identity(rank),))
     return loops
 
 
 def _softmax(inputs: list[np.ndarray], ctx: Context) -> list[np.ndarray]:
-    axis = normalize_axis(ctx.attrs.get("axis", -1), inputs[0].ndim)
-    x = inputs[0] - np.max(inputs[0], axis=axis, keepdims=True)
+    dim = normalize_dim(ctx.attrs.get("axis", -1), inputs[0].ndim)
+    x = inputs[0] - np.max(inputs[0], axis=dim, keepdims=True)
     e = np.exp(x)
-    return [e / np.sum(e, axis=axis, keepdims=True)]
+    return [e / np.sum(e, axis=dim, keepdims=True)]
 
 
 def _layer_norm(inputs: list[np.ndarray], ctx: Context) -> list[np.ndarray]:
     x, params = inputs[0], inputs[1:]
-    axis = normalize_axis(ctx.attrs.get("axis", -1), x.ndim)
+    dim = normalize_dim(ctx.attrs.get("axis", -1), x.ndim)
     shape = [1] * x.ndim
-    shape[axis] = -1
-    mean = np.mean(x, axis=axis, keepdims=True)
-    var = np.mean(np.square(x - mean), axis=axis, keepdims=True)
+    shape[dim] = -1
+    mean = np.mean(x, axis=dim, keepdims=True)
+    var = np.mean(np.square(x - mean), axis=dim, keepdims=True)
     y = (x - mean) / np.sqrt(var + ctx.attrs.get("eps", 1e-5))
     if params:
         y = y * params[0].reshape(shape)
@@ -90,18 +90,18 @@ def _layer_norm(inputs: list[np.ndarray], ctx: Context) -> list[np.ndarray]:
 
 def _rms_norm(inputs: list[np.ndarray], ctx: Context) -> list[np.ndarray]:
     x, params = inputs[0], inputs[1:]
-    axis = normalize_axis(ctx.attrs.get("axis", -1), x.ndim)
-    y = x / np.sqrt(np.mean(np.square(x), axis=axis, keepdims=True) + ctx.attrs.get("eps", 1e-6))
+    dim = normalize_dim(ctx.attrs.get("axis", -1), x.ndim)
+    y = x / np.sqrt(np.mean(np.square(x), axis=dim, keepdims=True) + ctx.attrs.get("eps", 1e-6))
     if params:
         shape = [1] * x.ndim
-        shape[axis] = -1
+        shape[dim] = -1
         y = y * params[0].reshape(shape)
     return [y]
 
 
 register(OpKind("softmax", (1, 1), _normalising_loops((0, 0)), _softmax, lambda n, a: 5.0 * n.points(),
-                attrs=("axis",), doc="softmax over attribute axis (default -1); that axis cannot be split"))
+                attrs=("axis",), doc="softmax over the dim named by attribute axis (default -1), which cannot be split"))
 register(OpKind("layer_norm", (1, 3), _normalising_loops((0, 2)), _layer_norm, lambda n, a: 8.0 * n.points(),
-                attrs=("axis", "eps"), doc="layer norm over axis with optional gamma, beta"))
+                attrs=("axis", "eps"), doc="layer norm over the dim named by attribute axis, with optional gamma, beta"))
 register(OpKind("rms_norm", (1, 2), _normalising_loops((0, 1)), _rms_norm, lambda n, a: 4.0 * n.points(),
-                attrs=("axis", "eps"), doc="RMS norm over axis with optional gamma"))
+                attrs=("axis", "eps"), doc="RMS norm over the dim named by attribute axis, with optional gamma"))

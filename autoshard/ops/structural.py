@@ -8,7 +8,7 @@ import numpy as np
 
 from autoshard.affine import AffineExpr, AffineMap
 from autoshard.ops.loops import INVALID, PARALLEL, REDUCTION, LoopNest
-from autoshard.ops.table import (Attrs, Context, OpError, OpKind, Shape, int_list_attr, normalize_axis,
+from autoshard.ops.table import (Attrs, Context, OpError, OpKind, Shape, int_list_attr, normalize_dim,
                                  prod, register, shape_error)
 
 
@@ -129,27 +129,27 @@ register(OpKind("broadcast_in_dim", (1, 1), _broadcast_loops, _broadcast, _no_fl
 # --- concat ----------------------------------------------------------------------------
 def _concat_loops(shapes: Sequence[Shape], attrs: Attrs) -> LoopNest:
     rank = len(shapes[0])
-    axis = normalize_axis(attrs.get("axis", 0), rank)
+    dim = normalize_dim(attrs.get("axis", 0), rank)
     for s in shapes:
-        if len(s) != rank or any(a != b for i, (a, b) in enumerate(zip(s, shapes[0])) if i != axis):
-            raise shape_error(f"inputs equal in every dim but {axis}", shapes)
+        if len(s) != rank or any(a != b for i, (a, b) in enumerate(zip(s, shapes[0])) if i != dim):
+            raise shape_error(f"inputs equal in every dim but {dim}", shapes)
     out = list(shapes[0])
-    out[axis] = sum(s[axis] for s in shapes)
+    out[dim] = sum(s[dim] for s in shapes)
     maps, offset = [], 0
     for s in shapes:
         # Input i is read where the concat loop is in [offset, offset + size): index d - offset.
-        maps.append(AffineMap(rank, tuple(AffineExpr.loop(d) + (-offset if d == axis else 0) for d in range(rank))))
-        offset += s[axis]
-    iterators = tuple(INVALID if d == axis else PARALLEL for d in range(rank))
+        maps.append(AffineMap(rank, tuple(AffineExpr.loop(d) + (-offset if d == dim else 0) for d in range(rank))))
+        offset += s[dim]
+    iterators = tuple(INVALID if d == dim else PARALLEL for d in range(rank))
     return LoopNest(tuple(out), iterators, tuple(maps), (AffineMap.identity(rank),))
 
 
 def _concat(inputs: list[np.ndarray], ctx: Context) -> list[np.ndarray]:
-    return [np.concatenate(inputs, axis=normalize_axis(ctx.attrs.get("axis", 0), inputs[0].ndim))]
+    return [np.concatenate(inputs, axis=normalize_dim(ctx.attrs.get("axis", 0), inputs[0].ndim))]
 
 
 register(OpKind("concat", (1, None), _concat_loops, _concat, _no_flops, attrs=("axis",),
-                doc="concatenate along attribute axis, which cannot be split"))
+                doc="concatenate along the dim named by attribute axis, which cannot be split"))
 
 
 # --- slice -----------------------------------------------------------------------------

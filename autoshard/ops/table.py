@@ -119,10 +119,10 @@ def int_list_attr(attrs: Attrs, name: str, default: Sequence[int] | None = None)
     return tuple(value)
 
 
-def normalize_axis(axis: int, rank: int, name: str = "axis") -> int:
-    if not -rank <= axis < rank:
-        raise OpError(f"attribute {name!r} = {axis} is out of range for rank {rank}", name)
-    return axis % rank
+def normalize_dim(dim: int, rank: int, name: str = "axis") -> int:
+    if not -rank <= dim < rank:
+        raise OpError(f"attribute {name!r} = {dim} is out of range for rank {rank}", name)
+    return dim % rank
 
 
 def prod(values: Sequence[int]) -> int:

@@ -6,9 +6,9 @@ resharding from the producer's sharding to the one the consumer reads. Node cost
 compute time, plus reducing a partial graph output. Memory: each node holds its results (a
 storage node its stored tensor) from the step it is produced to its last use.
 
-Costs are integers in picoseconds (times the time weight) plus bytes times the byte weight:
-CP-SAT needs integers, and 1 ps resolves the smallest kernels while a whole training step
-stays far below 2**63.
+Costs are integers in picoseconds of objective: every term is first weighed into seconds (see
+`Weights`), then scaled by `PICOSECONDS`. CP-SAT needs integers, and 1 ps resolves the smallest
+kernels while a whole training step stays far below 2**63.
 """
 
 from __future__ import annotations
@@ -34,11 +34,37 @@ PICOSECONDS = 1e12
 
 @dataclass(frozen=True)
 class Weights:
-    """Objective weights: seconds of step time, bytes communicated, bytes of peak memory."""
+    """Objective weights, each turning what it weighs into seconds of objective:
 
-    time: float = 1.0
-    comm_bytes: float = 0.0
-    memory_bytes: float = 0.0
+        objective_s = time * step_s + comm_s_per_byte * comm_bytes + memory_s_per_byte * held_bytes
+
+    `step_s` is the step time (compute + communication) in seconds; `comm_bytes` the bytes each
+    device communicates in the step (what the report calls `communication_bytes`); `held_bytes`
+    the bytes each device holds for the step's values, summed over every value (stored tensors
+    and op results, each counted once whatever its live range; not the peak).
+    """
+
+    time: float = 1.0  # seconds of objective per second of step time (dimensionless)
+    comm_s_per_byte: float = 0.0  # seconds of objective per byte communicated per device
+    memory_s_per_byte: float = 0.0  # seconds of objective per byte held per device
+
+
+# What each weight is, for messages and help; and the names weights had before they carried units
+WEIGHT_UNITS = {"time": "seconds of objective per second of step time",
+                "comm_s_per_byte": "seconds of objective per byte communicated per device",
+                "memory_s_per_byte": "seconds of objective per byte held per device"}
+RENAMED_WEIGHTS = {"comm_bytes": "comm_s_per_byte", "memory_bytes": "memory_s_per_byte"}
+
+
+def weight_name_problem(name: str) -> str | None:
+    """What is wrong with a weight's name, or None when it is one of `Weights`' fields."""
+    if name in WEIGHT_UNITS:
+        return None
+    if name in RENAMED_WEIGHTS:
+        new = RENAMED_WEIGHTS[name]
+        return (f"weight {name!r} is now {new!r}, in {WEIGHT_UNITS[new]} (an old {name!r} value was in "
+                f"picoseconds per byte: divide it by 1e12 for the same objective)")
+    return f"unknown weight {name!r}; expected {', '.join(f'{n} ({u})' for n, u in WEIGHT_UNITS.items())}"
 
 
 @dataclass
@@ -103,9 +129,10 @@ TIE_BREAK_PS_PER_BYTE = 1.0 / 2 ** 20
 
 
 def _costs(seconds: Any, comm_bytes: Any, memory: Any, w: Weights) -> np.ndarray:
-    """Objective terms (scalars or arrays of them) as int64 cost units, rounded half to even."""
-    total = (np.asarray(seconds, np.float64) * PICOSECONDS * w.time + np.asarray(comm_bytes, np.float64) * w.comm_bytes
-             + np.asarray(memory, np.float64) * (w.memory_bytes + TIE_BREAK_PS_PER_BYTE))
+    """Objective terms (scalars or arrays of them) as int64 picoseconds of objective, rounded half to even."""
+    total = (np.asarray(seconds, np.float64) * PICOSECONDS * w.time
+             + np.asarray(comm_bytes, np.float64) * PICOSECONDS * w.comm_s_per_byte
+             + np.asarray(memory, np.float64) * (w.memory_s_per_byte * PICOSECONDS + TIE_BREAK_PS_PER_BYTE))
     return np.round(total).astype(np.int64)
 
 
@@ -121,7 +148,7 @@ class _NodeKind:
     operands: tuple[list[Sharding], ...] = ()  # per input index, per strategy
 
 
-def formulate(graph: Graph, mesh: Mesh, hw: Hardware, *, memory_budget: float | None = None,
+def formulate(graph: Graph, mesh: Mesh, hw: Hardware, *, memory_budget_bytes: float | None = None,
               weights: Weights = Weights()) -> Formulation:
     order = topological_order(graph)
     step = {op.name: i for i, op in enumerate(order)}
@@ -197,7 +224,7 @@ def formulate(graph: Graph, mesh: Mesh, hw: Hardware, *, memory_budget: float | 
     problem = Problem(tuple(shared[k].costs for k in kinds), tuple(shared[k].usages for k in kinds),
                       np.array(intervals, dtype=np.int64).reshape(-1, 2),
                       np.array(edges, dtype=np.int64).reshape(-1, 2), tuple(edge_costs),
-                      int(memory_budget) if memory_budget is not None else None, graph.name)
+                      int(memory_budget_bytes) if memory_budget_bytes is not None else None, graph.name)
     return Formulation(graph, mesh, problem, nodes, [shared[k].choices for k in kinds], uses, hint)
 
 

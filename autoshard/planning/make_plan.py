@@ -28,7 +28,7 @@ class SolveSettings:
     workers: int = 2
     seed: int = 0
     memory_budget_bytes: float | None = None  # None: the chip's HBM
-    weights: Weights = Weights()
+    weights: Weights = Weights()  # each in seconds of objective per unit it weighs (see `Weights`)
     deterministic: bool = False
 
 
@@ -43,15 +43,15 @@ def make_plan(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = 
               progress: Callable[[str, float, float, float], None] | None = None) -> PlanResult:
     """`progress(phase, incumbent_ps, bound_ps, elapsed_s)` is called as the solver improves."""
     started = time.perf_counter()
-    budget = settings.memory_budget_bytes if settings.memory_budget_bytes is not None else hw.hbm_bytes
-    formulation = formulate(graph, mesh, hw, memory_budget=budget, weights=settings.weights)
+    budget_bytes = settings.memory_budget_bytes if settings.memory_budget_bytes is not None else hw.hbm_bytes
+    formulation = formulate(graph, mesh, hw, memory_budget_bytes=budget_bytes, weights=settings.weights)
     built = time.perf_counter()
     hint = _whole_hint(formulation.problem, formulation.hint)
     result = solve(formulation.problem, time_limit_s=settings.time_limit_s, workers=settings.workers,
                    seed=settings.seed, hint=hint, progress=progress, deterministic=settings.deterministic,
                    gap_limit=settings.gap_limit)
     if not result.feasible:
-        raise InfeasibleError(explain_infeasible(formulation, budget))
+        raise InfeasibleError(explain_infeasible(formulation, budget_bytes))
     plan = formulation.plan(result.solution)
     report = estimate(plan, hw)
     problem = formulation.problem
@@ -65,7 +65,7 @@ def make_plan(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = 
         "solve_s": time.perf_counter() - built,
         "problem": {"nodes": problem.num_nodes, "edges": problem.num_edges,
                     "strategies": int(np.sum(problem.num_strategies()))},
-        "memory_budget_bytes": budget,
+        "memory_budget_bytes": budget_bytes,
     }
     return PlanResult(plan, report, solver)
 
@@ -79,7 +79,7 @@ def _whole_hint(problem: Problem, hinted: list[int]) -> np.ndarray | None:
                      for h, costs, usages in zip(hinted, problem.node_costs, problem.node_usages)], dtype=np.int64)
 
 
-def explain_infeasible(formulation: Formulation, budget: float) -> str:
+def explain_infeasible(formulation: Formulation, budget_bytes: float) -> str:
     """Say which budget or pin makes every plan infeasible, with the numbers."""
     problem = formulation.problem
     steps = int(problem.intervals[:, 1].max()) if problem.num_nodes else 0
@@ -91,10 +91,10 @@ def explain_infeasible(formulation: Formulation, budget: float) -> str:
     order = topological_order(formulation.graph)
     at = order[peak].name if peak < len(order) else "end"
     pinned = [c.tensor for c in formulation.graph.constraints if c.required]
-    if least[peak] <= budget:
-        return (f"no plan within the memory budget {size(budget)} per device was found in the time limit, although "
+    if least[peak] <= budget_bytes:
+        return (f"no plan within the memory budget {size(budget_bytes)} per device was found in the time limit, although "
                 f"one may exist (the least possible peak is {size(int(least[peak]))}); raise the time limit or the budget")
-    text = (f"the memory budget {size(budget)} per device is below {size(int(least[peak]))}, the least any plan "
+    text = (f"the memory budget {size(budget_bytes)} per device is below {size(int(least[peak]))}, the least any plan "
             f"needs (at step {peak}, op {at!r}, with every value at its smallest sharding)")
     if pinned:
         text += f"; pinned tensors {pinned} keep their pinned shardings"

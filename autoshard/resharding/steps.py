@@ -129,16 +129,16 @@ class Resharding:
 
 @dataclass(frozen=True, slots=True)
 class BytesMovedPrice:
-    """Ring-style bytes each device receives, over a flat `bytes_per_s` link: a price for tests
+    """Ring-style bytes each device receives, over a flat link of `bytes_per_s_oneway`: a price for tests
     and for comparing plans without a hardware profile."""
 
     mesh: Mesh
-    bytes_per_s: float = 1e9
+    bytes_per_s_oneway: float = 1e9
 
     def __call__(self, kind: str, mesh_axes: tuple[str, ...], bytes_per_device: float) -> float:
         factor = _BY_PRICE_KIND[kind].ring_factor(self.mesh.group_size(mesh_axes))
-        return factor * bytes_per_device / self.bytes_per_s
+        return factor * bytes_per_device / self.bytes_per_s_oneway
 
 
-def bytes_moved_price(mesh: Mesh, bytes_per_s: float = 1e9) -> BytesMovedPrice:
-    return BytesMovedPrice(mesh, bytes_per_s)
+def bytes_moved_price(mesh: Mesh, bytes_per_s_oneway: float = 1e9) -> BytesMovedPrice:
+    return BytesMovedPrice(mesh, bytes_per_s_oneway)

@@ -44,9 +44,9 @@ def _read(shards: Shards, device: Device, op: str) -> np.ndarray:
         raise UndefinedValueError(f"{op}: device {device} holds no defined value") from None
 
 
-def _piece(array: np.ndarray, axis: int, count: int, index: int) -> np.ndarray:
-    start, stop = split_bounds(array.shape[axis], count)[index]
-    return array[(slice(None),) * axis + (slice(start, stop),)]
+def _piece(array: np.ndarray, dim: int, count: int, index: int) -> np.ndarray:
+    start, stop = split_bounds(array.shape[dim], count)[index]
+    return array[(slice(None),) * dim + (slice(start, stop),)]
 
 
 def _groups(mesh: Mesh, mesh_axes: Sequence[str]) -> list[list[Device]]:

@@ -75,7 +75,7 @@ def solve(problem: Problem, *, time_limit_s: float, workers: int = 1, seed: int 
     if exact and not bound_met:
         best_hint = min((c for c in candidates if fp.fits(c)), key=fp.objective, default=found.x)
 
-        def on_solution(cost: float, cp_bound: float, elapsed: float) -> None:
+        def on_solution(cost: float, cp_bound: float, elapsed_s: float) -> None:
             if progress is not None:
                 progress("cp-sat", cost, max(bound, cp_bound), time.monotonic() - start)
 
