@@ -70,3 +70,11 @@ def test_the_check_catches_an_upward_import(tmp_path, monkeypatch):
     (fake / "graph" / "model.py").write_text("from autoshard.planning.plan import Plan\n")
     monkeypatch.setattr(__import__(__name__), "ROOT", fake)
     assert violations() == ["autoshard/graph/model.py:1 (graph) imports autoshard.planning.plan (planning comes later)"]
+
+
+def test_the_front_door_gives_every_name_it_lists():
+    names = [name for name in autoshard.__all__ if name != "__version__"]
+    assert {"Mesh", "load_graph", "make_plan", "deliver", "estimate", "verify_plan"} <= set(names)
+    for name in names:
+        value = getattr(autoshard, name)
+        assert value.__name__ == name and value.__module__.startswith("autoshard.")
