@@ -60,11 +60,9 @@ def _penalised_cleanup(fp: FlatProblem, x: np.ndarray, pen: np.ndarray, moves: i
     """Tree moves on cost + pen * use, memory ignored (x updated in place)."""
     node_of = np.repeat(np.arange(fp.n), fp.sizes())
     cost = fp.cost + pen[node_of] * fp.use
-    mx, lz = kernels.seg_tree(np.zeros(1, dtype=np.int64))
     best = x.copy()
-    kernels.block_moves(moves, 8, 0.0, x, best, math.inf, fp.soff, cost, fp.use, fp.eu, fp.ev, fp.moff, fp.mat,
-                        fp.aoff, fp.anbr, fp.aedge, fp.arow, fp.r0, fp.r1, mx, lz, 0, np.zeros(fp.n), 0.0,
-                        fp.sizes() > 1, seed)
+    kernels.block_moves(fp.arrays._replace(cost=cost), kernels.ignore_memory(fp.n), x, best, math.inf,
+                        num_moves=moves, kmax=8, temperature=0.0, movable=fp.sizes() > 1, seed=seed)
     x[:] = best
 
 
@@ -116,7 +114,7 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
         return within_gap(search.best_obj, bound, gap_limit) and fp.fits(search.best_x)
 
     def slack_of(x: np.ndarray) -> np.ndarray:
-        return kernels.row_slack(fp.soff, fp.use, fp.r0, fp.r1, fp.cap, x)
+        return kernels.row_slack(fp.arrays, x)
 
     relinked: set[bytes] = set()
     waiting: list[tuple[float, np.ndarray]] = []  # cheap decodes not relinked yet, cheapest first
