@@ -16,6 +16,8 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from autoshard.solver.flat import FlatArrays
+
 NEG = -(1 << 62)
 # Nodes with more neighbours only ever seed a block: checking them as members costs too much.
 HUB_DEGREE = 48
@@ -126,7 +128,7 @@ def seg_tree(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 @njit(cache=True, nogil=True)
-def row_slack(f, x):
+def row_slack(f: FlatArrays, x: np.ndarray) -> np.ndarray:
     """load - cap for every row under solution x."""
     num_rows = f.cap.shape[0]
     delta = np.zeros(num_rows + 1, dtype=np.int64)
@@ -143,15 +145,15 @@ def row_slack(f, x):
     return slack
 
 
-@njit(cache=True, nogil=True)
-def edge_cost(f, e, su, sv):
+@njit(cache=True, nogil=True, inline="always")
+def edge_cost(f: FlatArrays, e: int, su: int, sv: int) -> float:
     """Cost of edge e with strategy su at its row node and sv at its column node."""
     cols = f.soff[f.ev[e] + 1] - f.soff[f.ev[e]]
     return f.mat[f.moff[e] + su * cols + sv]
 
 
 @njit(cache=True, nogil=True)
-def objective(f, x):
+def objective(f: FlatArrays, x: np.ndarray) -> float:
     total = 0.0
     for v in range(x.shape[0]):
         total += f.cost[f.soff[v] + x[v]]
@@ -160,8 +162,7 @@ def objective(f, x):
     return total
 
 
-@njit(cache=True, nogil=True)
-def _new_block(n, kmax):
+def _new_block(n: int, kmax: int) -> _Block:
     return _Block(np.full(n, -1, dtype=np.int64), np.empty(kmax, dtype=np.int64), np.empty(kmax, dtype=np.int64),
                   np.empty(kmax, dtype=np.int64), np.empty(kmax + 1, dtype=np.int64),
                   np.empty(kmax + 1, dtype=np.int64), np.empty(TABLE_ENTRIES, dtype=np.float64),
@@ -169,22 +170,23 @@ def _new_block(n, kmax):
                   np.empty(kmax, dtype=np.int64), np.empty(kmax, dtype=np.float64))
 
 
-@njit(cache=True, nogil=True)
-def _grow_block(f, movable, blk, seed_node, target, move):
+@njit(cache=True, nogil=True, inline="always")
+def _grow_block(f: FlatArrays, movable: np.ndarray, blk: _Block, seed_node: int, target: int, move: int) -> int:
     """Grow an induced tree of up to `target` nodes breadth first from the seed; returns its size."""
-    soff, aoff, anbr = f.soff, f.aoff, f.anbr
+    soff, aoff, anbr, aedge = f.soff, f.aoff, f.anbr, f.aedge
+    mark, node, parent, pedge, toff, argoff = blk.mark, blk.node, blk.parent, blk.pedge, blk.toff, blk.argoff
     size = 1
-    blk.node[0] = seed_node
-    blk.parent[0] = -1
-    blk.pedge[0] = -1
-    blk.mark[seed_node] = move
-    blk.toff[0] = 0
-    blk.toff[1] = soff[seed_node + 1] - soff[seed_node]
-    blk.argoff[0] = 0
-    blk.argoff[1] = 0
+    node[0] = seed_node
+    parent[0] = -1
+    pedge[0] = -1
+    mark[seed_node] = move
+    toff[0] = 0
+    toff[1] = soff[seed_node + 1] - soff[seed_node]
+    argoff[0] = 0
+    argoff[1] = 0
     head = 0
     while head < size and size < target:
-        v = blk.node[head]
+        v = node[head]
         deg = aoff[v + 1] - aoff[v]
         start = np.random.randint(deg) if deg > 0 else 0
         for k in range(deg):
@@ -192,11 +194,11 @@ def _grow_block(f, movable, blk, seed_node, target, move):
                 break
             j = aoff[v] + (start + k) % deg
             w = anbr[j]
-            if blk.mark[w] == move or not movable[w] or aoff[w + 1] - aoff[w] > HUB_DEGREE:
+            if mark[w] == move or not movable[w] or aoff[w + 1] - aoff[w] > HUB_DEGREE:
                 continue
             links = 0  # w's edges into the block: exactly one keeps it a tree
             for jj in range(aoff[w], aoff[w + 1]):
-                if blk.mark[anbr[jj]] == move:
+                if mark[anbr[jj]] == move:
                     links += 1
                     if links > 1:
                         break
@@ -204,160 +206,174 @@ def _grow_block(f, movable, blk, seed_node, target, move):
                 continue
             sw = soff[w + 1] - soff[w]
             sv = soff[v + 1] - soff[v]
-            if blk.toff[size] + sw > TABLE_ENTRIES or blk.argoff[size] + sv > TABLE_ENTRIES:
+            if toff[size] + sw > TABLE_ENTRIES or argoff[size] + sv > TABLE_ENTRIES:
                 continue
-            blk.node[size] = w
-            blk.parent[size] = head
-            blk.pedge[size] = f.aedge[j]
-            blk.mark[w] = move
-            blk.toff[size + 1] = blk.toff[size] + sw
-            blk.argoff[size + 1] = blk.argoff[size] + sv
+            node[size] = w
+            parent[size] = head
+            pedge[size] = aedge[j]
+            mark[w] = move
+            toff[size + 1] = toff[size] + sw
+            argoff[size + 1] = argoff[size] + sv
             size += 1
         head += 1
     return size
 
 
-@njit(cache=True, nogil=True)
-def _unary_terms(f, pen, extra, x, blk, size, move):
+@njit(cache=True, nogil=True, inline="always")
+def _unary_terms(f: FlatArrays, pen: np.ndarray, extra: float, x: np.ndarray, blk: _Block, size: int,
+                 move: int) -> None:
     """Each block node's own cost, memory penalty (pen + extra, boosted) and edges to the fixed
     nodes outside the block, into `unary` and `acc`."""
-    soff, mat, moff = f.soff, f.mat, f.moff
+    soff, cost, use, ev, moff, mat = f.soff, f.cost, f.use, f.ev, f.moff, f.mat
+    aoff, anbr, aedge, arow = f.aoff, f.anbr, f.aedge, f.arow
+    mark, node, toff, unary, acc, boost = blk.mark, blk.node, blk.toff, blk.unary, blk.acc, blk.boost
     for i in range(size):
-        v = blk.node[i]
+        v = node[i]
         base = soff[v]
         sv = soff[v + 1] - base
-        o = blk.toff[i]
-        p = (pen[v] + extra) * blk.boost[i]
+        o = toff[i]
+        p = (pen[v] + extra) * boost[i]
         for s in range(sv):
-            blk.unary[o + s] = f.cost[base + s] + p * f.use[base + s]
-        for j in range(f.aoff[v], f.aoff[v + 1]):
-            w = f.anbr[j]
-            if blk.mark[w] == move:
+            unary[o + s] = cost[base + s] + p * use[base + s]
+        for j in range(aoff[v], aoff[v + 1]):
+            w = anbr[j]
+            if mark[w] == move:
                 continue
-            e = f.aedge[j]
-            cols = soff[f.ev[e] + 1] - soff[f.ev[e]]
-            if f.arow[j] == 1:
+            e = aedge[j]
+            cols = soff[ev[e] + 1] - soff[ev[e]]
+            if arow[j] == 1:
                 for s in range(sv):
-                    blk.unary[o + s] += mat[moff[e] + s * cols + x[w]]
+                    unary[o + s] += mat[moff[e] + s * cols + x[w]]
             else:
                 for s in range(sv):
-                    blk.unary[o + s] += mat[moff[e] + x[w] * cols + s]
+                    unary[o + s] += mat[moff[e] + x[w] * cols + s]
         for s in range(sv):
-            blk.acc[o + s] = blk.unary[o + s]
+            acc[o + s] = unary[o + s]
 
 
-@njit(cache=True, nogil=True)
-def _solve_tree(f, x, blk, size):
+@njit(cache=True, nogil=True, inline="always")
+def _solve_tree(f: FlatArrays, x: np.ndarray, blk: _Block, size: int) -> None:
     """The block's best choice given the unary terms, into `newx`: fold each node's table into
     its parent's from the leaves, then read the choices off from the root."""
-    soff, mat, moff = f.soff, f.mat, f.moff
+    soff, eu, ev, moff, mat = f.soff, f.eu, f.ev, f.moff, f.mat
+    node, parent, pedge, toff, argoff = blk.node, blk.parent, blk.pedge, blk.toff, blk.argoff
+    acc, arg, newx = blk.acc, blk.arg, blk.newx
     for i in range(size - 1, 0, -1):
-        v = blk.node[i]
-        pi = blk.parent[i]
-        pv = blk.node[pi]
-        e = blk.pedge[i]
+        v = node[i]
+        pi = parent[i]
+        pv = node[pi]
+        e = pedge[i]
         sv = soff[v + 1] - soff[v]
         sp = soff[pv + 1] - soff[pv]
-        cols = soff[f.ev[e] + 1] - soff[f.ev[e]]
-        v_is_row = f.eu[e] == v
-        o = blk.toff[i]
+        cols = soff[ev[e] + 1] - soff[ev[e]]
+        v_is_row = eu[e] == v
+        o = toff[i]
         for t in range(sp):
             best = np.inf
             best_s = 0
             for s in range(sv):
                 if v_is_row:
-                    c = blk.acc[o + s] + mat[moff[e] + s * cols + t]
+                    c = acc[o + s] + mat[moff[e] + s * cols + t]
                 else:
-                    c = blk.acc[o + s] + mat[moff[e] + t * cols + s]
+                    c = acc[o + s] + mat[moff[e] + t * cols + s]
                 if c < best:
                     best = c
                     best_s = s
-            blk.acc[blk.toff[pi] + t] += best
-            blk.arg[blk.argoff[i] + t] = best_s
-    sv = soff[blk.node[0] + 1] - soff[blk.node[0]]
+            acc[toff[pi] + t] += best
+            arg[argoff[i] + t] = best_s
+    sv = soff[node[0] + 1] - soff[node[0]]
     best = np.inf
-    blk.newx[0] = x[blk.node[0]]  # a defined choice even if no total compares below inf
+    newx[0] = x[node[0]]  # a defined choice even if no total compares below inf
     for s in range(sv):
-        if blk.acc[s] < best:
-            best = blk.acc[s]
-            blk.newx[0] = s
+        if acc[s] < best:
+            best = acc[s]
+            newx[0] = s
     for i in range(1, size):
-        blk.newx[i] = blk.arg[blk.argoff[i] + blk.newx[blk.parent[i]]]
+        newx[i] = arg[argoff[i] + newx[parent[i]]]
 
 
-@njit(cache=True, nogil=True)
-def _cost_change(f, x, blk, size, move):
+@njit(cache=True, nogil=True, inline="always")
+def _cost_change(f: FlatArrays, x: np.ndarray, blk: _Block, size: int, move: int) -> tuple[float, int]:
     """True change of cost from x to the block's new choice (nodes, edges to outside, tree edges),
     and how many nodes change."""
+    soff, cost, eu, ev, moff, mat = f.soff, f.cost, f.eu, f.ev, f.moff, f.mat
+    aoff, anbr, aedge, arow = f.aoff, f.anbr, f.aedge, f.arow
+    mark, node, parent, pedge, newx = blk.mark, blk.node, blk.parent, blk.pedge, blk.newx
     delta = 0.0
     changed = 0
     for i in range(size):
-        v = blk.node[i]
-        a = blk.newx[i]
+        v = node[i]
+        a = newx[i]
         if a == x[v]:
             continue
         changed += 1
-        delta += f.cost[f.soff[v] + a] - f.cost[f.soff[v] + x[v]]
-        for j in range(f.aoff[v], f.aoff[v + 1]):
-            w = f.anbr[j]
-            if blk.mark[w] == move:
+        delta += cost[soff[v] + a] - cost[soff[v] + x[v]]
+        for j in range(aoff[v], aoff[v + 1]):
+            w = anbr[j]
+            if mark[w] == move:
                 continue
-            e = f.aedge[j]
-            if f.arow[j] == 1:
-                delta += edge_cost(f, e, a, x[w]) - edge_cost(f, e, x[v], x[w])
+            e = aedge[j]
+            cols = soff[ev[e] + 1] - soff[ev[e]]
+            if arow[j] == 1:
+                delta += mat[moff[e] + a * cols + x[w]] - mat[moff[e] + x[v] * cols + x[w]]
             else:
-                delta += edge_cost(f, e, x[w], a) - edge_cost(f, e, x[w], x[v])
+                delta += mat[moff[e] + x[w] * cols + a] - mat[moff[e] + x[w] * cols + x[v]]
     for i in range(1, size):
-        v = blk.node[i]
-        pv = blk.node[blk.parent[i]]
-        a = blk.newx[i]
-        b = blk.newx[blk.parent[i]]
+        v = node[i]
+        pv = node[parent[i]]
+        a = newx[i]
+        b = newx[parent[i]]
         if a == x[v] and b == x[pv]:
             continue
-        e = blk.pedge[i]
-        if f.eu[e] == v:
-            delta += edge_cost(f, e, a, b) - edge_cost(f, e, x[v], x[pv])
+        e = pedge[i]
+        cols = soff[ev[e] + 1] - soff[ev[e]]
+        if eu[e] == v:
+            delta += mat[moff[e] + a * cols + b] - mat[moff[e] + x[v] * cols + x[pv]]
         else:
-            delta += edge_cost(f, e, b, a) - edge_cost(f, e, x[pv], x[v])
+            delta += mat[moff[e] + b * cols + a] - mat[moff[e] + x[pv] * cols + x[v]]
     return delta, changed
 
 
-@njit(cache=True, nogil=True)
-def _shift_rows(f, memory, x, blk, size, sign):
+@njit(cache=True, nogil=True, inline="always")
+def _shift_rows(f: FlatArrays, memory: MemoryState, x: np.ndarray, blk: _Block, size: int, sign: int) -> None:
     """Add (sign 1) or take back (sign -1) the usage changes of the block's new choice in the rows."""
+    soff, use, r0, r1, node, newx = f.soff, f.use, f.r0, f.r1, blk.node, blk.newx
     for i in range(size):
-        v = blk.node[i]
-        if blk.newx[i] != x[v] and f.r0[v] < f.r1[v]:
-            d = f.use[f.soff[v] + blk.newx[i]] - f.use[f.soff[v] + x[v]]
+        v = node[i]
+        if newx[i] != x[v] and r0[v] < r1[v]:
+            d = use[soff[v] + newx[i]] - use[soff[v] + x[v]]
             if d != 0:
-                seg_add(memory.mx, memory.lz, f.r0[v], f.r1[v], sign * d)
+                seg_add(memory.mx, memory.lz, r0[v], r1[v], sign * d)
 
 
-@njit(cache=True, nogil=True)
-def _rows_take(f, memory, x, blk, size):
+@njit(cache=True, nogil=True, inline="always")
+def _rows_take(f: FlatArrays, memory: MemoryState, x: np.ndarray, blk: _Block, size: int) -> bool:
     """Apply the new choice's usages to the rows if no row overloads; else raise the penalties of
     the changed nodes on overloaded rows, leave the rows as they were and return False."""
+    r0, r1, node, newx, boost, pen = f.r0, f.r1, blk.node, blk.newx, blk.boost, memory.pen
     _shift_rows(f, memory, x, blk, size, 1)
     over = False
     for i in range(size):
-        v = blk.node[i]
-        if blk.newx[i] != x[v] and f.r0[v] < f.r1[v]:
-            if seg_max(memory.mx, memory.lz, f.r0[v], f.r1[v]) > 0:
+        v = node[i]
+        if newx[i] != x[v] and r0[v] < r1[v]:
+            if seg_max(memory.mx, memory.lz, r0[v], r1[v]) > 0:
                 over = True
-                blk.boost[i] *= 8.0
-                memory.pen[v] = min(max(memory.pen[v] * 2.0, memory.pen_unit * 0.01), PENALTY_LIMIT)
+                boost[i] *= 8.0
+                pen[v] = min(max(pen[v] * 2.0, memory.pen_unit * 0.01), PENALTY_LIMIT)
     if over:
         _shift_rows(f, memory, x, blk, size, -1)
     return not over
 
 
-@njit(cache=True, nogil=True)
-def _move_block(f, memory, x, blk, size, move, temperature):
+@njit(cache=True, nogil=True, inline="always")
+def _move_block(f: FlatArrays, memory: MemoryState, x: np.ndarray, blk: _Block, size: int, move: int,
+                temperature: float) -> tuple[bool, float, int]:
     """Re-optimise the block, retrying with larger penalties while the answer overloads a row;
     returns (moved, cost change, memory rejections). A worse answer passes only by the
     Metropolis test at `temperature`."""
+    boost = blk.boost
     for i in range(size):
-        blk.boost[i] = 1.0
+        boost[i] = 1.0
     rejected = 0
     for attempt in range(MEMORY_ATTEMPTS):
         _unary_terms(f, memory.pen, 0.0 if attempt == 0 else memory.pen_unit, x, blk, size, move)
@@ -377,23 +393,37 @@ def _move_block(f, memory, x, blk, size, move, temperature):
     return False, 0.0, rejected
 
 
-@njit(cache=True, nogil=True)
-def block_moves(f, memory, x, best_x, best_obj, num_moves, kmax, temperature, movable, seed):
+def block_moves(f: FlatArrays, memory: MemoryState, x: np.ndarray, best_x: np.ndarray, best_obj: float, *,
+                num_moves: int, kmax: int, temperature: float, movable: np.ndarray, seed: int
+                ) -> tuple[float, float, int, int, int]:
     """Run `num_moves` tree-block moves of up to `kmax` nodes (seeds drawn among `movable`) on x
-    in place; keep the best solution seen, if better than `best_obj`, in best_x.
+    in place; keep the best solution seen, if better than `best_obj`, in best_x. A worse block
+    choice is taken only by the Metropolis test at `temperature` (0: never).
 
     x must fit in memory on entry (when `memory.checked`); every accepted move keeps it so.
     Returns (objective of x, best objective, accepted moves, improving moves, memory rejections).
     """
+    return _block_moves(f, memory, _new_block(len(x), kmax), x, best_x, float(best_obj), num_moves, kmax,
+                        float(temperature), movable, np.flatnonzero(movable), seed)
+
+
+# Compiled without reference counting (numba's private `_nrt` option; the function allocates
+# nothing, the caller passes the workspace): with it, every look-up of a record's array in the
+# inlined helpers counts a reference, an atomic operation per array per helper per move, and the
+# moves run slower than one monolithic function's. The helpers are inlined for the same reason: a
+# call passes both records by value.
+@njit(cache=True, nogil=True, _nrt=False)
+def _block_moves(f: FlatArrays, memory: MemoryState, blk: _Block, x: np.ndarray, best_x: np.ndarray, best_obj: float,
+                 num_moves: int, kmax: int, temperature: float, movable: np.ndarray, movable_nodes: np.ndarray,
+                 seed: int) -> tuple[float, float, int, int, int]:
     np.random.seed(seed)
     obj = objective(f, x)
     if obj < best_obj:
         best_obj = obj
-        best_x[:] = x
-    movable_nodes = np.flatnonzero(movable)
+        for v in range(x.shape[0]):
+            best_x[v] = x[v]
     if movable_nodes.shape[0] == 0:
         return obj, best_obj, 0, 0, 0
-    blk = _new_block(x.shape[0], kmax)
     accepted = 0
     improved = 0
     rejected_memory = 0
@@ -410,5 +440,6 @@ def block_moves(f, memory, x, best_x, best_obj, num_moves, kmax, temperature, mo
                 improved += 1
             if obj < best_obj:
                 best_obj = obj
-                best_x[:] = x
+                for v in range(x.shape[0]):
+                    best_x[v] = x[v]
     return obj, best_obj, accepted, improved, rejected_memory
