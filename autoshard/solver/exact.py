@@ -30,11 +30,12 @@ from autoshard.solver.flat import FORBIDDEN, FlatProblem
 
 COEF_BUDGET = 2**50
 EXACT_PAIR_LIMIT = 400_000
-# Memory rows over long live sets are quadratic in the depth of a graph: a 96-layer training
-# step on 8 devices has 113M row terms, minutes of model building and presolve.
+# Memory rows over long live sets are quadratic in the depth of a graph: a deep training step's
+# rows take minutes of model building and presolve (benchmarks/RESULTS.md, "Where the solver's
+# limits come from").
 EXACT_TERM_LIMIT = 2_000_000
-# A model that need not prove anything, only improve on its hint, may be larger: 26M terms over
-# 24k free nodes build in 13 s and improve a 65k-node contest answer by 1.6% within 25 s.
+# A model that need not prove anything, only improve on its hint, may be larger: a relink of this
+# size builds and improves a contest answer well within a solve's time (ibid.).
 HINTED_TERM_LIMIT = 40_000_000
 
 
@@ -143,7 +144,7 @@ def _terms(fp: FlatProblem, entries: _Entries, pair_edge: np.ndarray) -> _Terms:
 
 def _build(fp: FlatProblem) -> _Model:
     """The model, written into CP-SAT's proto from index arrays: one Python step per constraint,
-    none per variable or objective term (a 65k-node, 930k-pair instance builds in seconds)."""
+    none per variable or objective term, so that the largest models the heuristic builds take seconds."""
     model = cp_model.CpModel()
     proto = model.proto
     sizes = fp.sizes()
@@ -238,8 +239,8 @@ def solve_exact(fp: FlatProblem, *, time_limit_s: float, workers: int = 1, seed:
     for reproducible runs. `progress(cost, bound, elapsed_s)` is called on each new solution.
     The search stops once (cost - bound) / cost <= `gap_limit`; `optimal` only on a proof.
     `light_presolve` (for neighbourhoods that only need to improve on their hint): one presolve
-    pass, no probing, no symmetry detection. A relink of 26k nodes on IOPDDL P presolved for
-    20 s of its 34 s that way; light, it takes 10 s and finds the same optimum."""
+    pass, no probing, no symmetry detection: a large relink otherwise spends most of its time in
+    presolve and finds the same answer (benchmarks/RESULTS.md)."""
     start = time.monotonic()
     built = _build(fp)
     if hint is not None:

@@ -8,9 +8,11 @@
    tightens the certified lower bound.
 3. Every improving relink is followed by a descent within the best solution's usages
    (`descent.py`: the memory-free problem over the strategies that use no more memory).
-4. If the best solution is still more than 1% above the bound and the whole instance is too
-   large for CP-SAT with all its rows, CP-SAT solves it under the few rows the multipliers mark
-   as binding (`Search.on_rows`); its answer is kept, or relinked when it breaks another row.
+4. If the best solution is still far above the bound (`Schedule.binding_rows_gap`) and the
+   whole instance is too large for CP-SAT with all its rows, CP-SAT solves it under the few rows
+   the multipliers mark as binding (`Search.on_rows`); its answer is kept, or relinked when it
+   breaks another row (where memory decides, the cheapest plan can differ from what the decodes
+   find in tens of thousands of nodes at once).
 5. The feasible search alternates tree moves with CP-SAT neighbourhoods: the hubs together,
    a ball around each hub, then around the most expensive edges and random seeds, always from
    the best solution, with a descent after each improvement.
@@ -76,7 +78,7 @@ _compiled = False
 def compile_kernels() -> None:
     """Compile every kernel the heuristic calls (or load it from numba's cache on disk) by solving
     a tiny instance once per process, so that no time limit pays for compilation: that takes
-    seconds the first time after an install or an upgrade, enough to leave a 10 s solve no time."""
+    seconds the first time after an install or an upgrade, enough to leave a short solve no time."""
     global _compiled
     if _compiled:
         return

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Schedule:
     # Relaxation rounds. While no row binds, every round just carries TRW-S on from warm messages,
-    # and its decodes and the tree moves that clean them up are the search (on a 3-D training step
-    # of 500k strategies a CP-SAT neighbourhood or a sweep of tree moves takes seconds and rarely
-    # finds anything): the rounds go on until a fifth of the time is left. Once memory binds (some
+    # and its decodes and the tree moves that clean them up are the search (on large training steps
+    # a CP-SAT neighbourhood or a sweep of tree moves takes seconds and rarely finds anything;
+    # benchmarks/RESULTS.md): the rounds go on until a fifth of the time is left. Once memory binds (some
     # multiplier has risen) the neighbourhoods of the feasible search matter more: until half.
     relax_until_left: float = 0.2
     relax_until_left_binding: float = 0.5

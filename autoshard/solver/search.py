@@ -19,8 +19,8 @@ from autoshard.solver.flat import FlatProblem, only_rows
 from autoshard.solver.subproblem import restrict
 
 BALL_STRATEGIES = 1500  # a CP-SAT neighbourhood of this many strategies solves in about a second
-# A model of the whole instance with this many edge variables builds in about 7 s and presolves
-# lightly in about 10 (IOPDDL P: 65k nodes, 930k pairs); the other contest instances have 2.5M-5.8M.
+# A model of the whole instance with this many edge variables builds and presolves lightly in
+# seconds; larger ones would take most of a solve's time (benchmarks/RESULTS.md).
 WHOLE_PAIR_LIMIT = 1_000_000
 
 
