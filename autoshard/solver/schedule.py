@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Schedule:
+    """The heuristic's time shares, move sizes and round counts, and its deterministic budget."""
+
     # Relaxation rounds. While no row binds, every round just carries TRW-S on from warm messages,
     # and its decodes and the tree moves that clean them up are the search (on large training steps
     # a CP-SAT neighbourhood or a sweep of tree moves takes seconds and rarely finds anything;
