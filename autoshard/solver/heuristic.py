@@ -101,7 +101,7 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
     run.solve_on_binding_rows()
     run.relink_waiting()
     run.descend_from_best()
-    run.search.reset(run.search.best_x)
+    run.search.reset(run.search.best_x)  # the neighbourhoods start from the best solution
     run.hub_neighbourhoods()
     run.random_neighbourhoods()
     return HeuristicResult(run.search.best_x.copy(), run.search.best_obj, run.bound, run.stats)
@@ -210,7 +210,7 @@ class HeuristicRun:
             if self.deterministic or time.monotonic() >= self.relink_free_from:
                 relink_start = time.monotonic()
                 self.relink(x)
-                self.relink_free_from = 2 * time.monotonic() - relink_start
+                self.relink_free_from = 2 * time.monotonic() - relink_start  # as long again without one
             elif all(x.tobytes() != y.tobytes() for _, y in self.waiting):
                 self.waiting = sorted(self.waiting + [(objective, x)],
                                       key=lambda item: item[0])[:self.schedule.waiting_decodes]
