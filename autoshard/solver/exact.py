@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 from ortools.sat.python import cp_model
@@ -30,11 +30,12 @@ from autoshard.solver.flat import FORBIDDEN, FlatProblem
 
 COEF_BUDGET = 2**50
 EXACT_PAIR_LIMIT = 400_000
-# Memory rows over long live sets are quadratic in the depth of a graph: a 96-layer training
-# step on 8 devices has 113M row terms, minutes of model building and presolve.
+# Memory rows over long live sets are quadratic in the depth of a graph: a deep training step's
+# rows take minutes of model building and presolve (benchmarks/RESULTS.md, "Where the solver's
+# limits come from").
 EXACT_TERM_LIMIT = 2_000_000
-# A model that need not prove anything, only improve on its hint, may be larger: 26M terms over
-# 24k free nodes build in 13 s and improve a 65k-node contest answer by 1.6% within 25 s.
+# A model that need not prove anything, only improve on its hint, may be larger: a relink of this
+# size builds and improves a contest answer well within a solve's time (ibid.).
 HINTED_TERM_LIMIT = 40_000_000
 
 
@@ -92,27 +93,40 @@ def _ranges(counts: np.ndarray) -> np.ndarray:
     return np.arange(int(counts.sum())) - starts
 
 
-def _build(fp: FlatProblem) -> _Model:
-    """The model, written into CP-SAT's proto from index arrays: one Python step per constraint,
-    none per variable or objective term (a 65k-node, 930k-pair instance builds in seconds)."""
-    model = cp_model.CpModel()
-    proto = model.proto
+class _Entries(NamedTuple):
+    """Every entry of every edge matrix: its edge and the strategies (indices into fp.cost) it pairs."""
+    edge: np.ndarray
+    first: np.ndarray
+    second: np.ndarray
+
+
+class _Terms(NamedTuple):
+    """The objective's terms above each node's and edge's least allowed cost."""
+    allowed: np.ndarray     # bool[S]: the strategy is allowed (its node's all are when none is)
+    node_term: np.ndarray   # float64[S]
+    entry_term: np.ndarray  # float64[M]
+    is_pair: np.ndarray     # bool[M]: the entry gets a pair variable
+    offset: float           # the least costs, summed
+    scale: int
+
+
+def _entries(fp: FlatProblem) -> _Entries:
     sizes = fp.sizes()
-    movable = sizes > 1
+    edge = np.repeat(np.arange(fp.m), np.diff(fp.moff))
+    row, col = np.divmod(np.arange(len(fp.mat)) - fp.moff[edge], sizes[fp.ev][edge])
+    return _Entries(edge, fp.soff[fp.eu][edge] + row, fp.soff[fp.ev][edge] + col)
+
+
+def _terms(fp: FlatProblem, entries: _Entries, pair_edge: np.ndarray) -> _Terms:
+    """Costs as the model's terms: an edge to a node with one strategy (not `pair_edge`) is a cost
+    on its other node; each node's and pair edge's least allowed cost moves into the offset."""
+    sizes = fp.sizes()
     node_of = np.repeat(np.arange(fp.n), sizes)
-    # Every entry of every edge matrix: its edge and the strategies it pairs.
-    entry_edge = np.repeat(np.arange(fp.m), np.diff(fp.moff))
-    row, col = np.divmod(np.arange(len(fp.mat)) - fp.moff[entry_edge], sizes[fp.ev][entry_edge])
-    first = fp.soff[fp.eu][entry_edge] + row
-    second = fp.soff[fp.ev][entry_edge] + col
-    # An edge to a node with one strategy is a cost on its other node.
-    pair_edge = movable[fp.eu] & movable[fp.ev]
-    folded = ~pair_edge[entry_edge]
+    folded = ~pair_edge[entries.edge]
     unary = fp.cost.copy()
-    onto = np.where((sizes[fp.eu] == 1)[entry_edge], second, first)
+    onto = np.where((sizes[fp.eu] == 1)[entries.edge], entries.second, entries.first)
     np.add.at(unary, onto[folded], fp.mat[folded])
     unary = np.minimum(unary, FORBIDDEN)
-    # Each edge's and node's least allowed cost moves into the offset.
     allowed_entry = fp.mat < FORBIDDEN
     edge_low = _segment_min(np.where(allowed_entry, fp.mat, np.inf), fp.moff)
     edge_low = np.where(np.isfinite(edge_low) & pair_edge, edge_low, 0.0)
@@ -121,28 +135,57 @@ def _build(fp: FlatProblem) -> _Model:
     node_low = _segment_min(np.where(allowed, unary, np.inf), fp.soff)
     offset = float(node_low.sum() + edge_low.sum())
     node_term = unary - node_low[node_of]
-    entry_term = fp.mat - edge_low[entry_edge]
-    is_pair = pair_edge[entry_edge] & allowed_entry
+    entry_term = fp.mat - edge_low[entries.edge]
+    is_pair = pair_edge[entries.edge] & allowed_entry
     most = np.maximum.reduceat(np.where(allowed, node_term, 0.0), fp.soff[:-1]).sum() if fp.n else 0.0
     most += np.maximum.reduceat(np.where(is_pair, entry_term, 0.0), fp.moff[:-1]).sum() if fp.m else 0.0
-    scale = max(1, math.ceil(float(most) / COEF_BUDGET))
+    return _Terms(allowed, node_term, entry_term, is_pair, offset, max(1, math.ceil(float(most) / COEF_BUDGET)))
 
+
+def _build(fp: FlatProblem) -> _Model:
+    """The model, written into CP-SAT's proto from index arrays: one Python step per constraint,
+    none per variable or objective term, so that the largest models the heuristic builds take seconds."""
+    model = cp_model.CpModel()
+    proto = model.proto
+    sizes = fp.sizes()
+    movable = sizes > 1
+    node_of = np.repeat(np.arange(fp.n), sizes)
+    entries = _entries(fp)
+    pair_edge = movable[fp.eu] & movable[fp.ev]
+    terms = _terms(fp, entries, pair_edge)
     # Variables: the strategies of nodes with a choice (a forbidden one fixed at 0), then the pairs.
     x_var = np.full(len(fp.cost), -1, dtype=np.int64)
     x_var[movable[node_of]] = np.arange(int(movable[node_of].sum()))
-    for fixed in (~allowed[x_var >= 0]).tolist():
+    for fixed in (~terms.allowed[x_var >= 0]).tolist():
         proto.variables.add().domain.extend((0, 0) if fixed else (0, 1))
-    pairs = np.flatnonzero(is_pair)
+    pairs = np.flatnonzero(terms.is_pair)
     pair_var = len(np.flatnonzero(x_var >= 0)) + np.arange(len(pairs))
     for _ in range(len(pairs)):
         proto.variables.add().domain.extend((0, 1))
     for v in np.flatnonzero(movable).tolist():
         proto.constraints.add().exactly_one.literals.extend(x_var[fp.soff[v]:fp.soff[v + 1]].tolist())
-    # Marginals: the pairs of an edge with strategy s at one end sum to that end's x[s] (no
-    # allowed pair with s: x[s] = 0).
+    _add_marginals(model, fp, entries, pair_edge, pairs, pair_var, x_var)
+    if fp.num_rows:
+        _add_memory_rows(model, fp, x_var)
+    coefs = np.concatenate([np.where(terms.allowed, terms.node_term, 0.0)[x_var >= 0],
+                            terms.entry_term[pairs]]) // terms.scale
+    variables = np.concatenate([x_var[x_var >= 0], pair_var])
+    nonzero = coefs > 0
+    proto.objective.vars.extend(variables[nonzero].tolist())
+    proto.objective.coeffs.extend(coefs[nonzero].astype(np.int64).tolist())
+    proto.objective.offset = terms.offset / terms.scale
+    return _Model(model, x_var, pair_var, entries.first[pairs], entries.second[pairs], terms.scale)
+
+
+def _add_marginals(model: cp_model.CpModel, fp: FlatProblem, entries: _Entries, pair_edge: np.ndarray,
+                   pairs: np.ndarray, pair_var: np.ndarray, x_var: np.ndarray) -> None:
+    """The pairs of an edge with strategy s at one end sum to that end's x[s] (no allowed pair
+    with s: x[s] = 0)."""
+    proto = model.proto
+    sizes = fp.sizes()
     edges = np.flatnonzero(pair_edge)
-    for side, end_node in ((first, fp.eu), (second, fp.ev)):
-        code = entry_edge[pairs] * len(fp.cost) + side[pairs]
+    for side, end_node in ((entries.first, fp.eu), (entries.second, fp.ev)):
+        code = entries.edge[pairs] * len(fp.cost) + side[pairs]
         order = np.argsort(code, kind="stable")
         node = end_node[edges]
         strategy = np.repeat(fp.soff[node], sizes[node]) + _ranges(sizes[node])
@@ -155,15 +198,6 @@ def _build(fp: FlatProblem) -> _Model:
             linear.vars.extend(summed[a:b] + [s])
             linear.coeffs.extend([1] * (b - a) + [-1])
             linear.domain.extend((0, 0))
-    if fp.num_rows:
-        _add_memory_rows(model, fp, x_var)
-    coefs = np.concatenate([np.where(allowed, node_term, 0.0)[x_var >= 0], entry_term[pairs]]) // scale
-    variables = np.concatenate([x_var[x_var >= 0], pair_var])
-    nonzero = coefs > 0
-    proto.objective.vars.extend(variables[nonzero].tolist())
-    proto.objective.coeffs.extend(coefs[nonzero].astype(np.int64).tolist())
-    proto.objective.offset = offset / scale
-    return _Model(model, x_var, pair_var, first[pairs], second[pairs], scale)
 
 
 def _add_memory_rows(model: cp_model.CpModel, fp: FlatProblem, var_of: np.ndarray) -> None:
@@ -205,8 +239,8 @@ def solve_exact(fp: FlatProblem, *, time_limit_s: float, workers: int = 1, seed:
     for reproducible runs. `progress(cost, bound, elapsed_s)` is called on each new solution.
     The search stops once (cost - bound) / cost <= `gap_limit`; `optimal` only on a proof.
     `light_presolve` (for neighbourhoods that only need to improve on their hint): one presolve
-    pass, no probing, no symmetry detection. A relink of 26k nodes on IOPDDL P presolved for
-    20 s of its 34 s that way; light, it takes 10 s and finds the same optimum."""
+    pass, no probing, no symmetry detection: a large relink otherwise spends most of its time in
+    presolve and finds the same answer (benchmarks/RESULTS.md)."""
     start = time.monotonic()
     built = _build(fp)
     if hint is not None:

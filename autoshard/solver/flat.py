@@ -20,12 +20,32 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 
 from autoshard.solver.problem import FORBIDDEN_COST, Problem
 
 FORBIDDEN = float(FORBIDDEN_COST)
+
+
+class FlatArrays(NamedTuple):
+    """A FlatProblem's arrays (see its fields) as one record that compiled kernels take as an argument."""
+    soff: np.ndarray
+    cost: np.ndarray
+    use: np.ndarray
+    eu: np.ndarray
+    ev: np.ndarray
+    moff: np.ndarray
+    mat: np.ndarray
+    aoff: np.ndarray
+    anbr: np.ndarray
+    aedge: np.ndarray
+    arow: np.ndarray
+    r0: np.ndarray
+    r1: np.ndarray
+    cap: np.ndarray
 
 
 @dataclass(frozen=True, eq=False)
@@ -58,6 +78,12 @@ class FlatProblem:
 
     def sizes(self) -> np.ndarray:
         return np.diff(self.soff)
+
+    @cached_property
+    def arrays(self) -> FlatArrays:
+        """The arrays for the compiled kernels, built once."""
+        return FlatArrays(self.soff, self.cost, self.use, self.eu, self.ev, self.moff, self.mat, self.aoff,
+                          self.anbr, self.aedge, self.arow, self.r0, self.r1, self.cap)
 
     def to_original(self, x: np.ndarray) -> np.ndarray:
         """Original strategy indices of a solution in kept-strategy indices."""

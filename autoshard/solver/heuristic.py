@@ -8,20 +8,24 @@
    tightens the certified lower bound.
 3. Every improving relink is followed by a descent within the best solution's usages
    (`descent.py`: the memory-free problem over the strategies that use no more memory).
-4. If the best solution is still more than 1% above the bound and the whole instance is too
-   large for CP-SAT with all its rows, CP-SAT solves it under the few rows the multipliers mark
-   as binding (`Search.on_rows`); its answer is kept, or relinked when it breaks another row.
+4. If the best solution is still far above the bound (`Schedule.binding_rows_gap`) and the
+   whole instance is too large for CP-SAT with all its rows, CP-SAT solves it under the few rows
+   the multipliers mark as binding (`Search.on_rows`); its answer is kept, or relinked when it
+   breaks another row (where memory decides, the cheapest plan can differ from what the decodes
+   find in tens of thousands of nodes at once).
 5. The feasible search alternates tree moves with CP-SAT neighbourhoods: the hubs together,
    a ball around each hub, then around the most expensive edges and random seeds, always from
    the best solution, with a descent after each improvement.
+
+`HeuristicRun` has one method per phase; `schedule.py` says how the time is shared among them.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -31,11 +35,13 @@ from autoshard.solver.exact import model_fits
 from autoshard.solver.flat import FORBIDDEN, FlatProblem, flatten
 from autoshard.solver.lagrange import Relaxation, StepLength
 from autoshard.solver.problem import Problem, within_gap
+from autoshard.solver.schedule import SCHEDULE, Schedule
 from autoshard.solver.search import BALL_STRATEGIES, Search
 
 Progress = Callable[[str, float, float, float], None]  # (phase, cost, bound, elapsed_s)
-BINDING_ROWS = 16  # memory rows kept by the whole-instance CP-SAT model (`solve_on_binding_rows`)
-BINDING_ROWS_GAP = 0.01  # ... which runs when the certified gap is larger (and the full model too large)
+# Edge costs above this count as this much when drawing an expensive edge (forbidden pairs would
+# take every draw).
+EXPENSIVE_EDGE_CAP = 1e15
 
 
 @dataclass(frozen=True)
@@ -56,15 +62,13 @@ def smallest_usage(fp: FlatProblem) -> np.ndarray:
     return x
 
 
-def _penalised_cleanup(fp: FlatProblem, x: np.ndarray, pen: np.ndarray, moves: int, seed: int) -> None:
+def _penalised_cleanup(fp: FlatProblem, x: np.ndarray, pen: np.ndarray, moves: int, seed: int, kmax: int) -> None:
     """Tree moves on cost + pen * use, memory ignored (x updated in place)."""
     node_of = np.repeat(np.arange(fp.n), fp.sizes())
     cost = fp.cost + pen[node_of] * fp.use
-    mx, lz = kernels.seg_tree(np.zeros(1, dtype=np.int64))
     best = x.copy()
-    kernels.block_moves(moves, 8, 0.0, x, best, math.inf, fp.soff, cost, fp.use, fp.eu, fp.ev, fp.moff, fp.mat,
-                        fp.aoff, fp.anbr, fp.aedge, fp.arow, fp.r0, fp.r1, mx, lz, 0, np.zeros(fp.n), 0.0,
-                        fp.sizes() > 1, seed)
+    kernels.block_moves(fp.arrays._replace(cost=cost), kernels.ignore_memory(fp.n), x, best, math.inf,
+                        num_moves=moves, kmax=kmax, temperature=0.0, movable=fp.sizes() > 1, seed=seed)
     x[:] = best
 
 
@@ -74,7 +78,7 @@ _compiled = False
 def compile_kernels() -> None:
     """Compile every kernel the heuristic calls (or load it from numba's cache on disk) by solving
     a tiny instance once per process, so that no time limit pays for compilation: that takes
-    seconds the first time after an install or an upgrade, enough to leave a 10 s solve no time."""
+    seconds the first time after an install or an upgrade, enough to leave a short solve no time."""
     global _compiled
     if _compiled:
         return
@@ -88,197 +92,250 @@ def compile_kernels() -> None:
 
 def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: np.ndarray | None = None,
                   progress: Progress | None = None, deterministic: bool = False,
-                  gap_limit: float = 0.0, workers: int = 1) -> HeuristicResult:
-    start = time.monotonic()
-    deadline = start + time_limit_s
-    stats: dict = {"relaxation_rounds": 0, "feasible_decodes": 0, "relinks": 0, "relinks_improving": 0,
-                   "descents": 0, "descents_improving": 0, "binding_rows": "not run", "tree_moves": 0, "lns": 0,
-                   "lns_improving": 0}
-    x0 = smallest_usage(fp)
-    if hint is not None and fp.fits(hint) and fp.objective(hint) < fp.objective(x0):
-        x0 = np.asarray(hint, dtype=np.int64)
-    search = Search(fp, x0, seed)
-    relaxation = Relaxation(fp)
-    spans = (fp.r1 - fp.r0)[fp.r1 > fp.r0]
-    unit = search.pen_unit / max(float(spans.mean()) if len(spans) else 1.0, 1.0) * 0.01
-    bound = -math.inf
-    rounds = 12 if deterministic else None
-    moves = max(2000, 2 * fp.n)
+                  gap_limit: float = 0.0, workers: int = 1, schedule: Schedule = SCHEDULE) -> HeuristicResult:
+    """The best solution the phases find in `time_limit_s` (in the schedule's fixed work when
+    `deterministic`), with the certified bound of the relaxation and CP-SAT."""
+    run = HeuristicRun(fp, time_limit_s=time_limit_s, seed=seed, hint=hint, progress=progress,
+                       deterministic=deterministic, gap_limit=gap_limit, workers=workers, schedule=schedule)
+    run.relax()
+    run.solve_on_binding_rows()
+    run.relink_waiting()
+    run.descend_from_best()
+    run.search.reset(run.search.best_x)  # the neighbourhoods start from the best solution
+    run.hub_neighbourhoods()
+    run.random_neighbourhoods()
+    return HeuristicResult(run.search.best_x.copy(), run.search.best_obj, run.bound, run.stats)
 
-    def report(phase: str) -> None:
-        if progress is not None:
-            progress(phase, search.best_obj, bound, time.monotonic() - start)
 
-    def time_left() -> float:
-        return deadline - time.monotonic()
+class HeuristicRun:
+    """One run of the heuristic: the feasible search, the relaxation, the certified bound and
+    the clock they share, with one method per phase."""
 
-    def proved_optimal() -> bool:
-        return within_gap(search.best_obj, bound, gap_limit) and fp.fits(search.best_x)
+    def __init__(self, fp: FlatProblem, *, time_limit_s: float, seed: int, hint: np.ndarray | None,
+                 progress: Progress | None, deterministic: bool, gap_limit: float, workers: int,
+                 schedule: Schedule):
+        self.fp = fp
+        self.schedule = schedule
+        self.start = time.monotonic()
+        self.time_limit_s = time_limit_s
+        self.deadline = self.start + time_limit_s
+        self.seed = seed
+        self.progress = progress
+        self.deterministic = deterministic
+        self.gap_limit = gap_limit
+        self.workers = workers
+        self.stats: dict = {"relaxation_rounds": 0, "feasible_decodes": 0, "relinks": 0, "relinks_improving": 0,
+                            "descents": 0, "descents_improving": 0, "binding_rows": "not run", "tree_moves": 0,
+                            "lns": 0, "lns_improving": 0}
+        x0 = smallest_usage(fp)
+        if hint is not None and fp.fits(hint) and fp.objective(hint) < fp.objective(x0):
+            x0 = np.asarray(hint, dtype=np.int64)
+        self.search = Search(fp, x0, seed)
+        self.relaxation = Relaxation(fp)
+        self.bound = -math.inf
+        self.moves = max(schedule.tree_moves, schedule.tree_moves_per_node * fp.n)  # per sweep of tree moves
+        self.relinked: set[bytes] = set()
+        self.waiting: list[tuple[float, np.ndarray]] = []  # cheap decodes not relinked yet, cheapest first
+        self.relink_free_from = self.start  # no relink in the rounds before (see `Schedule.relink_share`)
+        self.descent_s = 0.0  # the last descent's time
 
-    def slack_of(x: np.ndarray) -> np.ndarray:
-        return kernels.row_slack(fp.soff, fp.use, fp.r0, fp.r1, fp.cap, x)
+    def time_left(self) -> float:
+        return self.deadline - time.monotonic()
 
-    relinked: set[bytes] = set()
-    waiting: list[tuple[float, np.ndarray]] = []  # cheap decodes not relinked yet, cheapest first
+    def report(self, phase: str) -> None:
+        if self.progress is not None:
+            self.progress(phase, self.search.best_obj, self.bound, time.monotonic() - self.start)
 
-    descent_s = 0.0
+    def proved_optimal(self) -> bool:
+        return within_gap(self.search.best_obj, self.bound, self.gap_limit) and self.fp.fits(self.search.best_x)
 
-    def descend_from_best() -> None:
-        """The descent within the best solution's usages, when there is time for it."""
-        nonlocal descent_s
-        if fp.num_rows == 0 or (rounds is None and time_left() < 2 * descent_s):
-            return
-        descent_start = time.monotonic()
-        y = descend(fp, search.best_x, seed)
-        descent_s = time.monotonic() - descent_start
-        stats["descents"] += 1
-        if fp.objective(y) < search.best_obj:
-            stats["descents_improving"] += 1
-            search.reset(y)
+    def slack_of(self, x: np.ndarray) -> np.ndarray:
+        return kernels.row_slack(self.fp.arrays, x)
 
-    def relink(x: np.ndarray, share: float = 0.3) -> None:
-        relinked.add(x.tobytes())
-        change = search.relink(x, max(1.0, share * time_left()), workers,
-                               deterministic_time=5.0 if deterministic else None)
-        stats["relinks"] += int(change is not None)
-        stats["relinks_improving"] += int(bool(change))
-        if change:
-            descend_from_best()
-
-    def solve_on_binding_rows() -> float:
-        """CP-SAT over the whole instance with only the rows of the largest multipliers (the ones
-        the relaxation found binding), when that model is small enough (the full model, when it
-        is, is solved by `solve` after the heuristic); an answer that breaks another row is
-        relinked with the best. Returns the model's lower bound. Where memory decides, the
-        cheapest plan can differ from what the decodes find in tens of thousands of nodes at
-        once: on IOPDDL P one row suffices to reach the optimum from 1.6% above it."""
-        top = np.argsort(-relaxation.lam, kind="stable")[:BINDING_ROWS]
-        keep = np.zeros(fp.num_rows, dtype=bool)
-        keep[top[relaxation.lam[top] > 0]] = True
-        if not keep.any():
-            return -math.inf
-        result = search.on_rows(keep, 0.75 * time_left(), workers,
-                                deterministic_time=10.0 if deterministic else None)
-        if result is None:
-            return -math.inf
-        stats["binding_rows"] = f"{int(keep.sum())} rows: {result.status} in {result.wall_s:.1f} s"
-        if result.x is None:  # nothing in time (infeasible it cannot be: the best fits every row)
-            return -math.inf
-        y = result.x
-        if fp.objective(y) < search.best_obj:
-            if fp.fits(y):
-                search.reset(y)
-                descend_from_best()
+    def relax(self) -> None:
+        """Relax-and-decode rounds: TRW-S under the multipliers decodes, tree moves clean up, the
+        decode seeds the search or is relinked with the best, then the multipliers move."""
+        fp, schedule, relaxation, search = self.fp, self.schedule, self.relaxation, self.search
+        spans = (fp.r1 - fp.r0)[fp.r1 > fp.r0]
+        unit = search.pen_unit / max(float(spans.mean()) if len(spans) else 1.0, 1.0) * schedule.first_multiplier
+        step = StepLength(relaxation)
+        stepping = False
+        rounds_without_better = 0
+        round_no = 0
+        memory_binds = False
+        while self._relaxing(round_no, memory_binds) and not self.proved_optimal():
+            round_no += 1
+            best_before = search.best_obj
+            x = relaxation.run(schedule.passes_stepping if stepping else schedule.passes)
+            round_bound = relaxation.bound()
+            self.bound = max(self.bound, round_bound)
+            subgradient = self.slack_of(x)
+            _penalised_cleanup(fp, x, relaxation.penalties(), self.moves, self.seed + round_no, schedule.cleanup_block)
+            slack = self.slack_of(x)
+            self.stats["relaxation_rounds"] += 1
+            self._take_decode(x, slack, memory_binds)
+            if search.best_obj < best_before:
+                rounds_without_better = 0
+            stepping = stepping or (search.best_obj < FORBIDDEN and rounds_without_better >= schedule.stepping_after)
+            if stepping:
+                relaxation.step_towards(subgradient, round_bound, search.best_obj,
+                                        step.after(round_bound, search.best_obj))
+            elif np.all(slack <= 0):
+                relaxation.relax_loose(slack)
             else:
-                relink(y, share=0.6)
-        return result.bound
+                relaxation.raise_on(slack, unit)
+            rounds_without_better += 1
+            memory_binds = memory_binds or bool(relaxation.lam.any())
+            self.report("relax")
 
-    # Relax-and-decode rounds, about half of the time once memory binds (some multiplier has
-    # risen), four fifths until then: while no row binds, every round just carries TRW-S on from
-    # warm messages, and its decodes and the tree moves that clean them up are the search (on a
-    # 3-D training step of 500k strategies a CP-SAT neighbourhood or a sweep of tree moves takes
-    # seconds and rarely finds anything).
-    # Doubling the multipliers of overloaded rows finds fitting decodes fast; once it stops finding
-    # better ones, Polyak steps take over for good (stepping towards a cost far above the optimum
-    # makes them oscillate).
-    step = StepLength(relaxation)
-    stepping = False
-    rounds_without_better = 0
-    relink_free_from = start  # relinking takes at most about half of the rounds' time
-    round_no = 0
-    memory_binds = False
-    while ((rounds is None and time_left() > (0.5 if memory_binds else 0.2) * time_limit_s)
-           or (rounds is not None and round_no < rounds)) and not proved_optimal():
-        round_no += 1
-        best_before = search.best_obj
-        x = relaxation.run(5 if stepping else 10)
-        round_bound = relaxation.bound()
-        bound = max(bound, round_bound)
-        subgradient = slack_of(x)
-        _penalised_cleanup(fp, x, relaxation.penalties(), moves, seed + round_no)
-        slack = slack_of(x)
-        stats["relaxation_rounds"] += 1
-        objective = fp.objective(x)
+    def _relaxing(self, round_no: int, memory_binds: bool) -> bool:
+        if self.deterministic:
+            return round_no < self.schedule.deterministic_rounds
+        left = self.schedule.relax_until_left_binding if memory_binds else self.schedule.relax_until_left
+        return self.time_left() > left * self.time_limit_s
+
+    def _take_decode(self, x: np.ndarray, slack: np.ndarray, memory_binds: bool) -> None:
+        """A decode that fits and is cheaper becomes the search's (with tree moves on the true costs
+        once memory binds: before, the clean-up's moves were these, on the same costs); one that is
+        cheaper but does not fit is relinked with the best, or waits while relinking has had its share."""
+        search, objective = self.search, self.fp.objective(x)
         if np.all(slack <= 0):
-            stats["feasible_decodes"] += 1
+            self.stats["feasible_decodes"] += 1
             if objective < search.best_obj:
                 search.reset(x)
-                if memory_binds:  # else the clean-up's moves were these, on the same costs
-                    search.tree_moves(moves, 16)
-                    stats["tree_moves"] += moves
-        elif objective < search.best_obj < FORBIDDEN and x.tobytes() not in relinked:
-            if rounds is not None or time.monotonic() >= relink_free_from:
+                if memory_binds:
+                    search.tree_moves(self.moves, self.schedule.tree_block)
+                    self.stats["tree_moves"] += self.moves
+        elif objective < search.best_obj < FORBIDDEN and x.tobytes() not in self.relinked:
+            if self.deterministic or time.monotonic() >= self.relink_free_from:
                 relink_start = time.monotonic()
-                relink(x)
-                relink_free_from = 2 * time.monotonic() - relink_start
-            elif all(x.tobytes() != y.tobytes() for _, y in waiting):
-                waiting = sorted(waiting + [(objective, x)], key=lambda item: item[0])[:4]
-        if search.best_obj < best_before:
-            rounds_without_better = 0
-        stepping = stepping or (search.best_obj < FORBIDDEN and rounds_without_better >= 20)
-        if stepping:
-            relaxation.step_towards(subgradient, round_bound, search.best_obj, step.after(round_bound, search.best_obj))
-        elif np.all(slack <= 0):
-            relaxation.relax_loose(slack)
-        else:
-            relaxation.raise_on(slack, unit)
-        rounds_without_better += 1
-        memory_binds = memory_binds or bool(relaxation.lam.any())
-        report("relax")
-    # Improve the best solution: CP-SAT under the binding rows, the cheapest decodes that had to
-    # wait, a descent within its usages, then CP-SAT neighbourhoods around the hubs, then tree
-    # moves and neighbourhoods around expensive edges and random nodes.
-    if fp.fits(search.best_x) and not within_gap(search.best_obj, bound, BINDING_ROWS_GAP) and not model_fits(fp):
-        bound = max(bound, solve_on_binding_rows())
-    for objective, x in waiting:
-        if rounds is None and time_left() < 0.25 * time_limit_s:
-            break
-        if objective < search.best_obj and x.tobytes() not in relinked:
-            relink(x)
-    descend_from_best()
-    search.reset(search.best_x)
-    ball_size = 120
+                self.relink(x)
+                self.relink_free_from = 2 * time.monotonic() - relink_start  # as long again without one
+            elif all(x.tobytes() != y.tobytes() for _, y in self.waiting):
+                self.waiting = sorted(self.waiting + [(objective, x)],
+                                      key=lambda item: item[0])[:self.schedule.waiting_decodes]
 
-    def neighbourhood(nodes: np.ndarray) -> float:
+    def relink(self, x: np.ndarray, share: float | None = None) -> None:
+        """CP-SAT over the nodes where x and the best solution differ (`Search.relink`), then a
+        descent if that improved the best."""
+        schedule = self.schedule
+        self.relinked.add(x.tobytes())
+        share = schedule.relink_share if share is None else share
+        change = self.search.relink(x, max(schedule.relink_min_s, share * self.time_left()), self.workers,
+                                    deterministic_time=schedule.relink_work if self.deterministic else None)
+        self.stats["relinks"] += int(change is not None)
+        self.stats["relinks_improving"] += int(bool(change))
+        if change:
+            self.descend_from_best()
+
+    def relink_waiting(self) -> None:
+        """The decodes that waited during the rounds, cheapest first, while time is left."""
+        for objective, x in self.waiting:
+            if not self.deterministic and self.time_left() < self.schedule.waiting_until_left * self.time_limit_s:
+                break
+            if objective < self.search.best_obj and x.tobytes() not in self.relinked:
+                self.relink(x)
+
+    def descend_from_best(self) -> None:
+        """The descent within the best solution's usages (`descent.py`), when there is time for it."""
+        if self.fp.num_rows == 0 or (not self.deterministic
+                                     and self.time_left() < self.schedule.descent_margin * self.descent_s):
+            return
+        descent_start = time.monotonic()
+        y = descend(self.fp, self.search.best_x, self.seed)
+        self.descent_s = time.monotonic() - descent_start
+        self.stats["descents"] += 1
+        if self.fp.objective(y) < self.search.best_obj:
+            self.stats["descents_improving"] += 1
+            self.search.reset(y)
+
+    def solve_on_binding_rows(self) -> None:
+        """CP-SAT over the whole instance with only the rows of the largest multipliers (the ones
+        the relaxation found binding), when the best fits but is not within `binding_rows_gap` of
+        the bound, and the full model (solved by `solve` after the heuristic when it is small
+        enough) is too large; an answer that breaks another row is relinked with the best. Where
+        memory decides, the cheapest plan can differ from what the decodes find in tens of
+        thousands of nodes at once."""
+        fp, schedule, search = self.fp, self.schedule, self.search
+        if not fp.fits(search.best_x) or within_gap(search.best_obj, self.bound, schedule.binding_rows_gap) \
+                or model_fits(fp):
+            return
+        lam = self.relaxation.lam
+        top = np.argsort(-lam, kind="stable")[:schedule.binding_rows]
+        keep = np.zeros(fp.num_rows, dtype=bool)
+        keep[top[lam[top] > 0]] = True
+        if not keep.any():
+            return
+        result = search.on_rows(keep, schedule.binding_rows_share * self.time_left(), self.workers,
+                                deterministic_time=schedule.binding_rows_work if self.deterministic else None)
+        if result is None:
+            return
+        self.stats["binding_rows"] = f"{int(keep.sum())} rows: {result.status} in {result.wall_s:.1f} s"
+        if result.x is None:  # nothing in time (infeasible it cannot be: the best fits every row)
+            return
+        if fp.objective(result.x) < search.best_obj:
+            if fp.fits(result.x):
+                search.reset(result.x)
+                self.descend_from_best()
+            else:
+                self.relink(result.x, share=schedule.binding_relink_share)
+        self.bound = max(self.bound, result.bound)
+
+    def neighbourhood(self, nodes: np.ndarray) -> float:
         """One CP-SAT neighbourhood of the best solution, a descent after an improvement; returns
         the seconds it took."""
+        schedule = self.schedule
         lns_start = time.monotonic()
-        budget = min(2.0, max(0.05, time_left() - 0.1)) if rounds is None else 10.0
-        change = search.lns(nodes, budget, deterministic_time=1.0 if deterministic else None)
-        stats["lns"] += 1
-        stats["lns_improving"] += int(change < 0)
+        if self.deterministic:
+            budget = schedule.lns_deterministic_limit_s
+        else:
+            budget = min(schedule.lns_max_s, max(schedule.lns_min_s, self.time_left() - schedule.lns_reserve_s))
+        change = self.search.lns(nodes, budget, deterministic_time=schedule.lns_work if self.deterministic else None)
+        self.stats["lns"] += 1
+        self.stats["lns_improving"] += int(change < 0)
         if change < 0:
-            descend_from_best()  # leaves the search at the best solution, as the improving LNS did
-        report("improve")
+            self.descend_from_best()  # leaves the search at the best solution, as the improving LNS did
+        self.report("improve")
         return time.monotonic() - lns_start
 
-    def around_hubs():
+    def _time_for(self, last_s: float) -> bool:
+        """Whether another step that may take as long as the last (`last_s`) fits in the time left."""
+        return self.time_left() >= self.schedule.stop_margin_s + self.schedule.stop_factor * last_s
+
+    def hub_neighbourhoods(self) -> None:
         """Tree moves never move a hub: all hubs at once, then a ball around each, those whose
         neighbours all fit in one first (turning a hub with all of them is a move nothing else makes)."""
-        hubs = _hubs(fp)
-        if len(hubs) > 1:
-            yield hubs[np.cumsum(fp.sizes()[hubs]) <= BALL_STRATEGIES]
-        degree = np.diff(fp.aoff)
-        for hub in sorted(hubs.tolist(), key=lambda hub: bool(degree[hub] >= ball_size)):
-            yield search.ball(hub, ball_size)
+        lns_s = 0.0
+        for nodes in self._around_hubs():
+            if (not self.deterministic and not self._time_for(lns_s)) or self.proved_optimal():
+                break
+            lns_s = self.neighbourhood(nodes)
 
-    lns_s = 0.0
-    for nodes in around_hubs():
-        if (rounds is None and time_left() < 0.2 + 1.5 * lns_s) or proved_optimal():
-            break
-        lns_s = neighbourhood(nodes)
-    # Then tree moves and balls around the most expensive edges and random nodes, in turns.
-    lns_rounds = 0
-    round_s = 0.0
-    while ((rounds is None and time_left() > 0.2 + 1.5 * round_s) or (rounds is not None and lns_rounds < rounds)) \
-            and not proved_optimal():
-        lns_rounds += 1
-        round_start = time.monotonic()
-        search.tree_moves(moves, 16)
-        stats["tree_moves"] += moves
-        neighbourhood(search.ball(_expensive_node(fp, search.x, search.rng), ball_size))
-        round_s = time.monotonic() - round_start
-    return HeuristicResult(search.best_x.copy(), search.best_obj, bound, stats)
+    def _around_hubs(self) -> Iterator[np.ndarray]:
+        hubs = _hubs(self.fp)
+        if len(hubs) > 1:
+            yield hubs[np.cumsum(self.fp.sizes()[hubs]) <= BALL_STRATEGIES]
+        degree = np.diff(self.fp.aoff)
+        ball_size = self.schedule.ball_size
+        for hub in sorted(hubs.tolist(), key=lambda hub: bool(degree[hub] >= ball_size)):
+            yield self.search.ball(hub, ball_size)
+
+    def random_neighbourhoods(self) -> None:
+        """Rounds of tree moves and a ball around an expensive edge or a random node, in turns."""
+        schedule, search = self.schedule, self.search
+        lns_rounds = 0
+        round_s = 0.0
+        while self._another_round(lns_rounds, round_s) and not self.proved_optimal():
+            lns_rounds += 1
+            round_start = time.monotonic()
+            search.tree_moves(self.moves, schedule.tree_block)
+            self.stats["tree_moves"] += self.moves
+            centre = _expensive_node(self.fp, search.x, search.rng, schedule.random_centre)
+            self.neighbourhood(search.ball(centre, schedule.ball_size))
+            round_s = time.monotonic() - round_start
+
+    def _another_round(self, rounds: int, last_s: float) -> bool:
+        return rounds < self.schedule.deterministic_rounds if self.deterministic else self._time_for(last_s)
 
 
 def _hubs(fp: FlatProblem) -> np.ndarray:
@@ -289,14 +346,15 @@ def _hubs(fp: FlatProblem) -> np.ndarray:
     return hubs[np.argsort(-degree[hubs], kind="stable")]
 
 
-def _expensive_node(fp: FlatProblem, x: np.ndarray, rng: np.random.Generator) -> int:
-    """An endpoint of an edge drawn with probability proportional to its current cost (random if none)."""
+def _expensive_node(fp: FlatProblem, x: np.ndarray, rng: np.random.Generator, random_share: float) -> int:
+    """An endpoint of an edge drawn with probability proportional to its current cost; a random
+    movable node with probability `random_share` or when no edge costs anything."""
     movable = np.flatnonzero(fp.sizes() > 1)
-    if fp.m == 0 or rng.random() < 0.3:
+    if fp.m == 0 or rng.random() < random_share:
         return int(rng.choice(movable)) if len(movable) else 0
     sizes = fp.sizes()
     current = fp.mat[fp.moff[:-1] + x[fp.eu] * sizes[fp.ev] + x[fp.ev]]
-    weights = np.minimum(current, 1e15)
+    weights = np.minimum(current, EXPENSIVE_EDGE_CAP)
     total = weights.sum()
     if total <= 0:
         return int(rng.choice(movable))

@@ -19,8 +19,8 @@ from autoshard.solver.flat import FlatProblem, only_rows
 from autoshard.solver.subproblem import restrict
 
 BALL_STRATEGIES = 1500  # a CP-SAT neighbourhood of this many strategies solves in about a second
-# A model of the whole instance with this many edge variables builds in about 7 s and presolves
-# lightly in about 10 (IOPDDL P: 65k nodes, 930k pairs); the other contest instances have 2.5M-5.8M.
+# A model of the whole instance with this many edge variables builds and presolves lightly in
+# seconds; larger ones would take most of a solve's time (benchmarks/RESULTS.md).
 WHOLE_PAIR_LIMIT = 1_000_000
 
 
@@ -50,7 +50,7 @@ class Search:
         """Continue from x (which must fit in memory)."""
         fp = self.fp
         self.x = np.asarray(x, dtype=np.int64).copy()
-        slack = kernels.row_slack(fp.soff, fp.use, fp.r0, fp.r1, fp.cap, self.x)
+        slack = kernels.row_slack(fp.arrays, self.x)
         self.mx, self.lz = kernels.seg_tree(slack)
         obj = fp.objective(self.x)
         if obj < self.best_obj:
@@ -58,11 +58,10 @@ class Search:
 
     def tree_moves(self, num_moves: int, kmax: int, temperature: float = 0.0) -> tuple[int, int]:
         """Tree-block moves; returns (accepted, improving)."""
-        fp = self.fp
+        memory = kernels.MemoryState(self.mx, self.lz, self.pen, self.pen_unit, checked=self.fp.num_rows > 0)
         _, best, accepted, improved, _ = kernels.block_moves(
-            num_moves, kmax, temperature, self.x, self.best_x, self.best_obj, fp.soff, fp.cost, fp.use, fp.eu,
-            fp.ev, fp.moff, fp.mat, fp.aoff, fp.anbr, fp.aedge, fp.arow, fp.r0, fp.r1, self.mx, self.lz,
-            fp.num_rows, self.pen, self.pen_unit, self.movable, int(self.rng.integers(1 << 31)))
+            self.fp.arrays, memory, self.x, self.best_x, self.best_obj, num_moves=num_moves, kmax=kmax,
+            temperature=temperature, movable=self.movable, seed=int(self.rng.integers(1 << 31)))
         self.best_obj = best
         self.pen *= 0.5
         return accepted, improved

@@ -54,7 +54,7 @@ def restrict(fp: FlatProblem, nodes: np.ndarray, x: np.ndarray) -> FlatProblem:
     if fp.num_rows:
         x_free_zero = x.copy()
         x_free_zero[nodes] = 0
-        slack = row_slack(fp.soff, fp.use, fp.r0, fp.r1, fp.cap, x_free_zero)
+        slack = row_slack(fp.arrays, x_free_zero)
         # Strategy 0 of a free node may use memory: take it off again.
         cap = -(slack - row_load(r0, r1, fp.use[fp.soff[nodes]], fp.num_rows))
         r0, r1, cap, steps = merge_rows(np.where(spans, r0, 0), np.where(spans, r1, 0), cap, fp.row_steps)

@@ -1,0 +1,84 @@
+"""How the heuristic (`heuristic.py`) spends its time: the share of each phase, the sizes of its
+moves, and the fixed work that replaces the clock when a run must be reproducible.
+
+Shares are of the whole time limit ("until ... of the time is left") or of the time left when a
+step starts; a phase that can run long (a CP-SAT model of many nodes) gets a share of what is
+left, so a slow one cannot starve the phases after it of all their time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The heuristic's time shares, move sizes and round counts, and its deterministic budget."""
+
+    # Relaxation rounds. While no row binds, every round just carries TRW-S on from warm messages,
+    # and its decodes and the tree moves that clean them up are the search (on large training steps
+    # a CP-SAT neighbourhood or a sweep of tree moves takes seconds and rarely finds anything;
+    # benchmarks/RESULTS.md): the rounds go on until a fifth of the time is left. Once memory binds (some
+    # multiplier has risen) the neighbourhoods of the feasible search matter more: until half.
+    relax_until_left: float = 0.2
+    relax_until_left_binding: float = 0.5
+    # TRW-S passes per round; once Polyak steps move the multipliers each round moves them less.
+    passes: int = 10
+    passes_stepping: int = 5
+    # Doubling the multipliers of overloaded rows finds fitting decodes fast; after this many rounds
+    # without a better solution, Polyak steps take over for good (stepping towards a cost far above
+    # the optimum, before any solution is near it, makes them oscillate).
+    stepping_after: int = 20
+    # An overloaded row's first multiplier, as a share of the cost per unit of usage
+    # (`search.exchange_rate`) spread over a node's mean number of rows: small enough not to
+    # overshoot, the doubling does the rest.
+    first_multiplier: float = 0.01
+    # Tree moves: a sweep is this many moves or per_node per node, whichever is more; a decode's
+    # clean-up moves smaller blocks (its penalised costs change every round, the sweep is a tidy-up).
+    tree_moves: int = 2000
+    tree_moves_per_node: int = 2
+    tree_block: int = 16
+    cleanup_block: int = 8
+    # Relinks: a decode cheaper than the best that does not fit is relinked with it, in a share
+    # of the time left (at least relink_min_s). Relinking takes at most about half of the rounds'
+    # time: after a relink, as long again without one; decodes found meanwhile wait, the
+    # `waiting_decodes` cheapest, and are relinked after the rounds while enough time is left.
+    relink_share: float = 0.3
+    relink_min_s: float = 1.0
+    waiting_decodes: int = 4
+    waiting_until_left: float = 0.25
+    # CP-SAT over the whole instance under the rows of the largest multipliers (`binding_rows`
+    # of them, the ones the relaxation found binding), when the certified gap is above
+    # `binding_rows_gap`: it may take most of the time left, being the one step that changes
+    # tens of thousands of nodes at once where memory decides. Its answer, when it breaks another
+    # row, is relinked with a larger share than a decode's (it is usually far better).
+    binding_rows: int = 16
+    binding_rows_gap: float = 0.01
+    binding_rows_share: float = 0.75
+    binding_relink_share: float = 0.6
+    # A descent runs only while twice the last one's time is left (its time is about constant).
+    descent_margin: float = 2.0
+    # CP-SAT neighbourhoods: balls of this many nodes (and at most `search.BALL_STRATEGIES`
+    # strategies), each given up to lns_max_s, at least lns_min_s, keeping lns_reserve_s for
+    # the answer. The next neighbourhood (or round of tree moves and one neighbourhood) starts only
+    # while `stop_margin_s` + `stop_factor` times the last one's time is left.
+    ball_size: int = 120
+    lns_max_s: float = 2.0
+    lns_min_s: float = 0.05
+    lns_reserve_s: float = 0.1
+    stop_margin_s: float = 0.2
+    stop_factor: float = 1.5
+    # A random neighbourhood is centred on an endpoint of an expensive edge, or on a random node with
+    # this probability (expensive edges alone revisit the same few places).
+    random_centre: float = 0.3
+    # The deterministic budget (`deterministic=True`): a fixed number of relaxation rounds and of
+    # rounds of tree moves and random neighbourhoods, and CP-SAT's deterministic time (its own units)
+    # instead of wall-clock limits; a neighbourhood keeps a wall limit far above its work.
+    deterministic_rounds: int = 12
+    relink_work: float = 5.0
+    binding_rows_work: float = 10.0
+    lns_work: float = 1.0
+    lns_deterministic_limit_s: float = 10.0
+
+
+SCHEDULE = Schedule()
