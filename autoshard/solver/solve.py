@@ -13,16 +13,13 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
 from autoshard.solver.exact import model_fits, solve_exact
 from autoshard.solver.flat import FlatProblem, flatten
-from autoshard.solver.heuristic import compile_kernels, run_heuristic, smallest_usage
+from autoshard.solver.heuristic import Progress, compile_kernels, run_heuristic, smallest_usage
 from autoshard.solver.problem import Problem, certified_lower, check_solution, score, within_gap
-
-Progress = Callable[[str, float, float, float], None]  # (phase, cost, bound, elapsed_s)
 
 
 @dataclass(frozen=True)
