@@ -25,8 +25,8 @@ import httpx
 
 from autoshard.errors import AutoshardError, Problem
 from autoshard.graph.model import Graph
-from autoshard.mesh import Mesh
 from autoshard.graph.schema import graph_to_json
+from autoshard.mesh import Mesh
 
 FINAL_STATUSES = ("done", "failed", "cancelled")
 

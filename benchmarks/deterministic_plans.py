@@ -19,12 +19,12 @@ import sys
 import time
 from pathlib import Path
 
-from autoshard.planning.make_plan import SolveSettings, make_plan
-from autoshard.planning.hardware import bind_hardware
-from autoshard.mesh import Mesh
-from autoshard.models import GPTConfig, gpt
 from autoshard.delivery.document import plan_document
 from autoshard.graph.schema import graph_from_json
+from autoshard.mesh import Mesh
+from autoshard.models import GPTConfig, gpt
+from autoshard.planning.hardware import bind_hardware
+from autoshard.planning.make_plan import SolveSettings, make_plan
 from autoshard.solver import read_iopddl, solve
 from autoshard.solver.heuristic import compile_kernels
 

@@ -19,13 +19,13 @@ import sys
 import time
 from dataclasses import dataclass
 
-from autoshard.planning.make_plan import SolveSettings, make_plan
-from autoshard.planning.hardware import bind_hardware
+from autoshard.graph.schema import graph_from_json
+from autoshard.graph.summary import size
 from autoshard.mesh import Mesh
 from autoshard.models import GPTConfig, gpt
-from autoshard.graph.schema import graph_from_json
+from autoshard.planning.hardware import bind_hardware
+from autoshard.planning.make_plan import SolveSettings, make_plan
 from autoshard.solver.heuristic import compile_kernels
-from autoshard.graph.summary import size
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from autoshard.planning.costs import Hardware
 from autoshard.delivery.deliver import partitioned_program
 from autoshard.mlir import emit_annotated, emit_partitioned
+from autoshard.planning.costs import Hardware
 from autoshard.planning.plan import Plan
 
 

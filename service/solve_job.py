@@ -15,9 +15,9 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any, Mapping
 
-from autoshard.planning.make_plan import make_plan
 from autoshard.delivery.deliver import deliver
 from autoshard.errors import AutoshardError, InfeasibleError, InputError
+from autoshard.planning.make_plan import make_plan
 from service.inputs import plan_inputs, slice_of
 from service.ir import ir_arguments
 

@@ -9,13 +9,13 @@ import json
 import numpy as np
 import pytest
 
+from cost_models import bind
 from autoshard.errors import ShardingError
 from autoshard.mesh import Mesh
 from autoshard.resharding import bytes_moved_price, plan_resharding
 from autoshard.sharding import Sharding
 from autoshard.sim import apply_resharding, assemble, distribute
 from autoshard.sim import collectives as c
-from cost_models import bind
 
 MESH = Mesh.of(x=2, y=3)
 PRICE = bytes_moved_price(MESH)

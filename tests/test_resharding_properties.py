@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from autoshard.errors import ShardingError
 from autoshard.mesh import Mesh
-from autoshard.resharding import bytes_moved_price, plan_resharding
 from autoshard.reductions import REDUCTION_KINDS
+from autoshard.resharding import bytes_moved_price, plan_resharding
 from autoshard.sharding import Sharding
 from autoshard.sim import apply_resharding, assemble, distribute
 

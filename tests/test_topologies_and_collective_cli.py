@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from autoshard.cli.main import main
 from cost_models import list_profiles, load_profile
+from autoshard.cli.main import main
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

@@ -6,8 +6,8 @@ import argparse
 import re
 
 from autoshard.errors import InputError, Problem
-from autoshard.planning.hardware import bind_hardware
 from autoshard.mesh import Mesh
+from autoshard.planning.hardware import bind_hardware
 
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
           "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "tib": 2 ** 40}

@@ -14,8 +14,8 @@ import math
 import cost_models
 from autoshard.cli.args import add_hardware_args, flag_of, mesh_from_args, parse_bytes, parse_slice
 from autoshard.errors import InputError, Problem
-from autoshard.mesh import Mesh
 from autoshard.graph.summary import si
+from autoshard.mesh import Mesh
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -11,10 +11,10 @@ from autoshard.cli.args import hardware_from_args, parse_slice
 from autoshard.cli.simulate import add_program_args, plan_mesh, resharding_price
 from autoshard.delivery.deliver import STAGES, ir_request_problems, partitioned_program
 from autoshard.errors import InputError
+from autoshard.graph.schema import load_graph, read_json
 from autoshard.mesh import Mesh
 from autoshard.mlir import emit_annotated, emit_partitioned
 from autoshard.planning.plan import plan_from_json
-from autoshard.graph.schema import load_graph, read_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -6,10 +6,10 @@ import argparse
 import json
 
 from autoshard.cli.args import add_hardware_args, hardware_from_args, mesh_from_args
-from autoshard.planning.plan import plan_from_json
-from autoshard.planning.report import estimate
 from autoshard.graph.schema import load_graph, read_json
 from autoshard.graph.summary import si, size
+from autoshard.planning.plan import plan_from_json
+from autoshard.planning.report import estimate
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from autoshard.errors import InputError, Problem
-from autoshard.models import GPTConfig, MLPConfig, MoEConfig, gpt, mlp, moe
 from autoshard.graph.builder import document_text
-from autoshard.models.gpt import STYLES
 from autoshard.graph.schema import graph_from_json
 from autoshard.graph.summary import graph_summary
+from autoshard.models import GPTConfig, MLPConfig, MoEConfig, gpt, mlp, moe
+from autoshard.models.gpt import STYLES
 
 
 def register(sub: argparse._SubParsersAction) -> None:

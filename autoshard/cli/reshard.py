@@ -19,6 +19,7 @@ import numpy as np
 from autoshard.cli.args import hardware_from_args, mesh_from_args
 from autoshard.dtypes import DTYPES
 from autoshard.errors import InputError, Problem, ShardingError
+from autoshard.graph.summary import size
 from autoshard.mesh import Mesh
 from autoshard.mlir import DIALECTS, emit_partitioned
 from autoshard.resharding import CollectiveStep, Price, Resharding, bytes_moved_price, plan_resharding
@@ -26,7 +27,6 @@ from autoshard.sharding import Sharding
 from autoshard.sim.reshard_check import verify_resharding
 from autoshard.sim.verdict import Verdict
 from autoshard.spmd.program import resharding_program
-from autoshard.graph.summary import size
 
 VERIFY_MAX_BYTES = 2 * 2 ** 30  # host memory a --verify run may hold: the tensor and two layouts of it
 T = TypeVar("T")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 
 from autoshard.graph.model import topological_order
-from autoshard.ops import INVALID, REDUCTION
 from autoshard.graph.schema import load_graph
 from autoshard.graph.summary import graph_summary, si, size
+from autoshard.ops import INVALID, REDUCTION
 
 _ITERATOR_MARK = {REDUCTION: "r", INVALID: "x"}
 

@@ -10,11 +10,11 @@ import sys
 from autoshard.cli.args import hardware_from_args, parse_bytes, parse_slice
 from autoshard.delivery.deliver import partitioned_program
 from autoshard.errors import InputError, Problem
-from autoshard.planning.hardware import bind_hardware
+from autoshard.graph.schema import load_graph, read_json
 from autoshard.mesh import Mesh
+from autoshard.planning.hardware import bind_hardware
 from autoshard.planning.plan import plan_from_json
 from autoshard.resharding import Price, bytes_moved_price
-from autoshard.graph.schema import load_graph, read_json
 from autoshard.sim.program import simulate_program
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from autoshard.mesh import Mesh
 from autoshard.graph.schema import load_graph
 from autoshard.graph.summary import graph_summary
+from autoshard.mesh import Mesh
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -11,16 +11,16 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
-from autoshard.planning.make_plan import PlanResult
-from autoshard.spmd.collective_opt import Change, optimize
-from autoshard.planning.costs import Hardware
+from autoshard.delivery.document import plan_document
 from autoshard.errors import InputError, Problem
 from autoshard.mlir import ARGUMENT_CONVENTIONS, DIALECTS, emit_annotated, emit_partitioned
+from autoshard.planning.costs import Hardware
+from autoshard.planning.make_plan import PlanResult
 from autoshard.planning.plan import Plan
-from autoshard.delivery.document import plan_document
 from autoshard.resharding import Price
-from autoshard.spmd.program import SpmdProgram, partition
 from autoshard.sim.verify import ALWAYS_LIMIT_BYTES, VERIFY_POLICIES, policy_problem, verify_program
+from autoshard.spmd.collective_opt import Change, optimize
+from autoshard.spmd.program import SpmdProgram, partition
 
 STAGES = ("annotated", "partitioned")
 

@@ -12,9 +12,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from autoshard.graph.schema import FORMAT
 from autoshard.ops import OP_KINDS, OpError
 from autoshard.ops.table import OpDecl
-from autoshard.graph.schema import FORMAT
 
 Shape = tuple[int, ...]
 

@@ -24,8 +24,8 @@ from autoshard.affine import AffineExpr, AffineMap
 from autoshard.dtypes import DTYPES
 from autoshard.errors import InputError
 from autoshard.graph.model import Op
-from autoshard.mlir.lower_grad import lower_grad
 from autoshard.mlir.linalg import Operand, Spec, empty, generic, ins_outs, linalg_index, reduction_init
+from autoshard.mlir.lower_grad import lower_grad
 from autoshard.mlir.scalar import combine, constant, convert, payload
 from autoshard.mlir.text import Body, elem_type, int_list
 from autoshard.ops.loops import PARALLEL, REDUCTION

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from autoshard.ops.differentiate import add_backward
 from autoshard.graph.builder import GraphBuilder
+from autoshard.ops.differentiate import add_backward
 
 OPTIMIZER_DTYPE = "f32"
 ADAM_SCALARS = ("adam.one_minus_beta1", "adam.one_minus_beta2", "adam.step_size", "adam.eps_hat")

@@ -18,16 +18,16 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from autoshard.planning.costs import Hardware, op_cost, result_bytes, tensor_bytes
 from autoshard.errors import InfeasibleError
 from autoshard.graph.model import Graph, Op, Tensor, live_ranges, topological_order
 from autoshard.mesh import Mesh
+from autoshard.planning.costs import Hardware, op_cost, result_bytes, tensor_bytes
 from autoshard.planning.options import ShardingOption, operand_shardings, result_shardings
+from autoshard.planning.options import enumerate_options, enumerate_storage
 from autoshard.planning.plan import Plan
 from autoshard.resharding import PricedMoves, resharding_cost
 from autoshard.sharding import Sharding
 from autoshard.solver.problem import Problem
-from autoshard.planning.options import enumerate_options, enumerate_storage
 
 PICOSECONDS = 1e12
 

@@ -8,15 +8,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from autoshard.planning.costs import Hardware
 from autoshard.errors import InfeasibleError
-from autoshard.planning.formulation import PICOSECONDS, Formulation, Weights, formulate
 from autoshard.graph.model import Graph, topological_order
+from autoshard.graph.summary import size
 from autoshard.mesh import Mesh
+from autoshard.planning.costs import Hardware
+from autoshard.planning.formulation import PICOSECONDS, Formulation, Weights, formulate
 from autoshard.planning.plan import Plan
 from autoshard.planning.report import Report, estimate
 from autoshard.solver import Problem, solve
-from autoshard.graph.summary import size
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from autoshard.planning.costs import Hardware, OpCost, op_cost, tensor_bytes
 from autoshard.graph.model import Op, live_ranges, topological_order
 from autoshard.ops.loops import LoopNest
+from autoshard.planning.costs import Hardware, OpCost, op_cost, tensor_bytes
 from autoshard.planning.options import ShardingOption, operand_shardings, result_shardings
 from autoshard.planning.plan import Plan
 from autoshard.resharding import PricedMoves, Resharding, plan_resharding, step_kind

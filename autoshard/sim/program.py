@@ -22,6 +22,7 @@ from autoshard.dtypes import DTYPES
 from autoshard.errors import InputError
 from autoshard.graph.evaluate import evaluate_graph, random_inputs
 from autoshard.graph.model import Graph
+from autoshard.graph.summary import size
 from autoshard.mesh import Mesh
 from autoshard.planning.plan import Plan
 from autoshard.resharding import Price
@@ -33,7 +34,6 @@ from autoshard.sim.precision import widen_dtype, widen_graph, widen_inputs, wide
 from autoshard.sim.reshard_exec import apply_step
 from autoshard.sim.verdict import Divergence, Verdict
 from autoshard.spmd.program import Communicate, Instruction, LocalOp, SpmdProgram, Value, partition
-from autoshard.graph.summary import size
 
 DEFAULT_MAX_BYTES = 2 * 2 ** 30  # numpy on one host: every device's shards live at once
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from autoshard.errors import InputError, Problem
+from autoshard.graph.summary import size
 from autoshard.sim.program import simulate_program, simulation_bytes
 from autoshard.spmd.program import SpmdProgram
-from autoshard.graph.summary import size
 
 VERIFY_POLICIES = ("auto", "always", "never")
 AUTO_LIMIT_BYTES = 256 * 2 ** 20  # what "auto" simulates: seconds of numpy on one host

@@ -9,9 +9,9 @@ from fastapi import APIRouter, Depends, Query, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse
 
+from autoshard.graph.schema import graph_from_json
 from autoshard.mesh import Mesh
 from autoshard.planning.plan import plan_from_json
-from autoshard.graph.schema import graph_from_json
 from service import deps
 from service.config import Settings
 from service.errors import Conflict, NotFound

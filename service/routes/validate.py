@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 
 from autoshard.errors import InputError
-from autoshard.planning.plan import plan_from_json
 from autoshard.graph.summary import graph_summary
+from autoshard.planning.plan import plan_from_json
 from service import deps
 from service.config import Settings
 from service.inputs import parse_graph, parse_mesh, under
