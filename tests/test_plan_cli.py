@@ -9,7 +9,7 @@ import json
 import pytest
 
 from autoshard.cli.main import main
-from autoshard.delivery import deliver as deliverables
+from autoshard.delivery import deliver as deliver_module
 from autoshard.mlir import verify
 from autoshard.sim import verify as verification
 from autoshard.spmd.program import LocalOp
@@ -38,7 +38,7 @@ def test_plan_writes_verified_ir_and_a_simulated_verdict(tmp_path, capsys, diale
 
 
 def test_a_wrong_program_fails_verification_with_exit_1_naming_the_op(tmp_path, capsys, monkeypatch):
-    real_partition = deliverables.partition
+    real_partition = deliver_module.partition
 
     def relu_for_gelu(plan, price):
         """The program with the activation computing relu where the graph says gelu."""
@@ -47,7 +47,7 @@ def test_a_wrong_program_fails_verification_with_exit_1_naming_the_op(tmp_path, 
                      if isinstance(i, LocalOp) and i.op.name == "act" else i for i in program.body)
         return dataclasses.replace(program, body=body)
 
-    monkeypatch.setattr(deliverables, "partition", relu_for_gelu)
+    monkeypatch.setattr(deliver_module, "partition", relu_for_gelu)
     assert main(plan_args(tmp_path)) == 1
     verification = json.loads((tmp_path / "out" / "plan.json").read_text())["verification"]
     assert verification["status"] == "failed" and verification["first_divergence"]["op"] == "act"

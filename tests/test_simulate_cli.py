@@ -8,7 +8,7 @@ import json
 import pytest
 
 from autoshard.cli.main import main
-from autoshard.delivery import deliver as deliverables
+from autoshard.delivery import deliver as deliver_module
 from autoshard.delivery.document import plan_document
 from autoshard.graph.schema import graph_from_json
 from autoshard.mesh import Mesh
@@ -65,7 +65,7 @@ def test_the_mesh_defaults_to_the_plans_and_json_prints_the_verdict(files, capsy
 
 
 def test_a_wrong_program_fails_at_the_op_and_device_with_exit_1(files, capsys, monkeypatch):
-    partition = deliverables.partition
+    partition = deliver_module.partition
 
     def forget_the_all_reduce(plan, price=None):
         program = partition(plan, price)
@@ -74,7 +74,7 @@ def test_a_wrong_program_fails_at_the_op_and_device_with_exit_1(files, capsys, m
                 if isinstance(i, LocalOp) else i for i in program.body if i is not reduce]
         return dataclasses.replace(program, body=tuple(body))
 
-    monkeypatch.setattr(deliverables, "partition", forget_the_all_reduce)
+    monkeypatch.setattr(deliver_module, "partition", forget_the_all_reduce)
     graph, plan = files
     assert main(["simulate", graph, "--plan", plan, "--no-collective-opt"]) == 1
     out = capsys.readouterr().out
