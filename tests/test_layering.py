@@ -10,7 +10,7 @@ import autoshard
 
 ROOT = Path(autoshard.__file__).parent
 # The pipeline, lowest first: a module may import its own unit and the units before it.
-ORDER = ("errors", "dtypes", "reductions", "affine", "mesh", "sharding", "ops", "resharding", "graph", "models",
+ORDER = ("errors", "dtypes", "reductions", "affine", "mesh", "sharding", "phases", "ops", "resharding", "graph", "models",
          "frontends", "solver",
          "planning", "spmd", "mlir", "sim", "delivery", "client", "cli")
 FRONT_DOOR = "autoshard/__init__.py"  # re-exports the user's few names, lazily, from anywhere

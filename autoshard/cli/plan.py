@@ -15,6 +15,7 @@ from autoshard.delivery.deliver import deliver, ir_request_problems
 from autoshard.errors import InputError, Problem
 from autoshard.graph.schema import load_graph
 from autoshard.graph.summary import si, size
+from autoshard.phases import PhaseTimes
 from autoshard.planning.formulation import Weights, weight_name_problem
 from autoshard.planning.make_plan import SolveSettings, make_plan
 from autoshard.sim.verify import VERIFY_POLICIES, policy_problem
@@ -134,22 +135,35 @@ class ProgressLine:
 
 
 def run(args: argparse.Namespace) -> int:
-    mesh = mesh_from_args(args)
-    graph = load_graph(args.graph, mesh)
-    hw = hardware_from_args(args, mesh)
-    settings, stages = checked_settings(args)
-    result = make_plan(graph, mesh, hw, settings, progress=ProgressLine())
+    phases = PhaseTimes(announce=lambda text: print(f"  {text}", file=sys.stderr, flush=True))
+    with phases.phase("load"):  # and validate: the graph, the mesh, the machine, every flag
+        mesh = mesh_from_args(args)
+        graph = load_graph(args.graph, mesh)
+        hw = hardware_from_args(args, mesh)
+        settings, stages = checked_settings(args)
+    result = make_plan(graph, mesh, hw, settings, progress=ProgressLine(), phases=phases)
     delivered = deliver(result, hw, args.topology, emit=stages, dialect=args.dialect, arguments=args.arguments,
                         verify=args.verify, optimize_collectives=not args.no_collective_opt,
                         nodes=args.nodes, slice_shape=parse_slice(args.slice))
     document = delivered.document
-    files = {"plan.json": json.dumps(document, indent=1) + "\n"}
-    files.update({f"{stage}.mlir": text for stage, text in delivered.ir.items()})
+    names = ["plan.json"] + [f"{stage}.mlir" for stage in delivered.ir]
+    with phases.phase("writing"):
+        del document["phases"]  # goes last, once writing is timed too
+        body = json.dumps(document, indent=1)
+        if args.output:
+            for stage, text in delivered.ir.items():
+                (Path(args.output) / f"{stage}.mlir").write_text(text)
+    document["phases"] = phases.to_json()
     if args.output:
-        for name, text in files.items():
-            (Path(args.output) / name).write_text(text)
-    print_summary(document, [Path(args.output) / name for name in files] if args.output else [])
+        (Path(args.output) / "plan.json").write_text(_with_phases(body, document["phases"]))
+    print_summary(document, [Path(args.output) / name for name in names] if args.output else [])
     return 1 if document["verification"]["status"] == "failed" else 0
+
+
+def _with_phases(body: str, phases: dict[str, Any]) -> str:
+    """`body` (an indented JSON object) with `phases` as its last key, without serialising the
+    rest again."""
+    return f'{body[:-2]},\n "phases": {json.dumps(phases)}\n}}\n'
 
 
 def print_summary(document: dict[str, Any], written: list[Path]) -> None:

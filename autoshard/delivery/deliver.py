@@ -70,17 +70,24 @@ def deliver(result: PlanResult, hardware: Hardware, topology: str, *, emit: Sequ
     document["topology_options"] = {key: value for key, value in
                                     (("nodes", nodes), ("slice", list(slice_shape) if slice_shape else None))
                                     if value is not None}
-    program, changes = partitioned_program(result.plan, hardware.collective_seconds, optimize_collectives)
+    phases = result.phases
+    with phases.phase("partition"):
+        program = partition(result.plan, hardware.collective_seconds)
     if optimize_collectives:
+        with phases.phase("collective_optimizations"):
+            program, changes = optimize(program)
         before = changes[0].seconds_before if changes else program.communication_seconds()
         document["collective_optimizations"] = {
             "communication_s_before": before, "communication_s_after": program.communication_seconds(),
             "changes": [{"rewrite": c.rewrite, "detail": c.detail, "seconds_before": c.seconds_before,
                          "seconds_after": c.seconds_after} for c in changes]}
-    document["verification"] = verify_program(program, verify, seed, verify_max_bytes)
+    with phases.phase("verification"):
+        document["verification"] = verify_program(program, verify, seed, verify_max_bytes)
     ir = {}
-    if "annotated" in emit:
-        ir["annotated"] = emit_annotated(result.plan, dialect=dialect)
-    if "partitioned" in emit:
-        ir["partitioned"] = emit_partitioned(program, dialect=dialect, arguments=arguments)
+    with phases.phase("ir_emission"):
+        if "annotated" in emit:
+            ir["annotated"] = emit_annotated(result.plan, dialect=dialect)
+        if "partitioned" in emit:
+            ir["partitioned"] = emit_partitioned(program, dialect=dialect, arguments=arguments)
+    document["phases"] = phases.to_json()
     return Deliverables(document, ir)

@@ -12,6 +12,7 @@ from autoshard.errors import InfeasibleError
 from autoshard.graph.model import Graph, topological_order
 from autoshard.graph.summary import size
 from autoshard.mesh import Mesh
+from autoshard.phases import PhaseTimes
 from autoshard.planning.costs import Hardware
 from autoshard.planning.formulation import PICOSECONDS, Formulation, Weights, formulate
 from autoshard.planning.plan import Plan
@@ -37,23 +38,30 @@ class PlanResult:
     plan: Plan
     report: Report
     solver: dict[str, Any]
+    phases: PhaseTimes  # formulate, solve and pricing so far; `deliver` adds its own
 
 
 def make_plan(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = SolveSettings(),
-              progress: Callable[[str, float, float, float], None] | None = None) -> PlanResult:
-    """`progress(phase, incumbent_ps, bound_ps, elapsed_s)` is called as the solver improves."""
+              progress: Callable[[str, float, float, float], None] | None = None,
+              phases: PhaseTimes | None = None) -> PlanResult:
+    """`progress(phase, incumbent_ps, bound_ps, elapsed_s)` is called as the solver improves;
+    `phases` (a new one if None) records the time and memory of formulating, solving and pricing."""
+    phases = PhaseTimes() if phases is None else phases
     started = time.perf_counter()
     budget_bytes = settings.memory_budget_bytes if settings.memory_budget_bytes is not None else hw.hbm_bytes
-    formulation = formulate(graph, mesh, hw, memory_budget_bytes=budget_bytes, weights=settings.weights)
+    with phases.phase("formulate"):
+        formulation = formulate(graph, mesh, hw, memory_budget_bytes=budget_bytes, weights=settings.weights)
     built = time.perf_counter()
-    hint = _whole_hint(formulation.problem, formulation.hint)
-    result = solve(formulation.problem, time_limit_s=settings.time_limit_s, workers=settings.workers,
-                   seed=settings.seed, hint=hint, progress=progress, deterministic=settings.deterministic,
-                   gap_limit=settings.gap_limit)
+    with phases.phase("solve", reports_itself=True):
+        hint = _whole_hint(formulation.problem, formulation.hint)
+        result = solve(formulation.problem, time_limit_s=settings.time_limit_s, workers=settings.workers,
+                       seed=settings.seed, hint=hint, progress=progress, deterministic=settings.deterministic,
+                       gap_limit=settings.gap_limit)
     if not result.feasible:
         raise InfeasibleError(explain_infeasible(formulation, budget_bytes))
-    plan = formulation.plan(result.solution)
-    report = estimate(plan, hw)
+    with phases.phase("pricing"):  # decoding the solution into a plan and pricing it
+        plan = formulation.plan(result.solution)
+        report = estimate(plan, hw)
     problem = formulation.problem
     solver = {
         "status": result.status,
@@ -67,7 +75,7 @@ def make_plan(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = 
                     "strategies": int(np.sum(problem.num_strategies()))},
         "memory_budget_bytes": budget_bytes,
     }
-    return PlanResult(plan, report, solver)
+    return PlanResult(plan, report, solver, phases)
 
 
 def _whole_hint(problem: Problem, hinted: list[int]) -> np.ndarray | None:

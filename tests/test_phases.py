@@ -1,0 +1,51 @@
+"""`plan.json`'s `phases`: the wall time and peak memory of every phase of `autoshard plan`, which
+together account for the command's wall time; a long phase is announced on stderr."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from autoshard import phases as phases_module
+from autoshard.cli.main import main
+from autoshard.models import GPTConfig, gpt
+from autoshard.phases import PhaseTimes
+
+PHASES = ["load", "formulate", "solve", "pricing", "partition", "collective_optimizations", "verification",
+          "ir_emission", "writing"]
+
+
+def test_plan_json_carries_every_phase_and_they_sum_to_the_wall_time(tmp_path, capsys):
+    graph = tmp_path / "gpt.json"
+    graph.write_text(json.dumps(gpt(GPTConfig(layers=2, hidden=256, heads=4, seq=128, batch=4, vocab=1000),
+                                    training=True)))
+    started = time.perf_counter()
+    assert main(["plan", str(graph), "--mesh", "dp=2,tp=2", "--topology", "dgx-h100", "--time-limit", "3",
+                 "--emit", "annotated,partitioned", "--verify", "always", "-o", str(tmp_path / "out")]) == 0
+    wall_s = time.perf_counter() - started
+    document = json.loads((tmp_path / "out" / "plan.json").read_text())
+    phases = document["phases"]
+    assert list(phases) == PHASES
+    assert all(entry["wall_s"] >= 0 and entry["peak_rss_bytes"] > 2 ** 20 for entry in phases.values())
+    total = sum(entry["wall_s"] for entry in phases.values())
+    assert 0.9 * wall_s <= total <= wall_s
+    # the solver's own keys keep their meaning next to the phases
+    assert abs(document["solver"]["formulate_s"] - phases["formulate"]["wall_s"]) < 0.05
+
+
+def test_a_long_phase_is_announced_while_it_runs_and_when_it_ends(monkeypatch):
+    monkeypatch.setattr(phases_module, "LONG_PHASE_S", 0.05)
+    monkeypatch.setattr(phases_module, "REPEAT_S", 0.05)
+    heard: list[str] = []
+    recorder = PhaseTimes(announce=heard.append)
+    with recorder.phase("formulate"):
+        time.sleep(0.2)
+    with recorder.phase("solve", reports_itself=True):
+        time.sleep(0.2)
+    with recorder.phase("load"):
+        pass
+    assert any(line.startswith("formulate: ") and line.endswith("so far") for line in heard)
+    assert not any(line.startswith("solve: ") and line.endswith("so far") for line in heard)
+    assert [line.split(":")[0] for line in heard if "resident" in line] == ["formulate", "solve"]
+    assert list(recorder.to_json()) == ["formulate", "solve", "load"]
+    assert recorder.to_json()["formulate"]["wall_s"] >= 0.2
