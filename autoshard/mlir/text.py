@@ -18,18 +18,23 @@ class Body:
     def __init__(self) -> None:
         self.lines: list[str] = []
         self.taken: set[str] = set()
+        self.last_suffix: dict[str, int] = {}  # per base, the suffix it last got: every one below is taken
         self.depth = 1
 
     def name(self, hint: str) -> str:
-        """A fresh `%name` from `hint`: `%hint`, else `%hint_1`, `%hint_2`, ..."""
+        """A fresh `%name` from `hint`: `%hint`, else `%hint_1`, `%hint_2`, ..., the first one free.
+        Names are never freed, so the search for a base resumes where it last stopped: a module
+        with thousands of `%in` stays linear."""
         base = _NOT_ID.sub("_", hint) or "v"
         if not (base[0].isalpha() or base[0] == "_"):
             base = "v" + base
-        candidate, n = base, 0
+        n = self.last_suffix.get(base, 0)
+        candidate = f"{base}_{n}" if n else base
         while candidate in self.taken:
             n += 1
             candidate = f"{base}_{n}"
         self.taken.add(candidate)
+        self.last_suffix[base] = n
         return "%" + candidate
 
     def emit(self, text: str) -> None:
