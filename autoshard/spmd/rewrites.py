@@ -14,8 +14,8 @@ from autoshard.reductions import REDUCTIONS
 from autoshard.resharding import STEP_KINDS
 from autoshard.sharding import Sharding, ceildiv
 from autoshard.spmd.program import Communicate, Instruction, LocalOp, SpmdProgram, Value
-from autoshard.spmd.surgery import (Ids, communicates, edit, is_elementwise, local_flops, ordered_axes, producers_of,
-                                     reduction_step, reshard, sole_user, users_of)
+from autoshard.spmd.surgery import (Ids, communicates, edit, is_elementwise, local_flops, ordered_axes,
+                                     reduction_step, reshard, sole_user)
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class Rewrite:
 # --- drop_unused --------------------------------------------------------------------------
 
 def _unused(program: SpmdProgram) -> Iterator[int]:
-    users = users_of(program)
+    users = program.user_indices
     for index in communicates(program, *STEP_KINDS):
         if not users.get(program.body[index].output.id):
             yield index
@@ -43,7 +43,7 @@ def _drop(program: SpmdProgram, index: int) -> tuple[SpmdProgram, str]:
 # --- fold_all_reduce ----------------------------------------------------------------------
 
 def _fold_sites(program: SpmdProgram) -> Iterator[int]:
-    producers = producers_of(program)
+    producers = program.producer_indices
     for index in communicates(program, "all_reduce"):
         first = producers.get(program.body[index].input.id)
         if first is not None and isinstance(program.body[first], Communicate) \
@@ -53,7 +53,7 @@ def _fold_sites(program: SpmdProgram) -> Iterator[int]:
 
 def _fold(program: SpmdProgram, index: int) -> tuple[SpmdProgram, str]:
     second = program.body[index]
-    first_index = producers_of(program)[second.input.id]
+    first_index = program.producer_indices[second.input.id]
     first = program.body[first_index]
     axes = ordered_axes(program.mesh, first.step.mesh_axes + second.step.mesh_axes)
     step = reduction_step(program, first.input, "all_reduce", axes)
@@ -70,7 +70,7 @@ def _reduced_pair(program: SpmdProgram, index: int, kind: str) -> tuple[int, int
     op = program.body[index]
     if not isinstance(op, LocalOp) or len(op.inputs) != 2 or op.inputs[0].id == op.inputs[1].id:
         return None
-    producers = producers_of(program)
+    producers = program.producer_indices
     pair = []
     for value in op.inputs:
         p = producers.get(value.id)
@@ -257,7 +257,7 @@ def _cut_exact(mesh: Mesh, value: Value, after: Sharding, dim: int) -> bool:
 # --- merge_reshardings --------------------------------------------------------------------
 
 def _chain_sites(program: SpmdProgram) -> Iterator[int]:
-    producers = producers_of(program)
+    producers = program.producer_indices
     for index in communicates(program, *STEP_KINDS):
         first = producers.get(program.body[index].input.id)
         if first is not None and isinstance(program.body[first], Communicate) and \
@@ -267,7 +267,7 @@ def _chain_sites(program: SpmdProgram) -> Iterator[int]:
 
 def _merge(program: SpmdProgram, index: int) -> tuple[SpmdProgram, str] | None:
     second = program.body[index]
-    first_index = producers_of(program)[second.input.id]
+    first_index = program.producer_indices[second.input.id]
     first = program.body[first_index]
     ids = Ids(program)
     try:

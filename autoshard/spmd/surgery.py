@@ -17,21 +17,6 @@ from autoshard.sharding import Sharding, ceildiv
 from autoshard.spmd.program import Communicate, Instruction, LocalOp, SpmdProgram, Value, canonical, check_program
 
 
-def users_of(program: SpmdProgram) -> dict[int, list[int]]:
-    """Value id -> indices of the instructions reading it (results count as index len(body))."""
-    users: dict[int, list[int]] = {}
-    for index, instruction in enumerate(program.body):
-        for value in dict.fromkeys(instruction.inputs):
-            users.setdefault(value.id, []).append(index)
-    for value in program.results:
-        users.setdefault(value.id, []).append(len(program.body))
-    return users
-
-
-def producers_of(program: SpmdProgram) -> dict[int, int]:
-    return {v.id: index for index, instruction in enumerate(program.body) for v in instruction.outputs}
-
-
 def edit(program: SpmdProgram, remove: set[int], insert: dict[int, list[Instruction]],
           substitute: dict[int, Value] | None = None) -> SpmdProgram:
     """Drop the instructions at `remove`, put `insert[k]` where instruction `k` was (before it if
@@ -129,7 +114,7 @@ def communicates(program: SpmdProgram, *kinds: str) -> Iterator[int]:
 
 
 def sole_user(program: SpmdProgram, value: Value) -> int | None:
-    users = users_of(program).get(value.id, [])
+    users = program.user_indices.get(value.id, [])
     return users[0] if len(users) == 1 and users[0] < len(program.body) else None
 
 
