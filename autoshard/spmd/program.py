@@ -155,9 +155,6 @@ class SpmdProgram:
     def next_id(self) -> int:
         return max((v.id for v in self.values()), default=-1) + 1
 
-    def users(self, value: Value) -> list[Instruction]:
-        return [i for i in self.body if any(v.id == value.id for v in i.inputs)]
-
 
 def check_program(program: SpmdProgram) -> None:
     """Raise ValueError unless ids are unique, every read follows its definition and every
