@@ -14,6 +14,7 @@ from typing import Any, Mapping, Sequence
 from autoshard.delivery.document import plan_document
 from autoshard.errors import InputError, Problem
 from autoshard.mlir import ARGUMENT_CONVENTIONS, DIALECTS, emit_annotated, emit_partitioned
+from autoshard.phases import PhaseTimes
 from autoshard.planning.costs import Hardware
 from autoshard.planning.make_plan import PlanResult
 from autoshard.planning.plan import Plan
@@ -45,14 +46,18 @@ def ir_request_problems(stages: Sequence[str], dialect: str, arguments: str,
     return problems
 
 
-def partitioned_program(plan: Plan, price: Price, optimize_collectives: bool = True) -> tuple[SpmdProgram, list[Change]]:
+def partitioned_program(plan: Plan, price: Price, optimize_collectives: bool = True,
+                        phases: PhaseTimes | None = None) -> tuple[SpmdProgram, list[Change]]:
     """The plan's SPMD program with the collectives `price` chooses (the hardware's, as the plan's
     reshardings were priced), then (unless switched off) the collective optimisations that lower
-    communication time; returns the program and the optimisations applied."""
-    program = partition(plan, price)
+    communication time; returns the program and the optimisations applied. `phases` times the two."""
+    phases = PhaseTimes() if phases is None else phases
+    with phases.phase("partition"):
+        program = partition(plan, price)
     if not optimize_collectives:
         return program, []
-    return optimize(program)
+    with phases.phase("collective_optimizations"):
+        return optimize(program)
 
 
 def deliver(result: PlanResult, hardware: Hardware, topology: str, *, emit: Sequence[str] = (),
@@ -71,11 +76,8 @@ def deliver(result: PlanResult, hardware: Hardware, topology: str, *, emit: Sequ
                                     (("nodes", nodes), ("slice", list(slice_shape) if slice_shape else None))
                                     if value is not None}
     phases = result.phases
-    with phases.phase("partition"):
-        program = partition(result.plan, hardware.collective_seconds)
+    program, changes = partitioned_program(result.plan, hardware.collective_seconds, optimize_collectives, phases)
     if optimize_collectives:
-        with phases.phase("collective_optimizations"):
-            program, changes = optimize(program)
         before = changes[0].seconds_before if changes else program.communication_seconds()
         document["collective_optimizations"] = {
             "communication_s_before": before, "communication_s_after": program.communication_seconds(),
