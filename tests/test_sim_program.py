@@ -11,6 +11,7 @@ Each op takes a random option of `enumerate_options`, each stored tensor a rando
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import pytest
@@ -29,8 +30,9 @@ from autoshard.planning.options import ShardingOption, enumerate_options, enumer
 from autoshard.planning.plan import Plan
 from autoshard.resharding import bytes_moved_price
 from autoshard.sharding import Sharding
-from autoshard.sim.program import simulate_program, verify_plan
-from autoshard.spmd.program import partition
+from autoshard.sim.program import held_elements, simulate_program, verify_plan
+from autoshard.spmd.program import Value, partition
+from support.graphs import zoo_programs
 
 MESHES = [Mesh.of(x=2), Mesh.of(x=4), Mesh.of(x=2, y=2), Mesh.of(x=3, y=2), Mesh.of(x=2, y=2, z=2)]
 
@@ -426,3 +428,14 @@ def test_planner_plans_simulate_to_the_reference(name, doc, mesh_text, budget):
     assert any(o.split_loops() for o in result.plan.options.values()), "the budget makes the planner shard"
     verdict = verify_plan(result.plan, hw.collective_seconds, seed=2)
     assert verdict.passed, f"{verdict.summary()}\n{describe_plan(result.plan)}"
+
+
+@pytest.mark.parametrize("mesh_text", ["x=3,y=2", "x=2,y=2,z=2"])
+def test_the_memory_a_simulation_needs_counts_every_devices_shard_of_every_value(mesh_text):
+    mesh = Mesh.parse(mesh_text)
+    values = [v for _, program in zoo_programs((mesh_text,), count=3) for v in program.values()]
+    values += [Value(0, "uneven", Sharding((("x", "y"),)), (7,), "f32"),
+               Value(1, "offsets", Sharding((("y",), ()), dims_offsets=((0, 3, 10), ())), (10, 5), "f32")]
+    for value in values:
+        walked = sum(math.prod(value.local_shape(mesh, device)) for device in mesh.devices())
+        assert held_elements(mesh, value) == walked, value

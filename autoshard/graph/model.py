@@ -6,6 +6,7 @@ types. Graph algorithms (order, live ranges, the networkx view) are plain functi
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -89,6 +90,32 @@ class Graph:
     def op_by_name(self) -> dict[str, Op]:
         return {op.name: op for op in self.ops}
 
+    @cached_property
+    def order(self) -> tuple[Op, ...]:
+        """Topological order of the ops, computed once (`topological_order`): among ready ops, the
+        one listed first. Raises ValueError on a cycle (documents are checked for them on load)."""
+        waiting = [0] * len(self.ops)  # per op: inputs whose producer has not run
+        readers: dict[str, list[int]] = {}
+        for index, op in enumerate(self.ops):
+            for t in dict.fromkeys(op.inputs):
+                if t in self.producers:
+                    waiting[index] += 1
+                    readers.setdefault(t, []).append(index)
+        ready = [index for index, count in enumerate(waiting) if count == 0]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            op = self.ops[heapq.heappop(ready)]
+            order.append(op)
+            for t in op.outputs:
+                for reader in readers.get(t, ()):
+                    waiting[reader] -= 1
+                    if waiting[reader] == 0:
+                        heapq.heappush(ready, reader)
+        if len(order) != len(self.ops):
+            raise ValueError(f"graph {self.name!r} has a cycle")
+        return tuple(order)
+
     def tensors_with_role(self, role: str) -> list[Tensor]:
         return [t for t in self.tensors.values() if t.role == role]
 
@@ -113,9 +140,7 @@ def to_networkx(graph: Graph) -> nx.MultiDiGraph:
 
 def topological_order(graph: Graph) -> list[Op]:
     """Deterministic order: among ready ops, the one listed first in the document."""
-    view = to_networkx(graph)
-    names = nx.lexicographical_topological_sort(view, key=lambda n: view.nodes[n]["index"])
-    return [graph.op_by_name[n] for n in names]
+    return list(graph.order)
 
 
 def live_ranges(graph: Graph, order: list[Op] | None = None) -> dict[str, tuple[int, int]]:

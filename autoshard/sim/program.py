@@ -56,11 +56,17 @@ def _itemsize(dtype: str, widen: bool) -> int:
 
 def simulation_bytes(program: SpmdProgram, widen: bool = True) -> int:
     """Memory a simulation holds at most: every value on every device, plus the reference's tensors."""
-    mesh = program.mesh
-    local = sum(math.prod(v.local_shape(mesh, d)) * _itemsize(v.dtype, widen)
-                for v in program.values() for d in mesh.devices())
+    local = sum(held_elements(program.mesh, v) * _itemsize(v.dtype, widen) for v in program.values())
     reference = sum(math.prod(t.shape) * _itemsize(t.dtype, widen) for t in program.graph.tensors.values())
     return local + reference
+
+
+def held_elements(mesh: Mesh, value: Value) -> int:
+    """Elements of `value` over all devices' shards together. The shards of each dim partition it
+    (evenly or at offsets), so every element is held once per device outside its split axes;
+    counted without walking the devices, which a mesh of a million of them would make slow."""
+    split = math.prod(value.sharding.shard_count(mesh, dim) for dim in range(len(value.shape)))
+    return math.prod(value.shape) * mesh.num_devices // split
 
 
 def simulate_program(program: SpmdProgram, inputs: Mapping[str, np.ndarray] | None = None, *,
