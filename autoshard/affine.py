@@ -6,6 +6,7 @@ transposes, broadcasts (constant 0), reshapes (`d1 * 64 + d2`), slices and windo
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -20,13 +21,13 @@ class AffineExpr:
     terms: tuple[tuple[int, int], ...] = ()
     const: int = 0
 
-    @classmethod
-    def loop(cls, index: int, coeff: int = 1) -> "AffineExpr":
-        return cls(((index, coeff),))
+    @staticmethod
+    def loop(index: int, coeff: int = 1) -> "AffineExpr":
+        return _loop_expr(index, coeff)
 
-    @classmethod
-    def constant(cls, value: int) -> "AffineExpr":
-        return cls((), value)
+    @staticmethod
+    def constant(value: int) -> "AffineExpr":
+        return _constant_expr(value)
 
     def __add__(self, other: "AffineExpr | int") -> "AffineExpr":
         if isinstance(other, int):
@@ -84,6 +85,18 @@ class AffineExpr:
             else:
                 parts.append(("+ " if self.const > 0 else "- ") + str(abs(self.const)))
         return " ".join(parts)
+
+
+# Every op's maps are built from these; a graph of thousands of ops asks for the same few again
+# and again, and the expressions are immutable.
+@functools.lru_cache(maxsize=4096)
+def _loop_expr(index: int, coeff: int) -> AffineExpr:
+    return AffineExpr(((index, coeff),))
+
+
+@functools.lru_cache(maxsize=4096)
+def _constant_expr(value: int) -> AffineExpr:
+    return AffineExpr((), value)
 
 
 @dataclass(frozen=True, slots=True)

@@ -106,6 +106,21 @@ def test_cycle_is_reported_with_its_ops():
     assert problem.startswith("/ops") and "cycle" in problem and "f" in problem and "g" in problem
 
 
+def test_a_cycle_is_named_in_data_flow_order_apart_from_the_ops_around_it():
+    four = {"shape": [4], "dtype": "f32"}
+    doc = {"format": "autoshard.graph/v1", "tensors": {**{t: four for t in "abcde"}, "x": {**four, "role": "input"}},
+           "ops": [{"name": "tail", "kind": "exp", "inputs": ["c"], "outputs": ["e"]},
+                   {"name": "f", "kind": "add", "inputs": ["x", "c"], "outputs": ["a"]},
+                   {"name": "g", "kind": "exp", "inputs": ["a"], "outputs": ["b"]},
+                   {"name": "h", "kind": "exp", "inputs": ["b"], "outputs": ["c"]},
+                   {"name": "side", "kind": "exp", "inputs": ["x"], "outputs": ["d"]}]}
+    (problem,) = problems_of(doc)
+    cycle = problem.split("cycle: ")[1].split(" -> ")
+    assert cycle[0] == cycle[-1] and len(cycle) == 4 and set(cycle) == {"f", "g", "h"}
+    follows = {"f": "g", "g": "h", "h": "f"}  # who reads what each makes
+    assert all(follows[u] == v for u, v in zip(cycle, cycle[1:]))
+
+
 def test_all_problems_are_reported_at_once():
     doc = edited(ops__0__kind="nope", tensors__x={"shape": [64, 1024], "dtype": "bf99", "role": "input"},
                  constraints=[{"tensor": "zz", "split_axes": []}])

@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
 from autoshard.dtypes import DTYPES
@@ -224,15 +223,30 @@ def _sharding_problems(sharding: Sharding, shape: tuple[int, ...], mesh: Mesh | 
 
 
 def _check_acyclic(ops: list[Op], producer: dict[str, str], problems: list[Problem]) -> None:
-    view = nx.DiGraph()
-    view.add_nodes_from(op.name for op in ops)
-    view.add_edges_from((producer[t], op.name) for op in ops for t in op.inputs if t in producer)
-    try:
-        cycle = nx.find_cycle(view)
-    except nx.NetworkXNoCycle:
+    """Name one cycle, if the ops form any: peel off ops whose inputs are all made (Kahn); an op
+    left over reads a left-over op's tensor, so walking back through those must repeat."""
+    makers = {op.name: [producer[t] for t in dict.fromkeys(op.inputs) if t in producer] for op in ops}
+    waiting = {name: len(found) for name, found in makers.items()}
+    readers: dict[str, list[str]] = {}
+    for name, found in makers.items():
+        for maker in found:
+            readers.setdefault(maker, []).append(name)
+    ready = [name for name, count in waiting.items() if count == 0]
+    while ready:
+        for reader in readers.get(ready.pop(), ()):
+            waiting[reader] -= 1
+            if waiting[reader] == 0:
+                ready.append(reader)
+    left = [name for name, count in waiting.items() if count > 0]
+    if not left:
         return
-    path = " -> ".join([u for u, _ in cycle] + [cycle[0][0]])
-    problems.append(Problem("/ops", f"the ops form a cycle: {path}"))
+    path, seen, name = [], {}, left[0]
+    while name not in seen:
+        seen[name] = len(path)
+        path.append(name)
+        name = next(maker for maker in makers[name] if waiting[maker] > 0)
+    cycle = path[seen[name]:][::-1]  # walked from readers to makers; print in data-flow order
+    problems.append(Problem("/ops", f"the ops form a cycle: {' -> '.join(cycle + [cycle[0]])}"))
 
 
 def graph_to_json(graph: Graph) -> dict[str, Any]:
