@@ -8,6 +8,7 @@ and the simulator all read the same facts.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Mapping
 
 from autoshard.errors import InputError, Problem, ShardingError
@@ -29,11 +30,24 @@ class Plan:
         if tensor in self.storage:
             return self.storage[tensor]
         op = self.graph.producers[tensor]
-        return result_shardings(op.nest, self.options[op.name])[op.outputs.index(tensor)]
+        return self._shardings(op)[1][op.outputs.index(tensor)]
 
     def required(self, op: Op, input_index: int) -> Sharding:
         """The sharding `op` reads its input `input_index` in."""
-        return operand_shardings(op.nest, self.options[op.name])[input_index]
+        return self._shardings(op)[0][input_index]
+
+    def _shardings(self, op: Op) -> tuple[tuple[Sharding, ...], tuple[Sharding, ...]]:
+        """`op`'s operand and result shardings, derived once per plan (every phase after the
+        solve asks for them, several times per op)."""
+        found = self._derived.get(op.name)
+        if found is None:
+            option = self.options[op.name]
+            found = self._derived[op.name] = (operand_shardings(op.nest, option), result_shardings(op.nest, option))
+        return found
+
+    @cached_property
+    def _derived(self) -> dict[str, tuple[tuple[Sharding, ...], tuple[Sharding, ...]]]:
+        return {}
 
     def final(self, tensor: str) -> Sharding:
         """A graph output's delivered sharding: a pinned one if given, else as produced, reduced."""
