@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import pytest
 
+from autoshard.cli import plan as plan_command
 from autoshard.cli.main import main
 from autoshard.delivery import deliver as deliver_module
 from autoshard.mlir import verify
@@ -167,3 +169,14 @@ def test_the_placement_is_recorded_and_emit_prices_on_it(tmp_path, capsys):
     capsys.readouterr()
     assert main(["emit", str(tmp_path / "mlp.json"), "--plan", str(out / "plan.json"), "--stage", "partitioned"]) == 0
     assert capsys.readouterr().out == (out / "partitioned.mlir").read_text()
+
+
+def test_the_progress_line_shows_no_incumbent_while_no_plan_fits_in_memory(capsys, monkeypatch):
+    clock = iter([0.0, 2.0, 4.0])
+    monkeypatch.setattr(plan_command.time, "perf_counter", lambda: next(clock))
+    line = plan_command.ProgressLine()
+    line("relax", math.inf, 7.2e14, 1.9)  # the bound alone says a fitting plan needs 720 s or more
+    line("improve", 2.5e12, 2.4e12, 3.9)
+    first, second = capsys.readouterr().err.splitlines()
+    assert "no plan within memory yet" in first and "bound 720 s" in first and "gap" not in first
+    assert "incumbent 2.5 s" in second and "gap 4.00%" in second

@@ -126,10 +126,11 @@ class ProgressLine:
         if now < 1.0 or now - self.last < 1.0:
             return
         self.last = now
-        parts = [f"{now:6.1f}s {phase}", f"incumbent {cost / 1e12:.6g} s"]
+        found = math.isfinite(cost)
+        parts = [f"{now:6.1f}s {phase}", f"incumbent {cost / 1e12:.6g} s" if found else "no plan within memory yet"]
         if bound > float("-inf"):
             parts.append(f"bound {bound / 1e12:.6g} s")
-            if cost > 0:
+            if found and cost > 0:
                 parts.append(f"gap {100 * max(cost - bound, 0) / cost:.2f}%")
         print("  solving: " + ", ".join(parts), file=sys.stderr, flush=True)
 

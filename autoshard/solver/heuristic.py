@@ -143,8 +143,11 @@ class HeuristicRun:
         return self.deadline - time.monotonic()
 
     def report(self, phase: str) -> None:
+        """Progress with the best plan that fits in memory (inf while none does: the search
+        starts from the smallest-memory decode, which may not fit either)."""
         if self.progress is not None:
-            self.progress(phase, self.search.best_obj, self.bound, time.monotonic() - self.start)
+            fits = self.fp.fits(self.search.best_x)
+            self.progress(phase, self.search.best_obj if fits else math.inf, self.bound, time.monotonic() - self.start)
 
     def proved_optimal(self) -> bool:
         return within_gap(self.search.best_obj, self.bound, self.gap_limit) and self.fp.fits(self.search.best_x)
