@@ -23,9 +23,18 @@ def test_plan_json_carries_every_phase_and_they_sum_to_the_wall_time(tmp_path, c
     assert main(["plan", str(graph), "--mesh", "dp=2,tp=2", "--topology", "dgx-h100", "--time-limit", "3",
                  "--emit", "annotated,partitioned", "--verify", "always", "-o", str(tmp_path / "out")]) == 0
     wall_s = time.perf_counter() - started
-    document = json.loads((tmp_path / "out" / "plan.json").read_text())
+    text = (tmp_path / "out" / "plan.json").read_text()
+    document = json.loads(text)
     phases = document["phases"]
-    assert list(phases) == PHASES
+    assert list(phases) == PHASES and list(document)[-1] == "phases"
+    # one line per op, per resharding and per phase, each a whole JSON value
+    lines = text.splitlines()
+    for section in ("ops", "reshardings", "phases"):
+        start = lines.index(f' "{section}": ' + ("[" if section == "reshardings" else "{"))
+        entries = lines[start + 1:start + 1 + len(document[section])]
+        assert all(json.loads("{" + line.strip().rstrip(",") + "}") if section != "reshardings"
+                   else json.loads(line.strip().rstrip(",")) for line in entries)
+        assert lines[start + 1 + len(document[section])].strip() in ("}", "]", "},", "],")
     assert all(entry["wall_s"] >= 0 and entry["peak_rss_bytes"] > 2 ** 20 for entry in phases.values())
     total = sum(entry["wall_s"] for entry in phases.values())
     assert 0.9 * wall_s <= total <= wall_s

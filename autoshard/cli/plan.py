@@ -12,6 +12,7 @@ from typing import Any
 
 from autoshard.cli.args import add_hardware_args, hardware_from_args, mesh_from_args, parse_bytes, parse_slice
 from autoshard.delivery.deliver import deliver, ir_request_problems
+from autoshard.delivery.document import document_text
 from autoshard.errors import InputError, Problem
 from autoshard.graph.schema import load_graph
 from autoshard.graph.summary import si, size
@@ -150,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     names = ["plan.json"] + [f"{stage}.mlir" for stage in delivered.ir]
     with phases.phase("writing"):
         del document["phases"]  # goes last, once writing is timed too
-        body = json.dumps(document, indent=1)
+        body = document_text(document)
         if args.output:
             for stage, text in delivered.ir.items():
                 (Path(args.output) / f"{stage}.mlir").write_text(text)
@@ -162,9 +163,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _with_phases(body: str, phases: dict[str, Any]) -> str:
-    """`body` (an indented JSON object) with `phases` as its last key, without serialising the
-    rest again."""
-    return f'{body[:-2]},\n "phases": {json.dumps(phases)}\n}}\n'
+    """`body` (`document_text` of the document) with `phases` as its last section, without
+    serialising the rest again."""
+    return body[:-3] + ",\n" + document_text({"phases": phases})[2:]
 
 
 def print_summary(document: dict[str, Any], written: list[Path]) -> None:

@@ -140,8 +140,14 @@ def estimate(plan: Plan, hw: Hardware) -> Report:
     by_name = {entry["op"]: entry for entry in report.ops}
     per_axis_bytes: dict[str, float] = defaultdict(float)
     per_axis_s: dict[str, float] = defaultdict(float)
+    # Identical layers share their reshardings (`plan_reshardings` searches each once), and so
+    # their entries share one list of steps, written once: a permute on 32 devices lists about
+    # a thousand transfers. The lists are read only.
+    steps_json: dict[int, list[dict[str, Any]]] = {}
     for tensor, consumer, index, resharding in plan_reshardings(plan, hw.collective_seconds, shardings):
-        steps = [s.to_json() for s in resharding.steps]
+        steps = steps_json.get(id(resharding))
+        if steps is None:
+            steps = steps_json[id(resharding)] = [s.to_json() for s in resharding.steps]
         moved = sum(_communicated(s) for s in resharding.steps)
         report.reshardings.append({"tensor": tensor, "consumer": consumer, "input": index,
                                    "from": resharding.source.to_json(), "to": resharding.target.to_json(),
