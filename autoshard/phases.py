@@ -9,6 +9,7 @@ the process's peak so far stands in (an upper bound).
 
 from __future__ import annotations
 
+import gc
 import resource
 import threading
 import time
@@ -20,6 +21,18 @@ _CLEAR_REFS = Path("/proc/self/clear_refs")
 _STATUS = Path("/proc/self/status")
 LONG_PHASE_S = 3.0  # a phase running longer than this is announced, and again every REPEAT_S
 REPEAT_S = 10.0
+
+
+# Python's default collector thresholds (700, 10, 10) walk every live object again and again while
+# a large graph is built: with tens of thousands of ops that made loading a 96-layer graph 6.6x
+# slower than a 32-layer one (3x with these thresholds) and partitioning it 3.2x. The pipeline
+# builds trees of frozen records, not reference cycles, so collecting rarely loses nothing.
+GC_THRESHOLDS = (100_000, 20, 100)
+
+
+def collect_garbage_rarely() -> None:
+    """Set the collector for a process that runs plan commands (the CLI, a service worker)."""
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def _reset_peak() -> bool:

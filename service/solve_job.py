@@ -18,6 +18,7 @@ from typing import Any, Mapping
 from autoshard.delivery.deliver import deliver
 from autoshard.errors import AutoshardError, InfeasibleError, InputError
 from autoshard.planning.make_plan import make_plan
+from autoshard.phases import collect_garbage_rarely
 from service.inputs import plan_inputs, slice_of
 from service.ir import ir_arguments
 
@@ -73,6 +74,7 @@ def run(canonical: Mapping[str, Any], conn: Connection, verify_max_bytes: float)
     """Worker process entry point: solve the canonical request, send the outcome; the plan's
     simulation holds at most `verify_max_bytes` of host memory."""
     _exit_with_service(conn)
+    collect_garbage_rarely()
     progress = ProgressSender(conn)
     try:
         progress.phase("formulating")

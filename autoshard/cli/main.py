@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 
 import autoshard.cli
 from autoshard.errors import AutoshardError, InfeasibleError, InputError
+from autoshard.phases import collect_garbage_rarely
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,6 +42,7 @@ def _commands() -> dict[str, Callable[[argparse._SubParsersAction], None]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    collect_garbage_rarely()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
