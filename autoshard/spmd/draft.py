@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from autoshard.sharding import Sharding
-from autoshard.spmd.program import Communicate, Instruction, SpmdProgram, Value, canonical, check_program
+from autoshard.spmd.program import (Communicate, Instruction, SpmdProgram, Value, canonical, check_program,
+                                    check_step_values)
 from autoshard.spmd.surgery import RESULT, local_op_flops
 
 
@@ -256,8 +257,4 @@ class Draft:
             if value.id not in self._argument_ids and (maker is None or self._label[maker] >= self._label[key]):
                 raise ValueError(f"instruction {key} reads value {value.id} ({value.tensor!r}) before it is defined")
         if isinstance(instruction, Communicate):
-            step = instruction.step
-            if step.before != instruction.input.sharding or step.after != instruction.output.sharding:
-                raise ValueError(f"instruction {key} ({step.kind} of {instruction.input.tensor!r}) goes "
-                                 f"{step.before} -> {step.after} but its values are {instruction.input.sharding} "
-                                 f"-> {instruction.output.sharding}")
+            check_step_values(instruction, f"instruction {key}")

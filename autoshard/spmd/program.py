@@ -156,6 +156,14 @@ class SpmdProgram:
         return max((v.id for v in self.values()), default=-1) + 1
 
 
+def check_step_values(instruction: Communicate, where: str) -> None:
+    """Raise ValueError unless the collective's step goes between its values' shardings."""
+    step = instruction.step
+    if step.before != instruction.input.sharding or step.after != instruction.output.sharding:
+        raise ValueError(f"{where} ({step.kind} of {instruction.input.tensor!r}) goes {step.before} -> {step.after} "
+                         f"but its values are {instruction.input.sharding} -> {instruction.output.sharding}")
+
+
 def check_program(program: SpmdProgram) -> None:
     """Raise ValueError unless ids are unique, every read follows its definition and every
     collective's shardings match its values: the invariants rewrites must keep."""
@@ -169,11 +177,7 @@ def check_program(program: SpmdProgram) -> None:
             if value.id not in defined:
                 raise ValueError(f"instruction {index} reads value {value.id} ({value.tensor!r}) before it is defined")
         if isinstance(instruction, Communicate):
-            step = instruction.step
-            if step.before != instruction.input.sharding or step.after != instruction.output.sharding:
-                raise ValueError(f"instruction {index} ({step.kind} of {instruction.input.tensor!r}) goes "
-                                 f"{step.before} -> {step.after} but its values are {instruction.input.sharding} "
-                                 f"-> {instruction.output.sharding}")
+            check_step_values(instruction, f"instruction {index}")
         for value in instruction.outputs:
             if value.id in defined:
                 raise ValueError(f"value id {value.id} is defined twice")
