@@ -16,21 +16,12 @@ May import: everything below `frontends` (`graph`, `planning`, `spmd`, `delivery
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+# None of these modules imports jax when imported: their functions do.
+from autoshard.frontends.jax.collectives import compare_collectives, planned_collectives
+from autoshard.frontends.jax.hlo import compiled_collectives
+from autoshard.frontends.jax.importer import from_function, import_factory
+from autoshard.frontends.jax.shard import shard
+from autoshard.frontends.jax.specs import partition_specs
 
-_NAMES = {
-    "from_function": "autoshard.frontends.jax.importer",
-    "import_factory": "autoshard.frontends.jax.importer",
-    "partition_specs": "autoshard.frontends.jax.specs",
-    "shard": "autoshard.frontends.jax.shard",
-    "compiled_collectives": "autoshard.frontends.jax.hlo",
-    "compare_collectives": "autoshard.frontends.jax.collectives",
-}
-__all__ = sorted(_NAMES)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _NAMES:
-        raise AttributeError(f"module 'autoshard.frontends.jax' has no attribute {name!r}")
-    return getattr(importlib.import_module(_NAMES[name]), name)
+__all__ = ["compare_collectives", "compiled_collectives", "from_function", "import_factory", "partition_specs",
+           "planned_collectives", "shard"]
