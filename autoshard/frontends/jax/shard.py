@@ -99,8 +99,8 @@ def shard(f: Callable[..., Any], plan: PlanResult | Plan | dict[str, Any], mesh:
     ours = plan_mesh(document)
     theirs = dict(zip(getattr(mesh, "axis_names", ()), getattr(getattr(mesh, "devices", None), "shape", ())))
     if list(theirs.items()) != list(zip(ours.axis_names, ours.shape)):
-        raise InputError(f"the plan is for mesh {ours}; got {','.join(f'{n}={s}' for n, s in theirs.items()) or mesh!r}",
-                         "mesh")
+        given = ",".join(f"{n}={s}" for n, s in theirs.items()) or repr(mesh)
+        raise InputError(f"the plan is for mesh {ours}; got {given}", "mesh")
     auto = jax.sharding.AxisType.Auto
     mesh = jax.sharding.Mesh(mesh.devices, mesh.axis_names, axis_types=(auto,) * len(ours.shape))
     return ShardedFunction(f, document, mesh, parameters)
