@@ -18,7 +18,7 @@ HERE = Path(__file__).parent
 def test_the_jax_tests_pass_on_eight_cpu_devices():
     pytest.importorskip("jax")
     env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {JAX_DEVICES_FLAG}".strip()}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(HERE / "frontend_jax")],
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", str(HERE / "frontend_jax")],
                          cwd=HERE.parent, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-20000:] + run.stderr[-5000:]
     assert " passed" in run.stdout and " skipped" not in run.stdout, run.stdout[-2000:]
