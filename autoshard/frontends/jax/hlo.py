@@ -27,7 +27,8 @@ _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<type>
 _ARRAY = re.compile(r"\b(?P<dtype>[a-z]+\d*)\[(?P<dims>[\d,]*)\]")
 _EXPLICIT_GROUPS = re.compile(r"replica_groups=\{(?P<groups>(?:\{[\d,]*\},?)*)\}")
 _IOTA_GROUPS = re.compile(r"replica_groups=\[(?P<shape>[\d,]+)\]<=\[")
-_MESH_GROUPS = re.compile(r"replica_groups=mesh\[(?P<axes>[^\]]*)\]\s*\{(?P<used>[^}]*)\}")
+# the mesh form may carry a device order between the axes and the ones used: `, device_ids=([2,4]T(1,0))`
+_MESH_GROUPS = re.compile(r"replica_groups=mesh\[(?P<axes>[^\]]*)\][^{]*\{(?P<used>[^}]*)\}")
 _PAIRS = re.compile(r"source_target_pairs=\{(?P<pairs>(?:\{\d+,\d+\},?)*)\}")
 
 
