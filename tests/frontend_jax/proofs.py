@@ -18,6 +18,7 @@ from jax_models import CASES
 import autoshard
 from autoshard.frontends.jax import compare_collectives, compiled_collectives, from_function, planned_collectives, shard
 from autoshard.frontends.jax.collectives import KindComparison
+from autoshard.frontends.jax.hlo import Collective
 from autoshard.graph.model import Graph
 from autoshard.graph.schema import graph_from_json
 from autoshard.planning.make_plan import PlanResult
@@ -54,6 +55,8 @@ class Proof:
     result: PlanResult
     replicated_peak_bytes: int
     max_error: float
+    planned: list[Collective]
+    compiled: list[Collective]
     comparison: list[KindComparison]
 
 
@@ -78,5 +81,6 @@ def prove(case: str, mesh_text: str) -> Proof:
     want = jax.tree_util.tree_leaves(jax.jit(f)(*args))
     error = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(got, want))
     compiled = compiled_collectives(sharded.lower(*args).compile().as_text())
-    comparison = compare_collectives(planned_collectives(result.plan, hardware.collective_seconds), compiled)
-    return Proof(case, mesh_text, result, replicated_peak_bytes(graph, mesh, hardware), error, comparison)
+    planned = planned_collectives(result.plan, hardware.collective_seconds)
+    return Proof(case, mesh_text, result, replicated_peak_bytes(graph, mesh, hardware), error, planned, compiled,
+                 compare_collectives(planned, compiled))
