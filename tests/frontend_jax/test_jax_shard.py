@@ -45,6 +45,9 @@ def test_specs_are_pytrees_shaped_like_the_arguments_and_results(plan_and_args):
     # the hidden layer, made by the first dot_general, is constrained where it is made
     (hidden,) = [op.outputs[0] for op in specs.plan.graph.ops if op.kind == "dot_general" and "params['w1']" in op.inputs]
     assert specs.constraints[hidden] == P("dp", "tp")
+    mesh = jax_mesh(MESH, "Auto")
+    (params, x), out = specs.named(mesh)
+    assert params["w1"] == jax.sharding.NamedSharding(mesh, P(None, "tp")) and x.spec == P("dp") and out.mesh == mesh
 
 
 def result_spec(result):

@@ -44,20 +44,11 @@ class ShardedFunction:
         key = (tree, tuple((tuple(x.shape), str(x.dtype)) for x in leaves))
         if key not in self._jitted:
             specs = partition_specs(self.f, self.plan, *args, parameters=self.parameters)
-            named = self._named
-            in_shardings = jax.tree_util.tree_map(named, specs.in_specs, is_leaf=_is_spec)
-            out_shardings = jax.tree_util.tree_map(named, specs.out_specs, is_leaf=_is_spec)
-            body = _evaluator(specs, named)
+            in_shardings, out_shardings = specs.named(self.mesh)
+            body = _evaluator(specs, lambda spec: jax.sharding.NamedSharding(self.mesh, spec))
             self._jitted[key] = (jax.jit(body, in_shardings=in_shardings, out_shardings=out_shardings), in_shardings,
                                  specs)
         return self._jitted[key]
-
-    def _named(self, spec: Any) -> Any:
-        return require_jax("jax.sharding").NamedSharding(self.mesh, spec)
-
-
-def _is_spec(value: Any) -> bool:
-    return isinstance(value, require_jax("jax.sharding").PartitionSpec)
 
 
 def _evaluator(specs: JaxShardings, named: Callable[[Any], Any]) -> Callable[..., Any]:

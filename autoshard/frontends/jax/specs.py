@@ -38,6 +38,19 @@ class JaxShardings:
     imported: Imported
     plan: Plan
 
+    def named(self, mesh: Any) -> tuple[Any, Any]:
+        """`in_specs` and `out_specs` as `NamedSharding`s on `mesh` (for `jax.device_put`, `jax.jit`)."""
+        jax, sharding = require_jax(), require_jax("jax.sharding")
+
+        def is_spec(value: Any) -> bool:
+            return isinstance(value, sharding.PartitionSpec)
+
+        def named(spec: Any) -> Any:
+            return sharding.NamedSharding(mesh, spec)
+
+        return (jax.tree_util.tree_map(named, self.in_specs, is_leaf=is_spec),
+                jax.tree_util.tree_map(named, self.out_specs, is_leaf=is_spec))
+
 
 def plan_document(plan: PlanResult | Plan | dict[str, Any]) -> dict[str, Any]:
     if isinstance(plan, PlanResult):
