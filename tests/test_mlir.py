@@ -272,3 +272,11 @@ def test_golden_programs_keep_their_collectives():
     assert relu.option == O(((), (), ("b", "c", "a")))  # the relu now runs on an eighth of h
     program = embedding_vocab_split()
     assert isinstance(program.body[0], LocalOp) and program.body[0].outputs[0].sharding.partial_axes == ("y",)
+
+
+def test_a_kind_without_a_lowering_is_refused_naming_it():
+    graph = graph_from_json(graph_doc("cmp", {"a": ((4,), "f32", "input"), "b": ((4,), "f32", "input"), "c": ((4,), "bool")},
+                                      [("lt", "compare", ["a", "b"], ["c"], {"direction": "lt"})]))
+    plan = Plan(graph, Mesh.of(x=2), {"lt": ShardingOption(((),))}, {"a": Sharding(), "b": Sharding()})
+    with pytest.raises(InputError, match="op kind 'compare' has no MLIR lowering yet"):
+        emit_partitioned(partition(plan))

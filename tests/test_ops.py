@@ -71,11 +71,17 @@ CASES = [
     ("neg", [(3, 4)], {}, np.negative),
     ("exp", [(3, 4)], {}, np.exp),
     ("tanh", [(3, 4)], {}, np.tanh),
+    ("sin", [(3, 4)], {}, np.sin),
+    ("cos", [(3, 4)], {}, np.cos),
     ("relu", [(3, 4)], {}, lambda x: np.maximum(x, 0)),
     ("gelu", [(3, 4)], {}, gelu),
     ("silu", [(3, 4)], {}, lambda x: x * sigmoid(x)),
     ("sigmoid", [(3, 4)], {}, sigmoid),
     ("cast", [(3, 4)], {"dtype": "f16"}, lambda x: x.astype(np.float16)),
+    ("compare", [(2, 3), (1, 3)], {"direction": "lt"}, np.less),
+    ("compare", [(4,), ()], {"direction": "ge"}, np.greater_equal),
+    ("select", [(2, 3), (2, 3), (3,)], {}, lambda which, a, b: np.where(which, b, a)),
+    ("iota", [], {"shape": [3, 4], "dimension": 1, "dtype": "i32"}, lambda: np.broadcast_to(np.arange(4), (3, 4))),
     ("reduce_sum", [(3, 4, 5)], {"dims": [1]}, lambda x: x.sum(1)),
     ("reduce_max", [(3, 4, 5)], {"dims": [0, 2], "keepdims": True}, lambda x: x.max((0, 2), keepdims=True)),
     ("reduce_min", [(3, 4)], {"dims": [-1]}, lambda x: x.min(-1)),
@@ -118,6 +124,8 @@ def nest_of(case):
 def make_inputs(kind: str, shapes):
     if kind == "embedding":
         return [rng.integers(0, shapes[1][0], shapes[0]), rng.uniform(-1, 1, shapes[1])]
+    if kind == "select":
+        return [rng.integers(0, 2, shapes[0]).astype(bool)] + [rng.uniform(-1, 1, s) for s in shapes[1:]]
     if kind == "div":
         return [rng.uniform(-1, 1, shapes[0]), rng.uniform(0.5, 2, shapes[1])]
     return [rng.uniform(-1, 1, s) for s in shapes]
@@ -220,8 +228,8 @@ def test_invalid_loops_are_the_ones_a_split_would_break(kind_name, shapes, attrs
 
 def test_every_registered_kind_has_a_test_case():
     tested = {c[0] for c in CASES}
-    # elementwise kinds below; `grad` rows are covered by tests/test_grad_row.py
-    untested = set(OP_KINDS) - tested - {"abs", "log", "sqrt", "rsqrt", "square", "pow", "grad"}
+    # elementwise kinds and `opaque` below; `grad` rows are covered by tests/test_grad_row.py
+    untested = set(OP_KINDS) - tested - {"abs", "log", "sqrt", "rsqrt", "square", "pow", "grad", "opaque"}
     assert not untested, f"add a case for {sorted(untested)}"
 
 
@@ -245,3 +253,14 @@ def test_reshape_that_is_not_split_or_merge_is_refused():
     from autoshard.ops import OpError
     with pytest.raises(OpError, match="not a split/merge"):
         OP_KINDS["reshape"].loops([(6, 4)], {"shape": [4, 6]})
+
+
+def test_an_opaque_op_is_never_split_and_has_its_declared_result():
+    kind = OP_KINDS["opaque"]
+    attrs = {"shape": [5], "dtype": "i32", "primitive": "cumsum"}
+    nest = kind.loops([(2, 3), (4,)], attrs)
+    assert nest.splittable_loops() == () and set(nest.iterator_types) == {INVALID}
+    assert [str(m) for m in nest.maps] == ["(d0, d1, d2, d3) -> (d1, d2)", "(d0, d1, d2, d3) -> (d3)",
+                                           "(d0, d1, d2, d3) -> (d0)"]
+    (result,) = evaluate(kind, nest, attrs, [rng.uniform(-1, 1, (2, 3)), rng.uniform(-1, 1, (4,))])
+    assert result.dtype == np.int32 and result.shape == (5,)

@@ -6,13 +6,15 @@ import json
 from typing import Any
 
 from autoshard import __version__
+from autoshard.delivery.partition_specs import plan_partition_specs
 from autoshard.planning.make_plan import PlanResult
 from autoshard.planning.plan import plan_to_json
 
 
 def plan_document(result: PlanResult, topology: str) -> dict[str, Any]:
     """Per-op options and per-tensor shardings (readable by `plan_from_json`), plus per-edge
-    reshardings, totals, a per-op breakdown and the solver's status, objective, bound and gap."""
+    reshardings, totals, a per-op breakdown, the solver's status, objective, bound and gap, and the
+    shardings as PartitionSpecs (`partition_specs`, see `autoshard.delivery.partition_specs`)."""
     report = result.report.to_json()
     document = plan_to_json(result.plan)
     document["autoshard_version"] = __version__
@@ -23,6 +25,7 @@ def plan_document(result: PlanResult, topology: str) -> dict[str, Any]:
     document["reshardings"] = report["reshardings"]
     document["totals"] = report["totals"]
     document["solver"] = result.solver
+    document["partition_specs"] = plan_partition_specs(result.plan)
     return document
 
 

@@ -77,6 +77,8 @@ def _payload_nest(b: Body, ctx: LoweringContext, name: str | None = None) -> lis
     converted to the result's dtype and folded with the reduction kind over reduction loops."""
     op, nest, out = ctx.op, ctx.op.nest, ctx.out
     name = name or op.attrs.get("payload") or op.op_kind.payload
+    if name is None:  # compare, select, iota, opaque: rows without an MLIR lowering yet
+        raise InputError(f"op kind {op.kind!r} has no MLIR lowering yet", ctx.where)
     reductions = bool(nest.reduction_loops)
     fold = reductions and PAYLOADS[name].arity == len(ctx.inputs) + 1  # the payload is the combiner
     in_dtype = ctx.inputs[0].dtype if ctx.inputs else out.dtype

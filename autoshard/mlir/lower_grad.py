@@ -75,6 +75,8 @@ SLOPES: dict[str, Callable[[_Arith, str], str]] = {
     "sqrt": lambda a, x: a.op("div", a.const(0.5), a.op("sqrt", x)),
     "rsqrt": lambda a, x: a.op("div", a.mul(a.const(-0.5), a.op("rsqrt", x)), x),
     "tanh": lambda a, x: a.op("sub", a.const(1.0), a.op("square", a.op("tanh", x))),
+    "sin": lambda a, x: a.op("cos", x),
+    "cos": lambda a, x: a.op("neg", a.op("sin", x)),
     "relu": lambda a, x: _step(a, x),
     "gelu": _gelu_slope,
     "sigmoid": lambda a, x: a.mul(_sigmoid(a, x), a.op("sub", a.const(1.0), _sigmoid(a, x))),

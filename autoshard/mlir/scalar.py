@@ -68,6 +68,8 @@ _REAL_ONLY: dict[str, Callable[[Body, str, str], str]] = {
     "sqrt": lambda b, x, t: _op(b, "math.sqrt", [x], t, "sqrt"),
     "rsqrt": lambda b, x, t: _op(b, "math.rsqrt", [x], t, "rsqrt"),
     "tanh": lambda b, x, t: _op(b, "math.tanh", [x], t, "tanh"),
+    "sin": lambda b, x, t: _op(b, "math.sin", [x], t, "sin"),
+    "cos": lambda b, x, t: _op(b, "math.cos", [x], t, "cos"),
     "gelu": _gelu,
     "sigmoid": _sigmoid,
     "silu": lambda b, x, t: _op(b, "arith.mulf", [x, _sigmoid(b, x, t)], t, "silu"),

@@ -1,4 +1,5 @@
-"""Elementwise ops: unary payloads, binary payloads with numpy broadcasting, and `cast`."""
+"""Elementwise ops: unary payloads, binary payloads with numpy broadcasting, `cast`, `compare` and
+`select`."""
 
 from __future__ import annotations
 
@@ -76,3 +77,38 @@ def _cast_compute(inputs: list[np.ndarray], ctx: Context) -> list[np.ndarray]:
 
 register(OpKind("cast", (1, 1), _unary_loops, _cast_compute, lambda nest, attrs: 0.0, _cast_dtype,
                 attrs=("dtype",), payload="copy", doc="convert to attribute dtype"))
+
+
+# --- compare and select -----------------------------------------------------------------
+COMPARISONS = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
+               "ge": np.greater_equal}
+
+
+def _direction(attrs: Attrs) -> str:
+    direction = attrs.get("direction")
+    if direction not in COMPARISONS:
+        raise OpError(f"attribute 'direction' must be one of {list(COMPARISONS)}, got {direction!r}", "direction")
+    return direction
+
+
+def _compare_loops(shapes: Sequence[Shape], attrs: Attrs) -> LoopNest:
+    _direction(attrs)
+    return elementwise_loops(shapes, attrs)
+
+
+def _compare(inputs: list[np.ndarray], ctx: Context) -> list[np.ndarray]:
+    return [COMPARISONS[_direction(ctx.attrs)](inputs[0], inputs[1])]
+
+
+register(OpKind("compare", (2, 2), _compare_loops, _compare, out_dtypes=lambda in_dtypes, attrs: ("bool",),
+                attrs=("direction",), doc="elementwise comparison (attribute direction: eq ne lt le gt ge) to bool"))
+
+
+def _select(inputs: list[np.ndarray], ctx: Context) -> list[np.ndarray]:
+    # A bool selector picks the second case where true, an integer one the case it numbers.
+    which, cases = inputs[0], inputs[1:]
+    return [np.choose(which.astype(np.int64), np.broadcast_arrays(*cases))]
+
+
+register(OpKind("select", (2, None), elementwise_loops, _select, out_dtypes=lambda in_dtypes, attrs: (in_dtypes[1],),
+                doc="elementwise pick among the cases by the first input (XLA select_n), with numpy broadcasting"))

@@ -62,6 +62,8 @@ SLOPES: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "sqrt": lambda x: 0.5 / np.sqrt(x),
     "rsqrt": lambda x: -0.5 * x ** -1.5,
     "tanh": lambda x: 1.0 - np.tanh(x) ** 2,
+    "sin": np.cos,
+    "cos": lambda x: -np.sin(x),
     "relu": lambda x: (x > 0).astype(x.dtype),
     "gelu": _gelu_slope,
     "sigmoid": lambda x: _sigmoid(x) * (1.0 - _sigmoid(x)),

@@ -54,6 +54,8 @@ PAYLOADS: dict[str, Payload] = {p.name: p for p in (
     Payload("sqrt", 1, np.sqrt, 2),
     Payload("rsqrt", 1, lambda x: 1.0 / np.sqrt(x), 2),
     Payload("tanh", 1, np.tanh, 4),
+    Payload("sin", 1, np.sin, 4),
+    Payload("cos", 1, np.cos, 4),
     Payload("relu", 1, lambda x: np.maximum(x, 0), 1),
     Payload("gelu", 1, _gelu, 8),
     Payload("sigmoid", 1, _sigmoid, 4),

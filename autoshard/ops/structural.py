@@ -1,4 +1,5 @@
-"""Data movement: transpose, reshape, broadcast_in_dim, concat, slice, and embedding lookup."""
+"""Data movement: transpose, reshape, broadcast_in_dim, concat, slice, embedding lookup, and `iota`
+(the indices along one dim, made from nothing)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Sequence
 import numpy as np
 
 from autoshard.affine import AffineExpr, AffineMap
+from autoshard.dtypes import DTYPES
 from autoshard.ops.loops import INVALID, PARALLEL, REDUCTION, LoopNest
 from autoshard.ops.table import (Attrs, Context, OpError, OpKind, Shape, int_list_attr, normalize_dim,
                                  prod, register, shape_error)
@@ -217,3 +219,29 @@ def _embedding_dtype(in_dtypes: Sequence[str], attrs: Attrs) -> tuple[str, ...]:
 
 register(OpKind("embedding", (2, 2), _embedding_loops, _embedding, _no_flops, _embedding_dtype,
                 doc="rows of table [V, D] picked by integer ids; splitting V sums masked lookups"))
+
+
+# --- iota ------------------------------------------------------------------------------
+def _iota_loops(shapes: Sequence[Shape], attrs: Attrs) -> LoopNest:
+    out = int_list_attr(attrs, "shape")
+    normalize_dim(attrs.get("dimension", 0), len(out), "dimension")
+    return LoopNest(out, (PARALLEL,) * len(out), (), (AffineMap.identity(len(out)),))
+
+
+def _iota(inputs: list[np.ndarray], ctx: Context) -> list[np.ndarray]:
+    # The block's own indices: a device holding rows [start, stop) numbers them globally.
+    out = ctx.out_shapes[0]
+    dim = normalize_dim(ctx.attrs.get("dimension", 0), len(out), "dimension")
+    start = ctx.block.starts[dim]
+    ramp = np.arange(start, start + out[dim]).reshape([-1 if d == dim else 1 for d in range(len(out))])
+    return [np.broadcast_to(ramp, out).astype(DTYPES[ctx.attrs["dtype"]].numpy)]
+
+
+def _iota_dtype(in_dtypes: Sequence[str], attrs: Attrs) -> tuple[str, ...]:
+    if attrs.get("dtype") not in DTYPES:
+        raise OpError(f"attribute 'dtype' must be one of {sorted(DTYPES)}, got {attrs.get('dtype')!r}", "dtype")
+    return (attrs["dtype"],)
+
+
+register(OpKind("iota", (0, 0), _iota_loops, _iota, _no_flops, _iota_dtype, attrs=("shape", "dimension", "dtype"),
+                doc="a tensor of attribute shape holding each element's index along attribute dimension"))

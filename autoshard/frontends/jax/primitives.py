@@ -1,0 +1,163 @@
+"""The jax primitives autoshard reads: one row per primitive, saying which graph ops of the op
+table (`autoshard.ops`) it becomes.
+
+A row is a function of an `Emit` (which adds ops to the graph being built and names the tensors
+of the equation's operands) and the equation; it returns the graph tensor of each result. A
+primitive without a row, or an equation its row cannot express (`Unsupported`, or an op the op
+table refuses), becomes an `opaque` op, kept whole on every device.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+
+from autoshard.frontends.jax.trace import Atom, FlatEqn
+
+
+class Emit(Protocol):
+    """What a row may do: read operands as graph tensors and add ops."""
+
+    def tensor(self, atom: Atom) -> str: ...
+
+    def constant(self, value: Any, dtype: str) -> str: ...
+
+    def op(self, kind: str, inputs: Sequence[str], **attrs: Any) -> str: ...
+
+    def shape(self, atom: Atom) -> tuple[int, ...]: ...
+
+    def dtype(self, atom: Atom) -> str: ...
+
+
+Row = Callable[[Emit, FlatEqn], list[str]]  # raises (Unsupported, OpError) before adding any op
+
+
+class Unsupported(Exception):
+    """This equation of a known primitive has no graph ops; the message says why."""
+
+
+# jax element types -> the graph's (`autoshard.dtypes`)
+DTYPE_NAMES = {"float64": "f64", "float32": "f32", "bfloat16": "bf16", "float16": "f16", "float8_e4m3fn": "f8",
+               "int64": "i64", "int32": "i32", "uint32": "i32", "bool": "bool"}
+
+
+def _same(e: Emit, eqn: FlatEqn) -> list[str]:
+    """The results are the operands (no data changes hands)."""
+    return [e.tensor(a) for a in eqn.inputs]
+
+
+def _elementwise(kind: str) -> Row:
+    return lambda e, eqn: [e.op(kind, [e.tensor(a) for a in eqn.inputs])]
+
+
+def _integer_pow(e: Emit, eqn: FlatEqn) -> list[str]:
+    y, x = eqn.params["y"], eqn.inputs[0]
+    if y == 1:
+        return _same(e, eqn)
+    if y == 2:
+        return [e.op("square", [e.tensor(x)])]
+    return [e.op("pow", [e.tensor(x), e.constant(y, e.dtype(x))])]
+
+
+def _convert(e: Emit, eqn: FlatEqn) -> list[str]:
+    target = DTYPE_NAMES.get(str(np.dtype(eqn.params["new_dtype"])))
+    if target is None:
+        raise Unsupported(f"new_dtype {eqn.params['new_dtype']} has no graph dtype")
+    if target == e.dtype(eqn.inputs[0]):
+        return _same(e, eqn)
+    return [e.op("cast", [e.tensor(eqn.inputs[0])], dtype=target)]
+
+
+def _reduce(kind: str) -> Row:
+    return lambda e, eqn: [e.op(kind, [e.tensor(eqn.inputs[0])], dims=[int(a) for a in eqn.params["axes"]])]
+
+
+def _broadcast(e: Emit, eqn: FlatEqn) -> list[str]:
+    return [e.op("broadcast_in_dim", [e.tensor(eqn.inputs[0])], shape=[int(s) for s in eqn.params["shape"]],
+                 broadcast_dimensions=[int(d) for d in eqn.params["broadcast_dimensions"]])]
+
+
+def _reshape_to(shape: Sequence[int]) -> Row:
+    def row(e: Emit, eqn: FlatEqn) -> list[str]:
+        if tuple(shape) == e.shape(eqn.inputs[0]):
+            return _same(e, eqn)
+        return [e.op("reshape", [e.tensor(eqn.inputs[0])], shape=[int(s) for s in shape])]
+    return row
+
+
+def _reshape(e: Emit, eqn: FlatEqn) -> list[str]:
+    if eqn.params.get("dimensions") is not None:
+        raise Unsupported("a reshape that transposes first (dimensions is set)")
+    return _reshape_to(eqn.params["new_sizes"])(e, eqn)
+
+
+def _squeeze(e: Emit, eqn: FlatEqn) -> list[str]:
+    dropped = {d % len(e.shape(eqn.inputs[0])) for d in eqn.params["dimensions"]}
+    return _reshape_to([s for d, s in enumerate(e.shape(eqn.inputs[0])) if d not in dropped])(e, eqn)
+
+
+def _transpose(e: Emit, eqn: FlatEqn) -> list[str]:
+    return [e.op("transpose", [e.tensor(eqn.inputs[0])], perm=[int(p) for p in eqn.params["permutation"]])]
+
+
+def _concatenate(e: Emit, eqn: FlatEqn) -> list[str]:
+    return [e.op("concat", [e.tensor(a) for a in eqn.inputs], axis=int(eqn.params["dimension"]))]
+
+
+def _slice(e: Emit, eqn: FlatEqn) -> list[str]:
+    shape = e.shape(eqn.inputs[0])
+    strides = eqn.params.get("strides") or (1,) * len(shape)
+    starts, limits = eqn.params["start_indices"], eqn.params["limit_indices"]
+    if all(a == 0 and b == n and s == 1 for a, b, s, n in zip(starts, limits, strides, shape)):
+        return _same(e, eqn)
+    return [e.op("slice", [e.tensor(eqn.inputs[0])], starts=[int(a) for a in starts], limits=[int(b) for b in limits],
+                 strides=[int(s) for s in strides])]
+
+
+def _compare(direction: str) -> Row:
+    return lambda e, eqn: [e.op("compare", [e.tensor(a) for a in eqn.inputs], direction=direction)]
+
+
+def _iota(e: Emit, eqn: FlatEqn) -> list[str]:
+    return [e.op("iota", [], shape=[int(s) for s in eqn.params["shape"]], dimension=int(eqn.params["dimension"]),
+                 dtype=DTYPE_NAMES[str(np.dtype(eqn.params["dtype"]))])]
+
+
+def _dot_general(e: Emit, eqn: FlatEqn) -> list[str]:
+    (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = eqn.params["dimension_numbers"]
+    lhs, rhs = eqn.inputs
+    preferred = eqn.params.get("preferred_element_type")
+    target = DTYPE_NAMES.get(str(np.dtype(preferred))) if preferred is not None else e.dtype(lhs)
+    if target is None:
+        raise Unsupported(f"preferred_element_type {preferred} has no graph dtype")
+    out = e.op("dot_general", [e.tensor(lhs), e.tensor(rhs)],
+               lhs_batch_dims=[int(d) for d in lhs_batch], rhs_batch_dims=[int(d) for d in rhs_batch],
+               lhs_contracting_dims=[int(d) for d in lhs_contract], rhs_contracting_dims=[int(d) for d in rhs_contract])
+    return [out if target == e.dtype(lhs) else e.op("cast", [out], dtype=target)]
+
+
+PRIMITIVES: dict[str, Row] = {
+    **{name: _elementwise(name) for name in ("neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sin", "cos", "abs", "square",
+                                             "add", "sub", "mul", "div", "max", "min", "pow")},
+    "logistic": _elementwise("sigmoid"),
+    "add_any": _elementwise("add"),  # the sum of two gradient contributions
+    "integer_pow": _integer_pow,
+    "convert_element_type": _convert,
+    "reduce_sum": _reduce("reduce_sum"),
+    "reduce_max": _reduce("reduce_max"),
+    "reduce_min": _reduce("reduce_min"),
+    "broadcast_in_dim": _broadcast,
+    "reshape": _reshape,
+    "squeeze": _squeeze,
+    "transpose": _transpose,
+    "concatenate": _concatenate,
+    "slice": _slice,
+    "select_n": _elementwise("select"),
+    **{name: _compare(name) for name in ("eq", "ne", "lt", "le", "gt", "ge")},
+    "iota": _iota,
+    "dot_general": _dot_general,
+    # values passed on unchanged (what they mean lies outside one step's data flow)
+    **{name: _same for name in ("stop_gradient", "copy", "copy_p", "reduce_precision", "sharding_constraint",
+                                "optimization_barrier")},
+}

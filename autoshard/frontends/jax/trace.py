@@ -1,0 +1,143 @@
+"""A function's jaxpr as one flat program: nested `jit`, `custom_jvp_call`, `custom_vjp_call` and
+`checkpoint` calls inlined, closed-over constants and literals as `Const`s, every value an integer id.
+
+The importer turns the program into graph ops and `shard` evaluates it again under the plan's
+shardings: both walk this one list, so a value's graph tensor is found by its id.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from autoshard.errors import InputError
+from autoshard.frontends.jax.runtime import require_jax
+
+# Call primitives whose body is inlined, with the parameter holding the body. Their custom
+# differentiation rules do not matter here: a gradient the user takes is already in the jaxpr.
+INLINED = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
+           "custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr", "remat2": "jaxpr", "checkpoint": "jaxpr"}
+
+
+@dataclass(frozen=True)
+class Const:
+    """A literal or a closed-over constant."""
+
+    value: np.ndarray = field(compare=False)
+    index: int  # position among the program's constants
+
+
+Atom = int | Const  # a value id, or a constant
+
+
+@dataclass(frozen=True)
+class Argument:
+    id: int
+    path: str  # the pytree path, spelled from the function's parameter names: params['w1']
+    argnum: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+@dataclass(frozen=True)
+class FlatEqn:
+    primitive: Any  # a jax Primitive
+    params: dict[str, Any]
+    inputs: tuple[Atom, ...]
+    outputs: tuple[int, ...]
+
+
+@dataclass
+class FlatProgram:
+    arguments: list[Argument]
+    eqns: list[FlatEqn]
+    outputs: list[Atom]
+    out_tree: Any  # the pytree structure of the function's result
+    in_tree: Any  # the pytree structure of the arguments tuple
+    avals: dict[int, tuple[tuple[int, ...], np.dtype]]  # value id -> (shape, dtype)
+    consts: list[Const]
+
+    def shape(self, atom: Atom) -> tuple[int, ...]:
+        return tuple(atom.value.shape) if isinstance(atom, Const) else self.avals[atom][0]
+
+    def dtype(self, atom: Atom) -> np.dtype:
+        return atom.value.dtype if isinstance(atom, Const) else self.avals[atom][1]
+
+
+def argument_paths(f: Callable[..., Any], args: Sequence[Any]) -> list[tuple[str, int]]:
+    """Each leaf's path and argument number: `params['layers'][0]['wq']`, with positional arguments
+    named after `f`'s parameters where its signature gives them (else `args[i]`)."""
+    jax = require_jax()
+    try:
+        names = [p.name for p in inspect.signature(f).parameters.values()
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):  # builtins and some wrappers have no signature
+        names = []
+    paths = []
+    for argnum, arg in enumerate(args):
+        head = names[argnum] if argnum < len(names) else f"args[{argnum}]"
+        for path, _ in jax.tree_util.tree_flatten_with_path(arg)[0]:
+            paths.append((head + jax.tree_util.keystr(path), argnum))
+    return paths
+
+
+def trace(f: Callable[..., Any], args: Sequence[Any]) -> FlatProgram:
+    """The flat program of `f(*args)`; `args` may hold arrays or `jax.ShapeDtypeStruct`s."""
+    jax = require_jax()
+    if not callable(f):
+        raise InputError(f"expected a function, got {type(f).__name__}", "f")
+    closed, out_shape = jax.make_jaxpr(f, return_shape=True)(*args)
+    leaves, in_tree = jax.tree_util.tree_flatten(tuple(args))
+    paths = argument_paths(f, args)
+    flat = _Flattener()
+    arguments = []
+    for var, (path, argnum), leaf in zip(closed.jaxpr.invars, paths, leaves):
+        value_id = flat.new(var.aval)
+        arguments.append(Argument(value_id, path, argnum, tuple(var.aval.shape), np.dtype(var.aval.dtype)))
+    outputs = flat.inline(closed.jaxpr, [a.id for a in arguments], [flat.const(c) for c in closed.consts])
+    return FlatProgram(arguments, flat.eqns, outputs, jax.tree_util.tree_structure(out_shape), in_tree,
+                       flat.avals, flat.consts)
+
+
+class _Flattener:
+    def __init__(self) -> None:
+        self.eqns: list[FlatEqn] = []
+        self.avals: dict[int, tuple[tuple[int, ...], np.dtype]] = {}
+        self.consts: list[Const] = []
+
+    def new(self, aval: Any) -> int:
+        value_id = len(self.avals)
+        self.avals[value_id] = (tuple(aval.shape), np.dtype(aval.dtype))
+        return value_id
+
+    def const(self, value: Any, dtype: Any = None) -> Const:
+        const = Const(np.asarray(value, dtype=dtype), len(self.consts))
+        self.consts.append(const)
+        return const
+
+    def inline(self, jaxpr: Any, inputs: Sequence[Atom], consts: Sequence[Atom]) -> list[Atom]:
+        jax_core = require_jax("jax.extend.core")
+        env: dict[Any, Atom] = dict(zip(jaxpr.constvars, consts))
+        env.update(zip(jaxpr.invars, inputs))
+
+        def read(var: Any) -> Atom:
+            if isinstance(var, jax_core.Literal):
+                return self.const(var.val, var.aval.dtype)
+            return env[var]
+
+        for eqn in jaxpr.eqns:
+            ins = [read(v) for v in eqn.invars]
+            body = eqn.params.get(INLINED.get(eqn.primitive.name, ""))
+            if body is not None:
+                if isinstance(body, jax_core.ClosedJaxpr):
+                    outs = self.inline(body.jaxpr, ins, [self.const(c) for c in body.consts])
+                else:
+                    outs = self.inline(body, ins, [])
+            else:
+                outs = [self.new(v.aval) for v in eqn.outvars]
+                self.eqns.append(FlatEqn(eqn.primitive, dict(eqn.params), tuple(ins), tuple(outs)))  # type: ignore[arg-type]
+            env.update(zip(eqn.outvars, outs))
+        return [read(v) for v in jaxpr.outvars]
