@@ -184,6 +184,8 @@ def _attention(b: Body, ctx: LoweringContext) -> list[Operand]:
     """scores = q k^T (generic), scaled and causally masked (generic), linalg.softmax over the
     keys, then weights v (generic). Loops of the op: b0 h1 s2 e3 t4 d5."""
     ctx.require_float()
+    if len(ctx.inputs) != 3:
+        raise InputError(f"op {ctx.op.name!r} (attention) with a mask input is not lowered to MLIR yet", ctx.where)
     q, k, v = ctx.inputs
     dtype = q.dtype
     scale = ctx.op.attrs.get("scale", 1.0 / math.sqrt(ctx.op.nest.extents[5]))
