@@ -19,6 +19,9 @@ def plan_document(result: PlanResult, topology: str) -> dict[str, Any]:
     document["topology"] = topology
     for entry in report["ops"]:
         document["ops"][entry["op"]].update({k: v for k, v in entry.items() if k not in ("op", "kind", "option")})
+    for op in result.plan.graph.ops:
+        if op.module:  # where an imported op came from, so that reports can group ops by layer
+            document["ops"][op.name]["module"] = op.module
     document["reshardings"] = report["reshardings"]
     document["totals"] = report["totals"]
     document["solver"] = result.solver

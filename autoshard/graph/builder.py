@@ -38,6 +38,9 @@ class GraphBuilder:
         self.ops: list[OpDecl] = []
         self.outputs: list[str] = []
         self._op_names: set[str] = set()
+        # The framework module the ops being added come from (set by an importer); op -> module.
+        self.module = ""
+        self.modules: dict[str, str] = {}
 
     # --- declarations --------------------------------------------------------------------
     def input(self, name: str, shape: Sequence[int], dtype: str | None = None) -> str:
@@ -60,10 +63,26 @@ class GraphBuilder:
         self.tensors[name] = TensorDecl(name, out, dtype or self.dtype, "intermediate")
         self.ops.append(OpDecl(name, kind, tuple(inputs), name, dict(attrs)))
         self._op_names.add(name)
+        if self.module:
+            self.modules[name] = self.module
         return name
 
     def mark_outputs(self, *tensors: str) -> None:
         self.outputs.extend(t for t in tensors if t not in self.outputs)
+
+    def mark(self) -> tuple[int, int]:
+        """Where the graph is now, to `rollback` to (an importer giving up on an op it began)."""
+        return len(self.tensors), len(self.ops)
+
+    def rollback(self, mark: tuple[int, int]) -> None:
+        """Drop the tensors and ops added since `mark`."""
+        tensors, ops = mark
+        for name in list(self.tensors)[tensors:]:
+            del self.tensors[name]
+        for op in self.ops[ops:]:
+            self._op_names.discard(op.name)
+            self.modules.pop(op.name, None)
+        del self.ops[ops:]
 
     # --- queries -------------------------------------------------------------------------
     def shape(self, tensor: str) -> Shape:
@@ -80,7 +99,8 @@ class GraphBuilder:
             "format": FORMAT, "name": self.name,
             "tensors": {t.name: {"shape": list(t.shape), "dtype": t.dtype, **({"role": t.role} if t.role != "intermediate" else {})}
                         for t in self.tensors.values()},
-            "ops": [{"name": op.name, "kind": op.kind, "inputs": list(op.inputs), "outputs": [op.output], **op.attrs}
+            "ops": [{"name": op.name, "kind": op.kind, "inputs": list(op.inputs), "outputs": [op.output], **op.attrs,
+                     **({"module": self.modules[op.name]} if op.name in self.modules else {})}
                     for op in self.ops],
             "outputs": list(self.outputs),
         }
