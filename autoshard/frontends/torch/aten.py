@@ -18,6 +18,7 @@ from autoshard.frontends.torch.runtime import require_torch
 
 torch = require_torch()
 aten = torch.ops.aten
+from torch.distributed.tensor import DTensor, Replicate  # noqa: E402  (after the check that torch is there)
 
 Row = Callable[[Lowering, Any], str]
 ATEN: dict[str, Row] = {}
@@ -238,9 +239,10 @@ def _rms_norm(lw: Lowering, node: Any) -> str:
 @row("view.default", "reshape.default", "_unsafe_view.default", "unsqueeze.default", "squeeze.dim", "squeeze.dims",
      "squeeze.default", "flatten.using_ints", "unflatten.int")
 def _reshape(lw: Lowering, node: Any) -> str:
-    rest, kwargs = node.args[1:], dict(node.kwargs)
-    return lw.op("reshape", [lw.tensor(node.args[0])], node.name, lambda t: node.target(t, *rest, **kwargs),
-                 shape=out_shape(node))
+    # run as `reshape`: after functionalisation a `view` may read a transposed (non-contiguous)
+    # value, which only reshape takes whatever its layout
+    shape = out_shape(node)
+    return lw.op("reshape", [lw.tensor(node.args[0])], node.name, lambda t: aten.reshape.default(t, shape), shape=shape)
 
 
 @row("transpose.int", "permute.default", "t.default")
@@ -344,7 +346,20 @@ def _sdpa(lw: Lowering, node: Any) -> str:
     attrs = {"causal": causal} | ({"scale": float(scale)} if scale is not None else {})
 
     def call(q_: Any, k_: Any, v_: Any, mask_: Any = None) -> Any:
-        return aten.scaled_dot_product_attention.default(q_, k_, v_, mask_, 0.0, causal, scale=scale)
+        if q_.device.type != "cpu" or not isinstance(q_, DTensor):
+            return aten.scaled_dot_product_attention.default(q_, k_, v_, mask_, 0.0, causal, scale=scale)
+        # DTensor has no sharding rule for the fused CPU kernel, so the math form (aten ops it
+        # has rules for) runs instead, on contiguous blocks (it views them), with the causal mask
+        # as a replicated DTensor of its own (the math form would make a plain tensor of it)
+        q_, k_, v_ = (aten.clone.default(t, memory_format=torch.contiguous_format) for t in (q_, k_, v_))
+        if causal:
+            s, t = q_.shape[-2], k_.shape[-2]
+            tril = torch.ones(s, t, dtype=torch.bool).tril()
+            tril = DTensor.from_local(tril, q_.device_mesh, [Replicate()] * q_.device_mesh.ndim, run_check=False)
+            mask_ = tril if mask_ is None else (aten.logical_and.default(mask_, tril) if mask_.dtype == torch.bool
+                                                else aten.masked_fill.Scalar(mask_, aten.logical_not.default(tril), float("-inf")))
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+            return aten.scaled_dot_product_attention.default(q_, k_, v_, mask_, 0.0, False, scale=scale)
     return lw.op("attention", inputs, node.name, call, **attrs)
 
 
