@@ -18,7 +18,7 @@ class MLP(nn.Module):
         self.down = nn.Linear(ffn, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.gelu(self.up(x)))
+        return self.down(F.gelu(self.up(x), approximate="tanh"))
 
 
 def rotary_tables(seq: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,7 +80,7 @@ class GPTLayer(nn.Module):
         q, k, v = (t.view(b, s, self.heads, h // self.heads).transpose(1, 2) for t in (q, k, v))
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(o.transpose(1, 2).reshape(b, s, h))
-        return x + self.out(F.gelu(self.fc(self.ln_2(x))))
+        return x + self.out(F.gelu(self.fc(self.ln_2(x)), approximate="tanh"))  # GPT-2's gelu
 
 
 class GPT(nn.Module):
