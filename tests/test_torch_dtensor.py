@@ -62,7 +62,7 @@ def test_dtensor_runs_the_plan_and_matches_the_unsharded_module(name, mesh_text,
 
     expected = module(*args)
     with simulated_ranks(mesh_text) as mesh:
-        program_on_mesh = parallelize(program, result.plan, mesh)
+        program_on_mesh = parallelize(program, result, mesh)
         for w in weights:  # stored as planned
             assert tuple(program_on_mesh.stored(w).placements) == placements[w]
         with CollectiveLog() as log:
@@ -93,7 +93,7 @@ def test_a_training_step_gives_the_unsharded_loss_and_gradients(name, mesh_text,
     expected = {n: p.grad for n, p in module.named_parameters()}
 
     with simulated_ranks(mesh_text) as mesh:
-        program_on_mesh = parallelize(program, result.plan, mesh)
+        program_on_mesh = parallelize(program, result, mesh)
         out = program_on_mesh(*args)
         sharded_loss = (out * torch.distributed.tensor.distribute_tensor(labels, mesh, out.placements, src_data_rank=None)).sum()
         with CollectiveLog() as backward:

@@ -2,8 +2,9 @@
 
 The returned module keeps every parameter (and buffer) as a DTensor stored as planned. Its
 forward runs the imported graph op by op, each op as the aten call it came from: before an op,
-each input is redistributed to the sharding the op's option reads it in (the plan's
-reshardings, and no others); after it, the result is checked against the sharding the plan
+each input is redistributed to the sharding the op's option reads it in, once for all its
+consumers and through the same intermediate shardings as the plan's resharding steps (the
+plan's collectives, not ones of DTensor's choosing); after it, the result is checked against the sharding the plan
 says the op produces, and moved there if DTensor's own propagation chose another (`mismatches`
 counts those, so a test can require none).
 """
@@ -19,6 +20,8 @@ from autoshard.frontends.torch.runtime import require_torch
 from autoshard.mesh import Mesh
 from autoshard.planning.make_plan import PlanResult
 from autoshard.planning.plan import Plan, plan_from_json
+from autoshard.planning.report import plan_reshardings
+from autoshard.resharding import bytes_moved_price
 from autoshard.sharding import Sharding
 
 torch = require_torch()
@@ -34,7 +37,25 @@ def parallelize(exported_program: Any, plan: Plan | PlanResult | Mapping[str, An
     """
     imported = import_program(exported_program)
     mesh = _check_mesh(_plan_mesh(plan), device_mesh)
-    return ShardedProgram(exported_program, imported, _forward_plan(plan, imported, mesh), device_mesh)
+    forward = _forward_plan(plan, imported, mesh)
+    return ShardedProgram(exported_program, imported, forward, device_mesh, _resharding_steps(plan, forward))
+
+
+def _resharding_steps(plan: Any, forward: Plan) -> dict[tuple[str, Sharding], list[Sharding]]:
+    """(tensor, target) -> the sharding after each step of the plan's resharding, as priced when
+    the plan was made (a bare Plan's reshardings are found anew, priced by bytes moved)."""
+    if isinstance(plan, PlanResult):
+        entries = plan.report.reshardings
+    elif isinstance(plan, Mapping):
+        entries = plan.get("reshardings") or []
+    else:
+        entries = [{"tensor": t, "to": r.target.to_json(), "steps": [s.to_json() for s in r.steps]}
+                   for t, _, _, r in plan_reshardings(forward, bytes_moved_price(forward.mesh))]
+    steps: dict[tuple[str, Sharding], list[Sharding]] = {}
+    for entry in entries:
+        if entry["tensor"] in forward.graph.tensors:
+            steps[entry["tensor"], Sharding.parse(entry["to"])] = [Sharding.parse(s["after"]) for s in entry["steps"]]
+    return steps
 
 
 def _plan_mesh(plan: Any) -> Mesh:
@@ -89,13 +110,23 @@ def _forward_plan(plan: Any, imported: ImportedProgram, mesh: Mesh) -> Plan:
     return plan_from_json(kept, graph, mesh)
 
 
-BLOCKWISE = ("reshape", "dot_general", "matmul", "batch_matmul")
+BLOCKWISE = ("reshape", "broadcast_in_dim", "dot_general", "matmul", "batch_matmul", "conv2d")
 
 
 class ShardedProgram(torch.nn.Module):
-    def __init__(self, exported_program: Any, imported: ImportedProgram, plan: Plan, device_mesh: Any):
+    def __init__(self, exported_program: Any, imported: ImportedProgram, plan: Plan, device_mesh: Any,
+                 resharding_steps: dict[tuple[str, Sharding], list[Sharding]]):
         super().__init__()
         self.imported, self.plan, self.device_mesh = imported, plan, device_mesh
+        # (tensor, target placements) -> the placements after each of the plan's steps, where
+        # DTensor can place them all; else DTensor goes to the target its own way
+        self._paths: dict[tuple[str, tuple[Any, ...]], list[tuple[Any, ...]]] = {}
+        for (tensor, target), after in resharding_steps.items():
+            try:
+                path = [self._to_torch(s, tensor) for s in after]
+                self._paths[tensor, self._to_torch(target, tensor)] = path
+            except InputError:
+                continue
         self._placements = {name: tuple(s.to_torch() for s in placement_specs(plan.produced(name), plan.mesh, name))
                             for name in plan.graph.tensors}
         self._required = {op.name: [self._to_torch(plan.required(op, i), t) for i, t in enumerate(op.inputs)]
@@ -103,13 +134,16 @@ class ShardedProgram(torch.nn.Module):
         self.mismatches: list[str] = []  # ops whose result DTensor placed otherwise than the plan
         state = exported_program.state_dict
         constants = exported_program.constants
-        self._stored: dict[str, Any] = {}
+        self._stored: dict[str, str] = {}  # graph name -> qualified name of the parameter or buffer
+        self._whole_buffers: dict[str, Any] = {}  # whole values of the buffers, which training does not change
         for name, target in imported.parameters.items():
             value = state[target] if target in state else constants[target]
             stored = _distribute(value.detach(), device_mesh, self._placements[name])
             if plan.graph.tensors[name].role == "parameter":
                 stored = torch.nn.Parameter(stored, requires_grad=value.requires_grad)
             self._attach(target, stored, plan.graph.tensors[name].role == "parameter")
+            if plan.graph.tensors[name].role != "parameter":
+                self._whole_buffers[name] = value.detach()
             self._stored[name] = target
 
     def _to_torch(self, sharding: Sharding, tensor: str) -> tuple[Any, ...]:
@@ -134,7 +168,7 @@ class ShardedProgram(torch.nn.Module):
             else self.get_buffer(self._stored[tensor])
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        values = self._inputs(args, kwargs)
+        values, whole = self._inputs(args, kwargs)
         producers = self.plan.graph.producers
         moved: dict[tuple[str, tuple[Any, ...]], Any] = {}  # a value resharded once for all its consumers, as planned
 
@@ -143,12 +177,15 @@ class ShardedProgram(torch.nn.Module):
             if tuple(value.placements) == placements:
                 return value
             if (tensor, placements) not in moved:
-                moved[tensor, placements] = value.redistribute(self.device_mesh, placements)
+                for step in self._paths.get((tensor, placements), [placements]):
+                    value = value if tuple(value.placements) == step else value.redistribute(self.device_mesh, step)
+                moved[tensor, placements] = value.redistribute(self.device_mesh, placements) \
+                    if tuple(value.placements) != placements else value
             return moved[tensor, placements]
 
         for step in self.imported.steps:
             if step.opaque:
-                self._run_opaque(step, values)
+                self._run_opaque(step, values, whole, placed)
                 continue
             (name,) = step.outputs
             required = self._required[name]
@@ -185,10 +222,13 @@ class ShardedProgram(torch.nn.Module):
         DTensor runs `linear`, `matmul` and attention's math form as views that flatten dims
         (batch and sequence into rows, heads into features), and refuses to flatten a sharded
         dim that is not the leading one, or a dim split over several mesh dims (a strided
-        placement). These ops go by blocks, where a block's result is the result's block: a
-        reshape (the plan only splits its major loops), a contraction (a split reduction leaves
-        the partial sum the plan says), attention while its queries stay whole (the causal mask
-        needs global query positions). The other ops go through DTensor, which checks the plan.
+        placement); its convolution takes few layouts. These ops go by blocks, where a block's
+        result is the result's block: a reshape (the plan only splits its major loops), a
+        contraction or a convolution (a split reduction leaves the partial sum the plan says;
+        a convolution's windows are never split), attention while its queries stay whole (the
+        causal mask needs global query positions). A broadcast goes by blocks too: DTensor keeps a broadcast
+        dim replicated where the plan may split it. The other ops go through DTensor, which
+        checks the plan.
         """
         if op.kind in BLOCKWISE:
             return True
@@ -199,6 +239,8 @@ class ShardedProgram(torch.nn.Module):
         blocks = [x.to_local(grad_placements=self._block_grad_placements(op, i, x.placements)) for i, x in enumerate(inputs)]
         if op.kind == "reshape":
             block = blocks[0].reshape(local)
+        elif op.kind == "broadcast_in_dim":  # the importer's broadcasts align trailing dims, as expand does
+            block = blocks[0].expand(local)
         else:
             block = step.call(*blocks)
         shape = self.plan.graph.tensors[tensor].shape
@@ -217,12 +259,16 @@ class ShardedProgram(torch.nn.Module):
         return tuple(Partial("sum") if axis in used - read and isinstance(p, Replicate) else p
                      for axis, p in zip(self.plan.mesh.axis_names, placements))
 
-    def _inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    def _inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The values of the graph's inputs, laid out as planned, and the whole values every rank
+        already holds (plain-tensor arguments and buffers), which opaque ops read as they are."""
         given = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
         names = self.imported.user_inputs
         if len(given) != len(names):
             raise InputError(f"expected {len(names)} tensor argument(s) {names}, got {len(given)}", "forward")
         values: dict[str, Any] = {}
+        whole = {name: value for name, value in zip(names, given) if not isinstance(value, DTensor)}
+        whole |= self._whole_buffers
         for name, value in zip(names, given):
             placements = self._placements[name]
             values[name] = value.redistribute(self.device_mesh, placements) if isinstance(value, DTensor) \
@@ -232,16 +278,21 @@ class ShardedProgram(torch.nn.Module):
         for name, (number, _) in self.imported.scalars.items():
             dtype = self.stored_dtype(name)
             values[name] = _distribute(torch.tensor(number, dtype=dtype), self.device_mesh, self._placements[name])
-        return values
+        return values, whole
 
     def stored_dtype(self, scalar: str) -> Any:
         from autoshard.frontends.torch.lowering import DTYPES
         ours = self.imported.scalars[scalar][1]
         return getattr(torch, next(name for name, d in DTYPES.items() if d == ours))
 
-    def _run_opaque(self, step: Any, values: dict[str, Any]) -> None:
-        """PyTorch computes an opaque node on whole values; the result is replicated, as pinned."""
-        inputs = [values[t].full_tensor() if isinstance(values[t], DTensor) else values[t] for t in step.inputs]
+    def _run_opaque(self, step: Any, values: dict[str, Any], whole: dict[str, Any], placed: Any) -> None:
+        """PyTorch computes an opaque node on whole values; the result is replicated, as pinned.
+        A value held whole by every rank is read as it is; any other is replicated first (the
+        importer pins what opaque ops read, so that moves data only for a graph output, which the
+        plan replicates at the end anyway)."""
+        replicated = (Replicate(),) * self.device_mesh.ndim
+        inputs = [whole[t] if t in whole else placed(t, replicated).to_local() if isinstance(values[t], DTensor)
+                  else values[t] for t in step.inputs]
         result = step.call(*inputs)
         results = result if isinstance(result, (tuple, list)) else [result]
         for name, value in zip(step.outputs, results):

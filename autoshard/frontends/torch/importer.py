@@ -8,7 +8,8 @@ again imports to the same graph.
 
 Nodes no row lowers (mask and position bookkeeping, anything new) stay opaque: their values
 enter the graph as inputs of their true shapes, pinned replicated, and are computed by PyTorch
-itself when a plan runs. A warning names them; `strict=True` makes them an error.
+itself when a plan runs; the values they read are pinned replicated too. A warning names them;
+`strict=True` makes them an error.
 """
 
 from __future__ import annotations
@@ -132,7 +133,11 @@ def import_program(exported_program: Any, strict: bool = False, training: bool =
     else:
         builder.mark_outputs(*outputs)
     document = builder.document()
-    pinned = [n.name for n in opaque if n.name in builder.tensors] + list(lw.scalars)
+    # Opaque values are computed replicated, so are the values opaque ops read (the plan does not
+    # see those reads: a sharded one would be gathered outside it); numbers are rank 0.
+    read = [t for step in lw.steps if step.opaque for t in step.inputs if builder.tensors[t].role == "intermediate"]
+    produced = [t for step in lw.steps if step.opaque for t in step.outputs if t]
+    pinned = list(dict.fromkeys(produced + read + list(lw.scalars)))
     if pinned:
         document["constraints"] = [{"tensor": t, "split_axes": [], "required": True} for t in pinned]
     return ImportedProgram(document, graph_from_json(document), lw.steps, opaque, user_inputs, parameters,
