@@ -97,6 +97,7 @@ CASES = [
     ("embedding", [(2, 3), (7, 4)], {}, lambda ids, t: t[ids]),
     ("attention", [(1, 2, 4, 3), (1, 2, 5, 3), (1, 2, 5, 2)], {}, lambda q, k, v: attention(q, k, v, False)),
     ("attention", [(1, 2, 4, 3), (1, 2, 4, 3), (1, 2, 4, 2)], {"causal": True}, lambda q, k, v: attention(q, k, v, True)),
+    ("pad", [(3, 4)], {"low": [1, 0], "high": [2, 0]}, lambda x: np.pad(x, ((1, 2), (0, 0)))),
     # an additive mask broadcast over the batch and the heads
     ("attention", [(2, 2, 4, 3), (2, 2, 5, 3), (2, 2, 5, 2), (1, 1, 4, 5)], {},
      lambda q, k, v, m: attention(q, k, v, False, m)),

@@ -349,6 +349,10 @@ def _slice(b: Body, ctx: LoweringContext) -> list[Operand]:
     return [result]
 
 
+def _pad(b: Body, ctx: LoweringContext) -> list[Operand]:
+    raise InputError(f"op {ctx.op.name!r} (pad) is not lowered to MLIR yet", ctx.where)
+
+
 LOWERINGS: dict[str, Lowering] = {
     "matmul": _named_contraction("linalg.matmul", 2),
     "batch_matmul": _named_contraction("linalg.batch_matmul", 3),
@@ -364,6 +368,7 @@ LOWERINGS: dict[str, Lowering] = {
     "broadcast_in_dim": lambda b, ctx: _payload_nest(b, ctx, "copy"),
     "concat": _concat,
     "slice": _slice,
+    "pad": _pad,
     "grad": lower_grad,
 }
 
