@@ -18,6 +18,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from torch.distributed.tensor.debug import CommDebugMode  # noqa: E402
+
 from support.dtensor import CollectiveLog, planned_collectives, sharded_plan, simulated_ranks, traffic  # noqa: E402
 from support.torch_models import examples, exported  # noqa: E402
 
@@ -65,9 +67,11 @@ def test_dtensor_runs_the_plan_and_matches_the_unsharded_module(name, mesh_text,
         program_on_mesh = parallelize(program, result, mesh)
         for w in weights:  # stored as planned
             assert tuple(program_on_mesh.stored(w).placements) == placements[w]
-        with CollectiveLog() as log:
+        with CommDebugMode() as comm, CollectiveLog() as log:
             out = program_on_mesh(*args)
         full = unwrap(out.full_tensor())
+    # DTensor's own count agrees with the log, which also records each collective's group and bytes
+    assert comm.get_total_counts() == len(log.collectives)
     torch.testing.assert_close(full, expected, rtol=1e-5, atol=1e-5)
     assert program_on_mesh.mismatches == []  # DTensor placed every op's result as planned
 

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from autoshard.errors import InputError, Problem
 from autoshard.frontends.torch.importer import ImportedProgram, import_program
+from autoshard.frontends.torch.lowering import DTYPES
 from autoshard.frontends.torch.placements import placement_specs
 from autoshard.frontends.torch.runtime import require_torch
 from autoshard.mesh import Mesh
@@ -110,6 +111,7 @@ def _forward_plan(plan: Any, imported: ImportedProgram, mesh: Mesh) -> Plan:
     return plan_from_json(kept, graph, mesh)
 
 
+TORCH_DTYPES = {ours: getattr(torch, name) for name, ours in DTYPES.items()}
 BLOCKWISE = ("reshape", "broadcast_in_dim", "dot_general", "matmul", "batch_matmul", "conv2d")
 
 
@@ -275,15 +277,10 @@ class ShardedProgram(torch.nn.Module):
                 else _distribute(value, self.device_mesh, placements)
         for name in self._stored:
             values[name] = self.stored(name)
-        for name, (number, _) in self.imported.scalars.items():
-            dtype = self.stored_dtype(name)
-            values[name] = _distribute(torch.tensor(number, dtype=dtype), self.device_mesh, self._placements[name])
+        for name, (number, dtype) in self.imported.scalars.items():
+            value = torch.tensor(number, dtype=TORCH_DTYPES[dtype])
+            values[name] = _distribute(value, self.device_mesh, self._placements[name])
         return values, whole
-
-    def stored_dtype(self, scalar: str) -> Any:
-        from autoshard.frontends.torch.lowering import DTYPES
-        ours = self.imported.scalars[scalar][1]
-        return getattr(torch, next(name for name, d in DTYPES.items() if d == ours))
 
     def _run_opaque(self, step: Any, values: dict[str, Any], whole: dict[str, Any], placed: Any) -> None:
         """PyTorch computes an opaque node on whole values; the result is replicated, as pinned.
