@@ -10,7 +10,6 @@ The key of a row is the aten overload without its namespace (`linear.default`), 
 
 from __future__ import annotations
 
-import operator
 from typing import Any, Callable, Sequence
 
 from autoshard.frontends.torch.lowering import DTYPES, Lowering, Unsupported
@@ -25,12 +24,7 @@ ATEN: dict[str, Row] = {}
 
 
 def target_key(target: Any) -> str:
-    """`aten.linear.default` -> `linear.default`; `operator.getitem` -> `getitem`."""
-    if target is operator.getitem:
-        return "getitem"
-    name = getattr(target, "_schema", None)
-    if name is not None:
-        return f"{target._overloadpacket.__name__}.{target._overloadname}"
+    """`aten.linear.default` -> `linear.default` (an overload's name); `operator.getitem` -> `getitem`."""
     return getattr(target, "__name__", str(target))
 
 
