@@ -167,7 +167,9 @@ def _small_graphs():
         x = b.op("broadcast_in_dim", [p((3, 1))], "bcast", shape=[2, 3, 4], broadcast_dimensions=[1, 2])
         x = b.op("transpose", [x], "t", perm=[2, 0, 1])
         x = b.op("reduce_sum", [b.op("reshape", [x], "r", shape=[4, 6])], "s", dims=[1])
-        return b.op("softmax", [b.op("mul", [x, p((4,))], "m")], "sm", axis=0),
+        x = b.op("concat", [b.op("mul", [x, p((4,))], "m"), p((3,))], "cat", axis=0)
+        x = b.op("pad", [b.op("slice", [x], "sl", starts=[2], limits=[6])], "pad", low=[1], high=[2])
+        return b.op("softmax", [x], "sm", axis=0),
 
     def norms(b, p):
         x = p((5, 3))

@@ -36,8 +36,10 @@ def softmax(x, axis=-1):
     return e / e.sum(axis=axis, keepdims=True)
 
 
-def attention(q, k, v, causal):
+def attention(q, k, v, causal, mask=None):
     s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        s = s + mask
     if causal:
         s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
     return softmax(s) @ v
@@ -101,6 +103,10 @@ CASES = [
     ("embedding", [(2, 3), (7, 4)], {}, lambda ids, t: t[ids]),
     ("attention", [(1, 2, 4, 3), (1, 2, 5, 3), (1, 2, 5, 2)], {}, lambda q, k, v: attention(q, k, v, False)),
     ("attention", [(1, 2, 4, 3), (1, 2, 4, 3), (1, 2, 4, 2)], {"causal": True}, lambda q, k, v: attention(q, k, v, True)),
+    ("pad", [(3, 4)], {"low": [1, 0], "high": [2, 0]}, lambda x: np.pad(x, ((1, 2), (0, 0)))),
+    # an additive mask broadcast over the batch and the heads
+    ("attention", [(2, 2, 4, 3), (2, 2, 5, 3), (2, 2, 5, 2), (1, 1, 4, 5)], {},
+     lambda q, k, v, m: attention(q, k, v, False, m)),
     ("conv2d", [(2, 5, 6, 3), (3, 2, 3, 4)], {"strides": [2, 1], "padding": [[1, 1], [0, 1]]},
      lambda x, w: conv_nhwc(x, w, (2, 1), ((1, 1), (0, 1)))),
     ("generic", [(3, 4)], {"iterator_types": ["parallel", "reduction"], "indexing_maps": ["(d0, d1) -> (d0, d1)", "(d0, d1) -> (d0)"],

@@ -55,3 +55,15 @@ def test_storage_shardings():
     assert stored[0] == Sharding() and len(stored) == 9 + 2
     assert Sharding((("b", "a"),)) in stored
     assert all(not s.is_partial for s in stored)
+
+
+def test_mesh_order_keeps_only_splits_in_mesh_order():
+    mesh = Mesh.of(a=2, b=2)
+    nest = OP_KINDS["matmul"].loops([(8, 8), (8, 8)], {})
+    options = enumerate_options(nest, mesh, mesh_order=True)
+    # each axis on one of 3 loops or none; two axes on one loop in the mesh's order only
+    assert len(options) == 16
+    assert ShardingOption((("a", "b"), (), ())) in options and ShardingOption((("b", "a"), (), ())) not in options
+    assert set(options) <= set(enumerate_options(nest, mesh))
+    stored = enumerate_storage((8, 8), mesh, mesh_order=True)
+    assert len(stored) == 9 and Sharding((("a", "b"),)) in stored and Sharding((("b", "a"),)) not in stored

@@ -12,8 +12,9 @@ from typing import Any
 
 from autoshard.cli.args import add_hardware_args, hardware_from_args, mesh_from_args, parse_bytes, parse_slice
 from autoshard.delivery.deliver import deliver, ir_request_problems
-from autoshard.delivery.document import document_text
 from autoshard.errors import InputError, Problem
+from autoshard.frontends.torch.placements import dtensor_document
+from autoshard.graph.builder import document_text
 from autoshard.graph.schema import load_graph
 from autoshard.graph.summary import si, size
 from autoshard.phases import PhaseTimes
@@ -41,6 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="objective weights, e.g. time=1,comm_s_per_byte=1e-11: time (seconds of objective per "
                              "second of step time), comm_s_per_byte (per byte communicated per device), "
                              "memory_s_per_byte (per byte held per device); default time=1")
+    parser.add_argument("--mesh-order-splits", action="store_true",
+                        help="a dim split over several mesh axes takes them in mesh order only: plans whose every "
+                             "sharding has DTensor placements (plan.json's dtensor)")
     parser.add_argument("-o", "--output", help="directory to write plan.json (and IR) into")
     parser.add_argument("--emit", default="", help="IR to write beside plan.json: annotated, partitioned or both "
                                                    "(comma-separated; needs -o)")
@@ -111,7 +115,7 @@ def checked_settings(args: argparse.Namespace) -> tuple[SolveSettings, tuple[str
         raise InputError(problems)
     settings = SolveSettings(time_limit_s=args.time_limit, gap_limit=args.gap_limit, workers=args.workers,
                              seed=args.seed, memory_budget_bytes=budget, weights=weights,
-                             deterministic=args.deterministic)
+                             deterministic=args.deterministic, mesh_order_splits=args.mesh_order_splits)
     return settings, stages
 
 
@@ -148,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
                         verify=args.verify, optimize_collectives=not args.no_collective_opt,
                         nodes=args.nodes, slice_shape=parse_slice(args.slice))
     document = delivered.document
+    # the plan in PyTorch's vocabulary, for `autoshard.frontends.torch.parallelize` or by hand
+    document["dtensor"] = dtensor_document(result.plan)
     names = ["plan.json"] + [f"{stage}.mlir" for stage in delivered.ir]
     with phases.phase("writing"):
         del document["phases"]  # goes last, once writing is timed too

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from autoshard import __version__
@@ -22,30 +21,12 @@ def plan_document(result: PlanResult, topology: str) -> dict[str, Any]:
     document["topology"] = topology
     for entry in report["ops"]:
         document["ops"][entry["op"]].update({k: v for k, v in entry.items() if k not in ("op", "kind", "option")})
+    for op in result.plan.graph.ops:
+        if op.module:  # where an imported op came from, so that reports can group ops by layer
+            document["ops"][op.name]["module"] = op.module
     document["reshardings"] = report["reshardings"]
     document["totals"] = report["totals"]
     document["solver"] = result.solver
     document["partition_specs"] = plan_partition_specs(result.plan)
     return document
 
-
-def document_text(document: dict[str, Any]) -> str:
-    """The document as JSON with one line per entry of each top-level section (an op, a
-    tensor, a resharding): readable and diffable, yet written by the C encoder, since the
-    indenting one is pure Python. A 96-layer 22B-width step's plan.json takes 1.4 s this way
-    and 10 s fully indented, and is a third of the size."""
-    lines = ["{"]
-    for k, (key, value) in enumerate(document.items()):
-        comma = "," if k < len(document) - 1 else ""
-        lines.append(f" {json.dumps(key)}: {_section_text(value)}{comma}")
-    lines.append("}")
-    return "\n".join(lines) + "\n"
-
-
-def _section_text(value: Any) -> str:
-    if isinstance(value, dict) and value:
-        entries = [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in value.items()]
-        return "{\n" + ",\n".join(entries) + "\n }"
-    if isinstance(value, list) and value and all(isinstance(v, (dict, list)) for v in value):
-        return "[\n" + ",\n".join(f"  {json.dumps(v)}" for v in value) + "\n ]"
-    return json.dumps(value)

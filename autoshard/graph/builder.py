@@ -38,6 +38,9 @@ class GraphBuilder:
         self.ops: list[OpDecl] = []
         self.outputs: list[str] = []
         self._op_names: set[str] = set()
+        # The framework module the ops being added come from (set by an importer); op -> module.
+        self.module = ""
+        self.modules: dict[str, str] = {}
 
     # --- declarations --------------------------------------------------------------------
     def input(self, name: str, shape: Sequence[int], dtype: str | None = None) -> str:
@@ -60,10 +63,26 @@ class GraphBuilder:
         self.tensors[name] = TensorDecl(name, out, dtype or self.dtype, "intermediate")
         self.ops.append(OpDecl(name, kind, tuple(inputs), name, dict(attrs)))
         self._op_names.add(name)
+        if self.module:
+            self.modules[name] = self.module
         return name
 
     def mark_outputs(self, *tensors: str) -> None:
         self.outputs.extend(t for t in tensors if t not in self.outputs)
+
+    def mark(self) -> tuple[int, int]:
+        """Where the graph is now, to `rollback` to (an importer giving up on an op it began)."""
+        return len(self.tensors), len(self.ops)
+
+    def rollback(self, mark: tuple[int, int]) -> None:
+        """Drop the tensors and ops added since `mark`."""
+        tensors, ops = mark
+        for name in list(self.tensors)[tensors:]:
+            del self.tensors[name]
+        for op in self.ops[ops:]:
+            self._op_names.discard(op.name)
+            self.modules.pop(op.name, None)
+        del self.ops[ops:]
 
     # --- queries -------------------------------------------------------------------------
     def shape(self, tensor: str) -> Shape:
@@ -80,7 +99,8 @@ class GraphBuilder:
             "format": FORMAT, "name": self.name,
             "tensors": {t.name: {"shape": list(t.shape), "dtype": t.dtype, **({"role": t.role} if t.role != "intermediate" else {})}
                         for t in self.tensors.values()},
-            "ops": [{"name": op.name, "kind": op.kind, "inputs": list(op.inputs), "outputs": [op.output], **op.attrs}
+            "ops": [{"name": op.name, "kind": op.kind, "inputs": list(op.inputs), "outputs": [op.output], **op.attrs,
+                     **({"module": self.modules[op.name]} if op.name in self.modules else {})}
                     for op in self.ops],
             "outputs": list(self.outputs),
         }
@@ -103,17 +123,15 @@ class GraphBuilder:
 
 
 def document_text(document: dict[str, Any]) -> str:
-    """JSON text with one tensor, op or constraint per line: diffable and still compact."""
-    def block(items: list[str], open_: str, close: str) -> str:
-        return open_ + ("\n  " + ",\n  ".join(items) + "\n " if items else "") + close
+    """JSON text with one line per entry of each top-level section (a tensor, an op, a
+    constraint; in a plan, an op, a resharding, a phase): diffable and still compact, and written
+    by the C encoder (the indenting one is pure Python: a 96-layer plan.json took 10 s that way
+    and 1.4 s this way, at a third of the size)."""
+    def section(value: Any) -> str:
+        if isinstance(value, dict) and value:
+            return "{\n  " + ",\n  ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in value.items()) + "\n }"
+        if isinstance(value, list) and value and all(isinstance(v, (dict, list)) for v in value):
+            return "[\n  " + ",\n  ".join(json.dumps(v) for v in value) + "\n ]"
+        return json.dumps(value)
 
-    parts = []
-    for key, value in document.items():
-        if key == "tensors":
-            text = block([f"{json.dumps(n)}: {json.dumps(t)}" for n, t in value.items()], "{", "}")
-        elif key in ("ops", "constraints"):
-            text = block([json.dumps(item) for item in value], "[", "]")
-        else:
-            text = json.dumps(value)
-        parts.append(f" {json.dumps(key)}: {text}")
-    return "{\n" + ",\n".join(parts) + "\n}\n"
+    return "{\n" + ",\n".join(f" {json.dumps(key)}: {section(value)}" for key, value in document.items()) + "\n}\n"

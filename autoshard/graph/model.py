@@ -44,6 +44,7 @@ class Op:
     outputs: tuple[str, ...]
     attrs: Mapping[str, Any]
     nest: LoopNest
+    module: str = ""  # the framework module the op came from (`layers.0.attention.wq`), if imported
 
     @property
     def op_kind(self) -> OpKind:

@@ -39,6 +39,7 @@ class OpModel(BaseModel):
     inputs: list[str]
     outputs: list[str]
     attrs: dict[str, Any] = Field(default_factory=dict)
+    module: str = ""  # where an imported op came from in its framework's module tree; not an attribute
 
 
 class PartialModel(BaseModel):
@@ -188,7 +189,7 @@ def _build_op(i: int, m: OpModel, tensors: dict[str, Tensor], producer: dict[str
             problems.append(Problem(f"/tensors/{t}/shape", f"{label} ({m.kind}) produces shape {list(shape)} for {t!r}, but it is declared {list(declared.shape)}"))
         if dtype is not None and declared.dtype != dtype:
             problems.append(Problem(f"/tensors/{t}/dtype", f"{label} ({m.kind}) produces dtype {dtype} for {t!r}, but it is declared {declared.dtype}"))
-    return Op(m.name, m.kind, tuple(m.inputs), tuple(m.outputs), attrs, nest)
+    return Op(m.name, m.kind, tuple(m.inputs), tuple(m.outputs), attrs, nest, m.module)
 
 
 def _constraints(model: GraphModel, tensors: dict[str, Tensor], mesh: Mesh | None,
@@ -254,7 +255,8 @@ def graph_to_json(graph: Graph) -> dict[str, Any]:
         "format": FORMAT, "name": graph.name,
         "tensors": {t.name: {"shape": list(t.shape), "dtype": t.dtype, **({"role": t.role} if t.role != "intermediate" else {})}
                     for t in graph.tensors.values()},
-        "ops": [{"name": op.name, "kind": op.kind, "inputs": list(op.inputs), "outputs": list(op.outputs), **_plain(op.attrs)}
+        "ops": [{"name": op.name, "kind": op.kind, "inputs": list(op.inputs), "outputs": list(op.outputs), **_plain(op.attrs),
+                 **({"module": op.module} if op.module else {})}
                 for op in graph.ops],
         "outputs": list(graph.outputs),
     }

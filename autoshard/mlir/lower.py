@@ -186,6 +186,8 @@ def _attention(b: Body, ctx: LoweringContext) -> list[Operand]:
     """scores = q k^T (generic), scaled and causally masked (generic), linalg.softmax over the
     keys, then weights v (generic). Loops of the op: b0 h1 s2 e3 t4 d5."""
     ctx.require_float()
+    if len(ctx.inputs) != 3:
+        raise InputError(f"op {ctx.op.name!r} (attention) with a mask input is not lowered to MLIR yet", ctx.where)
     q, k, v = ctx.inputs
     dtype = q.dtype
     scale = ctx.op.attrs.get("scale", 1.0 / math.sqrt(ctx.op.nest.extents[5]))
@@ -349,6 +351,10 @@ def _slice(b: Body, ctx: LoweringContext) -> list[Operand]:
     return [result]
 
 
+def _pad(b: Body, ctx: LoweringContext) -> list[Operand]:
+    raise InputError(f"op {ctx.op.name!r} (pad) is not lowered to MLIR yet", ctx.where)
+
+
 LOWERINGS: dict[str, Lowering] = {
     "matmul": _named_contraction("linalg.matmul", 2),
     "batch_matmul": _named_contraction("linalg.batch_matmul", 3),
@@ -364,6 +370,7 @@ LOWERINGS: dict[str, Lowering] = {
     "broadcast_in_dim": lambda b, ctx: _payload_nest(b, ctx, "copy"),
     "concat": _concat,
     "slice": _slice,
+    "pad": _pad,
     "grad": lower_grad,
 }
 

@@ -182,6 +182,8 @@ def _attention_grad(b: Body, ctx: LoweringContext, of: str, wrt: int) -> list[Op
     """Recompute the weights p = softmax(mask(q k^T * scale)); then dv = p^T dy, or with
     dp = dy v^T and ds = p (dp - rowsum(p dp)) scale: dq = ds k, dk = ds^T q."""
     forward = ctx.op.attrs.get("forward", {})
+    if len(ctx.inputs) != 4:
+        raise InputError(f"op {ctx.op.name!r} (gradient of attention with a mask input) is not lowered to MLIR yet", ctx.where)
     q, k, v, dy = ctx.inputs
     dtype = q.dtype
     scale = forward.get("scale", 1.0 / math.sqrt(ctx.op.nest.extents[5]))

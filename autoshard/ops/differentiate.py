@@ -205,6 +205,34 @@ def _broadcast_in_dim(b: GraphBuilder, op: OpDecl, index: int, dy: str) -> str:
     return grad if b.shape(grad) == source else b.op("reshape", [grad], name, shape=list(source))
 
 
+def _concat(b: GraphBuilder, op: OpDecl, index: int, dy: str) -> str:
+    """Input `index`'s gradient is its own range of dy along the concatenated dim."""
+    shape = b.shape(dy)
+    dim = normalize_dim(op.attrs.get("axis", 0), len(shape))
+    start = sum(b.shape(t)[dim] for t in op.inputs[:index])
+    starts, limits = [0] * len(shape), list(shape)
+    starts[dim], limits[dim] = start, start + b.shape(op.inputs[index])[dim]
+    return b.op("slice", [dy], _name(op, index), starts=starts, limits=limits)
+
+
+def _pad_grad(b: GraphBuilder, op: OpDecl, index: int, dy: str) -> str:
+    shape = b.shape(op.inputs[0])
+    low = list(op.attrs.get("low", [0] * len(shape)))
+    return b.op("slice", [dy], _name(op, index), starts=low, limits=[a + n for a, n in zip(low, shape)])
+
+
+def _slice(b: GraphBuilder, op: OpDecl, index: int, dy: str) -> str:
+    """dy back in place: zeros around it, and between its elements where the slice strides."""
+    shape = b.shape(op.inputs[0])
+    starts = list(op.attrs.get("starts", [0] * len(shape)))
+    strides = list(op.attrs.get("strides", [1] * len(shape)))
+    if any(s != 1 for s in strides):
+        raise ValueError(f"op {op.name!r}: the gradient of a strided slice is not supported")
+    out = b.shape(dy)
+    high = [n - a - m for n, a, m in zip(shape, starts, out)]
+    return b.op("pad", [dy], _name(op, index), low=starts, high=high)
+
+
 def _norm(b: GraphBuilder, op: OpDecl, index: int, dy: str) -> str:
     if index < 2:
         return _grad_op(b, op, index, dy)
@@ -218,5 +246,6 @@ RULES: dict[str, Rule] = {
     "matmul": _contraction, "batch_matmul": _contraction, "dot_general": _contraction,
     "add": _add, "sub": _sub, "mul": _mul, "div": _div, "exp": _exp, "neg": _neg, "softmax": _softmax,
     "reshape": _reshape, "transpose": _transpose, "cast": _cast, "reduce_sum": _reduce_sum,
-    "broadcast_in_dim": _broadcast_in_dim, "layer_norm": _norm,
+    "broadcast_in_dim": _broadcast_in_dim, "layer_norm": _norm, "concat": _concat,
+    "slice": _slice, "pad": _pad_grad,
 }

@@ -22,6 +22,7 @@ import numpy as np
 
 from autoshard.affine import AffineMap
 from autoshard.ops.loops import INVALID, PARALLEL, REDUCTION, LoopNest, map_extent
+from autoshard.ops.nn import attention_weights
 from autoshard.ops.payloads import PAYLOADS
 from autoshard.ops.table import OP_KINDS, Attrs, Context, OpError, OpKind, Shape, normalize_dim, register
 
@@ -131,14 +132,9 @@ def _attention_grad(inputs: list[np.ndarray], dy: np.ndarray, ctx: Context, wrt:
     Every gradient is linear in dy and v over the value features e, and a sum over queries for
     k and v, so blocks of those loops give partial sums.
     """
-    q, k, v = inputs
+    q, k, v = inputs[:3]
     scale = ctx.attrs.get("scale", 1.0 / np.sqrt(ctx.block.extents[5]))
-    scores = np.einsum("bhsd,bhtd->bhst", q, k) * scale
-    if ctx.attrs.get("causal", False):
-        rows = ctx.block.starts[2] + np.arange(q.shape[2])[:, None]  # global query positions
-        scores = np.where(np.arange(k.shape[2])[None, :] <= rows, scores, -np.inf)
-    p = np.exp(scores - np.max(scores, axis=-1, keepdims=True))
-    p = p / np.sum(p, axis=-1, keepdims=True)
+    p = attention_weights(inputs, ctx)
     if wrt == 2:
         return np.einsum("bhst,bhse->bhte", p, dy)
     dp = np.einsum("bhse,bhte->bhst", dy, v)

@@ -16,21 +16,37 @@ def _sdpa_loops(shapes: Sequence[Shape], attrs: Attrs) -> LoopNest:
     """Loops b, h, s (queries), e (value features): parallel; t (keys), d (query features): invalid.
 
     Splitting t would need the online-softmax rescaling, and splitting d makes the scores
-    partial before the softmax, so both stay whole.
+    partial before the softmax, so both stay whole. An optional fourth input is a mask that
+    broadcasts (numpy rules) to the scores [B, H, S, T]: a bool mask keeps the scores where it
+    is true, any other mask is added to them.
     """
-    q, k, v = shapes
+    q, k, v = shapes[:3]
     if len(q) != 4 or len(k) != 4 or len(v) != 4 or q[:2] != k[:2] or k[:3] != v[:3] or q[3] != k[3]:
         raise shape_error("q [B, H, S, D], k [B, H, T, D], v [B, H, T, E]", shapes)
     b, h, s, d = q
     t, e = k[2], v[3]
     L = lambda *loops: AffineMap(6, tuple(AffineExpr.loop(i) for i in loops))  # noqa: E731
     # loop order: b0 h1 s2 e3 t4 d5
+    maps = (L(0, 1, 2, 5), L(0, 1, 4, 5), L(0, 1, 4, 3))
+    if len(shapes) == 4:
+        maps += (_mask_map(shapes[3], (b, h, s, t), shapes),)
     return LoopNest((b, h, s, e, t, d), (PARALLEL, PARALLEL, PARALLEL, PARALLEL, INVALID, INVALID),
-                    (L(0, 1, 2, 5), L(0, 1, 4, 5), L(0, 1, 4, 3)), (L(0, 1, 2, 3),))
+                    maps, (L(0, 1, 2, 3),))
 
 
-def _sdpa(inputs: list[np.ndarray], ctx: Context) -> list[np.ndarray]:
-    q, k, v = inputs
+def _mask_map(mask: Shape, scores: Shape, shapes: Sequence[Shape]) -> AffineMap:
+    """The mask's dims, right-aligned to the scores' loops b, h, s, t; a size-1 dim reads index 0."""
+    if len(mask) > 4 or any(m not in (1, n) for m, n in zip(mask, scores[4 - len(mask):])):
+        raise shape_error("a mask that broadcasts to the scores [B, H, S, T]", shapes)
+    loops = (0, 1, 2, 4)[4 - len(mask):]
+    return AffineMap(6, tuple(AffineExpr.constant(0) if m == 1 and n != 1 else AffineExpr.loop(l)
+                              for m, n, l in zip(mask, scores[4 - len(mask):], loops)))
+
+
+def attention_weights(inputs: Sequence[np.ndarray], ctx: Context) -> np.ndarray:
+    """softmax(q k^T * scale) over the keys, with the causal mask and the mask input applied;
+    `inputs` are q, k, v and the optional mask, each cut to the block."""
+    q, k = inputs[0], inputs[1]
     scale = ctx.attrs.get("scale", 1.0 / np.sqrt(ctx.block.extents[5]))
     scores = np.einsum("bhsd,bhtd->bhst", q, k) * scale
     if ctx.attrs.get("causal", False):
@@ -39,10 +55,16 @@ def _sdpa(inputs: list[np.ndarray], ctx: Context) -> list[np.ndarray]:
         rows = s0 + np.arange(q.shape[2])[:, None]
         cols = np.arange(k.shape[2])[None, :]
         scores = np.where(cols <= rows, scores, -np.inf)
+    if len(inputs) == 4:
+        mask = inputs[3]
+        scores = np.where(mask, scores, -np.inf) if mask.dtype == np.bool_ else scores + mask
     scores = scores - np.max(scores, axis=-1, keepdims=True)
     weights = np.exp(scores)
-    weights = weights / np.sum(weights, axis=-1, keepdims=True)
-    return [np.einsum("bhst,bhte->bhse", weights, v)]
+    return weights / np.sum(weights, axis=-1, keepdims=True)
+
+
+def _sdpa(inputs: list[np.ndarray], ctx: Context) -> list[np.ndarray]:
+    return [np.einsum("bhst,bhte->bhse", attention_weights(inputs, ctx), inputs[2])]
 
 
 def _sdpa_flops(nest: LoopNest, attrs: Attrs) -> float:
@@ -50,8 +72,8 @@ def _sdpa_flops(nest: LoopNest, attrs: Attrs) -> float:
     return 2.0 * b * h * s * t * (d + e) + 5.0 * b * h * s * t
 
 
-register(OpKind("attention", (3, 3), _sdpa_loops, _sdpa, _sdpa_flops, attrs=("causal", "scale"),
-                doc="softmax(q k^T * scale [causal mask]) v over [B, H, S, D] heads"))
+register(OpKind("attention", (3, 4), _sdpa_loops, _sdpa, _sdpa_flops, attrs=("causal", "scale"),
+                doc="softmax(q k^T * scale [causal mask] [mask]) v over [B, H, S, D] heads, optional mask input"))
 
 
 # --- conv2d NHWC -----------------------------------------------------------------------

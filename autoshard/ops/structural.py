@@ -187,6 +187,35 @@ register(OpKind("slice", (1, 1), _slice_loops, _slice, _no_flops, attrs=("starts
                 doc="static strided slice; sliced dims cannot be split"))
 
 
+# --- pad ------------------------------------------------------------------------------
+def _pad_params(shape: Shape, attrs: Attrs) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    low = int_list_attr(attrs, "low", (0,) * len(shape))
+    high = int_list_attr(attrs, "high", (0,) * len(shape))
+    for name, v in (("low", low), ("high", high)):
+        if len(v) != len(shape) or min(v, default=0) < 0:
+            raise OpError(f"attribute {name!r} needs {len(shape)} non-negative values, got {list(v)}", name)
+    return low, high
+
+
+def _pad_loops(shapes: Sequence[Shape], attrs: Attrs) -> LoopNest:
+    (shape,) = shapes
+    low, high = _pad_params(shape, attrs)
+    out = tuple(n + a + b for n, a, b in zip(shape, low, high))
+    # The input is read at d - low where the loop is in [low, low + n): padded dims stay whole.
+    exprs = tuple(AffineExpr.loop(d) + (-a) for d, a in enumerate(low))
+    iterators = tuple(INVALID if a or b else PARALLEL for a, b in zip(low, high))
+    return LoopNest(out, iterators, (AffineMap(len(shape), exprs),), (AffineMap.identity(len(shape)),))
+
+
+def _pad(inputs: list[np.ndarray], ctx: Context) -> list[np.ndarray]:
+    low, high = _pad_params(inputs[0].shape, ctx.attrs)  # padded dims are whole in every block
+    return [np.pad(inputs[0], list(zip(low, high)))]
+
+
+register(OpKind("pad", (1, 1), _pad_loops, _pad, _no_flops, attrs=("low", "high"),
+                doc="zeros added before (low) and after (high) each dim; padded dims cannot be split"))
+
+
 # --- embedding -------------------------------------------------------------------------
 def _embedding_loops(shapes: Sequence[Shape], attrs: Attrs) -> LoopNest:
     ids, table = shapes

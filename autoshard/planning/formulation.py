@@ -149,7 +149,9 @@ class _NodeKind:
 
 
 def formulate(graph: Graph, mesh: Mesh, hw: Hardware, *, memory_budget_bytes: float | None = None,
-              weights: Weights = Weights()) -> Formulation:
+              weights: Weights = Weights(), mesh_order: bool = False) -> Formulation:
+    """`mesh_order`: a dim split over several mesh axes takes them in mesh order only, as a
+    framework that shards in mesh-dim order (DTensor) can run."""
     order = topological_order(graph)
     step = {op.name: i for i, op in enumerate(order)}
     ranges = live_ranges(graph, order)
@@ -174,7 +176,8 @@ def formulate(graph: Graph, mesh: Mesh, hw: Hardware, *, memory_budget_bytes: fl
 
     def add_storage(tensor: Tensor) -> None:
         signature = ("storage", tensor.shape, tensor.itemsize, pins.get(tensor.name))
-        k = kind_of(signature, lambda: _storage_kind(tensor.shape, tensor.itemsize, pins.get(tensor.name), mesh, weights))
+        k = kind_of(signature, lambda: _storage_kind(tensor.shape, tensor.itemsize, pins.get(tensor.name), mesh, weights,
+                                                          mesh_order))
         index[tensor.name] = len(nodes)
         nodes.append(("storage", tensor.name))
         kinds.append(k)
@@ -189,7 +192,7 @@ def formulate(graph: Graph, mesh: Mesh, hw: Hardware, *, memory_budget_bytes: fl
     # mismatch: decodes of a 3-D training step at twice the optimum for 30 TRW-S passes.
     for op in order:
         signature = _op_signature(graph, op, pins, returned)
-        k = kind_of(signature, lambda: _op_kind(graph, op, mesh, hw, pins, returned, prices, weights))
+        k = kind_of(signature, lambda: _op_kind(graph, op, mesh, hw, pins, returned, prices, weights, mesh_order))
         for t in op.outputs:
             index[t] = len(nodes)
         nodes.append(("op", op.name))
@@ -243,15 +246,16 @@ def _hashable(value: Any) -> Any:
     return value
 
 
-def _storage_kind(shape: tuple[int, ...], itemsize: int, pin: Sharding | None, mesh: Mesh, weights: Weights) -> _NodeKind:
-    options = [pin] if pin is not None else enumerate_storage(shape, mesh)
+def _storage_kind(shape: tuple[int, ...], itemsize: int, pin: Sharding | None, mesh: Mesh, weights: Weights,
+                  mesh_order: bool) -> _NodeKind:
+    options = [pin] if pin is not None else enumerate_storage(shape, mesh, mesh_order)
     held = np.array([tensor_bytes(shape, itemsize, s, mesh) for s in options], dtype=np.int64)
     return _NodeKind(options, _costs(0.0, 0.0, held, weights), held, (options,))
 
 
 def _op_kind(graph: Graph, op: Op, mesh: Mesh, hw: Hardware, pins: dict[str, Sharding], returned: frozenset[str],
-             prices: ReshardingPrices, weights: Weights) -> _NodeKind:
-    options = enumerate_options(op.nest, mesh)
+             prices: ReshardingPrices, weights: Weights, mesh_order: bool) -> _NodeKind:
+    options = enumerate_options(op.nest, mesh, mesh_order)
     for position, t in enumerate(op.outputs):
         if t in pins and t not in returned:
             # A pinned intermediate is produced as pinned (partial allowed: reducing it is

@@ -31,6 +31,9 @@ class SolveSettings:
     memory_budget_bytes: float | None = None  # None: the chip's HBM
     weights: Weights = Weights()  # each in seconds of objective per unit it weighs (see `Weights`)
     deterministic: bool = False
+    # A dim split over several mesh axes takes them in mesh order only: the plans DTensor's
+    # placements can express (`autoshard.frontends.torch`).
+    mesh_order_splits: bool = False
 
 
 @dataclass
@@ -50,7 +53,8 @@ def make_plan(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = 
     started = time.perf_counter()
     budget_bytes = settings.memory_budget_bytes if settings.memory_budget_bytes is not None else hw.hbm_bytes
     with phases.phase("formulate"):
-        formulation = formulate(graph, mesh, hw, memory_budget_bytes=budget_bytes, weights=settings.weights)
+        formulation = formulate(graph, mesh, hw, memory_budget_bytes=budget_bytes, weights=settings.weights,
+                                mesh_order=settings.mesh_order_splits)
     built = time.perf_counter()
     with phases.phase("solve", reports_itself=True):
         hint = _whole_hint(formulation.problem, formulation.hint)

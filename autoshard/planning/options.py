@@ -150,25 +150,31 @@ def local_extents(nest: LoopNest, option: ShardingOption, mesh: Mesh) -> tuple[i
     """Largest per-device extent of each loop (ceildiv over its split)."""
     return tuple(-(-e // mesh.group_size(axes)) if axes else e for e, axes in zip(nest.extents, option.loop_axes))
 
-def _axis_assignments(axes: Sequence[str], slots: int) -> Iterator[tuple[tuple[str, ...], ...]]:
-    """Every way to give each axis to one of `slots` slots or none, with every order per slot.
+def _axis_assignments(axes: Sequence[str], slots: int, mesh_order: bool = False) -> Iterator[tuple[tuple[str, ...], ...]]:
+    """Every way to give each axis to one of `slots` slots or none, with every order per slot
+    (only the order of `axes` if `mesh_order`).
 
     Owner 0 means "none", so the first assignment yielded is the replicated one.
     """
     for owners in itertools.product(range(slots + 1), repeat=len(axes)):
         groups = [[a for a, o in zip(axes, owners) if o == s + 1] for s in range(slots)]
+        if mesh_order:
+            yield tuple(tuple(g) for g in groups)
+            continue
         for orders in itertools.product(*(itertools.permutations(g) for g in groups)):
             yield tuple(tuple(o) for o in orders)
 
 
-def enumerate_options(nest: LoopNest, mesh: Mesh) -> list[ShardingOption]:
-    """All legal options of an op on `mesh`, the fully replicated one first."""
+def enumerate_options(nest: LoopNest, mesh: Mesh, mesh_order: bool = False) -> list[ShardingOption]:
+    """All legal options of an op on `mesh`, the fully replicated one first. With `mesh_order`,
+    a loop split over several axes takes them in mesh order only (the one order DTensor's
+    placements express)."""
     splittable = nest.splittable_loops()
     # Axes of size 1 change nothing: leave them out rather than multiply equivalent options.
     axes = [a for a in mesh.axis_names if mesh.axis_size(a) > 1]
     merged = _merged_loops(nest)
     options = []
-    for assignment in _axis_assignments(axes, len(splittable)):
+    for assignment in _axis_assignments(axes, len(splittable), mesh_order):
         loop_axes: list[tuple[str, ...]] = [() for _ in nest.extents]
         for loop, group in zip(splittable, assignment):
             loop_axes[loop] = group
@@ -201,11 +207,12 @@ def _fits(nest: LoopNest, loop_axes: Sequence[tuple[str, ...]], mesh: Mesh, merg
     return True
 
 
-def enumerate_storage(shape: Sequence[int], mesh: Mesh) -> list[Sharding]:
-    """Shardings a graph input or parameter may be stored in, replicated first."""
+def enumerate_storage(shape: Sequence[int], mesh: Mesh, mesh_order: bool = False) -> list[Sharding]:
+    """Shardings a graph input or parameter may be stored in, replicated first (a dim split over
+    several axes takes them in mesh order only, with `mesh_order`)."""
     axes = [a for a in mesh.axis_names if mesh.axis_size(a) > 1]
     out = []
-    for assignment in _axis_assignments(axes, len(shape)):
+    for assignment in _axis_assignments(axes, len(shape), mesh_order):
         ok = True
         for size, group in zip(shape, assignment):
             ways = mesh.group_size(group)

@@ -1,0 +1,87 @@
+"""`autoshard import FRAMEWORK SOURCE -o graph.json [--strict] [--training]`: a framework's program
+as a graph document. One row per framework in `FRAMEWORKS`; the framework's own code lives in
+`autoshard.frontends.<framework>` and is imported only when its row runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from autoshard.errors import InputError
+from autoshard.graph.builder import document_text
+from autoshard.graph.schema import graph_from_json
+from autoshard.graph.summary import graph_summary
+
+
+@dataclass(frozen=True)
+class Framework:
+    help: str
+    source: str  # what SOURCE names, for --help
+    # (source, strict, training) -> (graph document, graph, warnings)
+    run: Callable[[str, bool, bool], tuple[dict[str, Any], Any, list[str]]]
+
+
+def _torch(source: str, strict: bool, training: bool) -> tuple[dict[str, Any], Any, list[str]]:
+    from autoshard.frontends.torch.runtime import require_torch
+    require_torch()
+    from autoshard.frontends.torch import export_factory, import_program
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch's deprecation notices while exporting
+        exported = export_factory(source)
+    name = source.rpartition(":")[2]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the opaque ops are printed below, once; torch's own notices are not ours
+        imported = import_program(exported, strict=strict, training=training, name=name)
+    return imported.document, imported.graph, imported.warnings
+
+
+def _jax(source: str, strict: bool, training: bool) -> tuple[dict[str, Any], Any, list[str]]:
+    if training:
+        raise InputError("a JAX function is differentiated in JAX: import the jitted training step (jax.grad of "
+                         "your loss, with the update) instead", "--training")
+    from autoshard.frontends.jax import import_factory  # jax is imported only when asked for
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        document = import_factory(source, strict=strict)
+    return document, graph_from_json(document), [str(w.message) for w in caught]
+
+
+FRAMEWORKS: dict[str, Framework] = {
+    "torch": Framework("a PyTorch module, exported with torch.export", "FILE.py:FACTORY, where FACTORY() returns "
+                       "(module, args) or (module, args, kwargs)", _torch),
+    "jax": Framework("a JAX function, traced to its jaxpr", "FILE.py:FACTORY, where FACTORY() returns (f, args), "
+                     "args a tuple", _jax),
+}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("import", help="a framework's program as a graph document")
+    frameworks = parser.add_subparsers(dest="framework", metavar="FRAMEWORK", required=True)
+    for name, framework in FRAMEWORKS.items():
+        p = frameworks.add_parser(name, help=framework.help, description=framework.help)
+        p.add_argument("source", help=framework.source)
+        p.add_argument("-o", "--output", required=True, help="graph JSON file to write")
+        p.add_argument("--strict", action="store_true", help="fail, listing them, if some ops stay opaque")
+        p.add_argument("--training", action="store_true",
+                       help="add a loss on the first output, the backward pass and Adam (autoshard's differentiation)")
+        p.set_defaults(run=_runner(framework))
+
+
+def _runner(framework: Framework) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        document, graph, notes = framework.run(args.source, args.strict, args.training)
+        for note in notes:
+            print(f"warning: {note}")
+        try:
+            Path(args.output).write_text(document_text(document))
+        except OSError as error:
+            raise InputError(f"cannot write file: {error.strerror}", "--output") from None
+        print(f"wrote {args.output}: {graph_summary(graph)}")
+        return 0
+    return run

@@ -1,0 +1,39 @@
+"""PyTorch: a `torch.export` program in as an `autoshard.graph/v1` graph, a plan back out as DTensor
+placements, and the program run under DTensor as the plan says.
+
+    ep = torch.export.export(module, args).run_decompositions({})
+    imported = import_program(ep)                          # .graph (a document), .warnings, .opaque
+    ...plan imported.graph with autoshard.make_plan...
+    placements = tensor_placements(plan)                   # tensor name -> (Shard(1), Replicate())
+    sharded = parallelize(ep, plan, device_mesh)           # a module running the plan on DTensors
+
+torch is imported only when one of these is called; without it they raise an `InputError` naming
+the extra to install (`autoshard[torch]`).
+
+May import: everything below it (`graph`, `models`, `planning`, `delivery` and what they import).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# name -> module of this package that defines it; loaded on first use, so that importing the
+# package does not import torch
+_NAMES = {
+    "import_program": "importer",
+    "ImportedProgram": "importer",
+    "export_factory": "factory",
+    "tensor_placements": "placements",
+    "parallelize_plan": "placements",
+    "parallelize": "apply",
+}
+__all__ = list(_NAMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
+    globals()[name] = value
+    return value

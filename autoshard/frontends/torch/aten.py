@@ -1,0 +1,409 @@
+"""The aten table: one row per aten op, lowering an FX node to rows of autoshard's op table.
+
+A row takes the lowering context and the node and returns the graph tensor holding the node's
+value. Rows never compute shapes: the op table derives them, and the importer checks them
+against the shapes torch.export recorded. A row raises `Unsupported` for a use of its op it does
+not lower exactly (the node is then kept opaque); an op with no row is opaque too.
+
+The key of a row is the aten overload without its namespace (`linear.default`), or `getitem`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from autoshard.frontends.torch.lowering import DTYPES, Lowering, Unsupported
+from autoshard.frontends.torch.runtime import require_torch
+
+torch = require_torch()
+aten = torch.ops.aten
+from torch.distributed.tensor import DTensor, Replicate  # noqa: E402  (after the check that torch is there)
+
+Row = Callable[[Lowering, Any], str]
+ATEN: dict[str, Row] = {}
+
+
+def target_key(target: Any) -> str:
+    """`aten.linear.default` -> `linear.default` (an overload's name); `operator.getitem` -> `getitem`."""
+    return getattr(target, "__name__", str(target))
+
+
+def row(*keys: str) -> Callable[[Row], Row]:
+    def add(fn: Row) -> Row:
+        for key in keys:
+            assert key not in ATEN, key
+            ATEN[key] = fn
+        return fn
+    return add
+
+
+def arg(node: Any, index: int, name: str, default: Any = None) -> Any:
+    """Argument `index` of the node, given positionally or by keyword `name`."""
+    if index < len(node.args):
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def out_shape(node: Any) -> list[int]:
+    return [int(s) for s in node.meta["val"].shape]
+
+
+def rank(lw: Lowering, tensor: str) -> int:
+    return len(lw.shape(tensor))
+
+
+# --- no-ops and aliases: the value is the input's -------------------------------------
+@row("clone.default", "alias.default", "detach.default", "contiguous.default", "lift_fresh_copy.default",
+     "dropout.default")
+def _alias(lw: Lowering, node: Any) -> str:
+    if target_key(node.target) == "dropout.default" and arg(node, 2, "train", False) and arg(node, 1, "p", 0.0) > 0:
+        raise Unsupported("dropout in training mode is random")
+    return lw.tensor(node.args[0])
+
+
+@row("_to_copy.default", "to.dtype", "to.dtype_layout")
+def _to(lw: Lowering, node: Any) -> str:
+    x = lw.tensor(node.args[0])
+    dtype = dtype_name(node.meta["val"].dtype)
+    if dtype == lw.builder.dtype_of(x):
+        return x
+    target = node.meta["val"].dtype
+    return lw.op("cast", [x], node.name, lambda t: aten._to_copy.default(t, dtype=target), dtype=dtype)
+
+
+def dtype_name(dtype: Any) -> str:
+    name = str(dtype).removeprefix("torch.")
+    if name not in DTYPES:
+        raise Unsupported(f"dtype {name} has no autoshard equivalent")
+    return DTYPES[name]
+
+
+# --- contractions ----------------------------------------------------------------------
+@row("linear.default")
+def _linear(lw: Lowering, node: Any) -> str:
+    """x [..., K] with W [N, K] (nn.Linear's layout): a dot_general over K, then the bias added
+    once, after the contraction (so a split K leaves a partial sum to reduce before the bias)."""
+    x, w = lw.tensor(node.args[0]), lw.tensor(node.args[1])
+    bias = arg(node, 2, "bias")
+    name = f"{node.name}.matmul" if bias is not None else node.name
+    y = lw.op("dot_general", [x, w], name, lambda a, b: aten.linear.default(a, b),
+              lhs_contracting_dims=[rank(lw, x) - 1], rhs_contracting_dims=[1])
+    if bias is None:
+        return y
+    return lw.op("add", [y, lw.tensor(bias)], node.name, aten.add.Tensor)
+
+
+@row("addmm.default")
+def _addmm(lw: Lowering, node: Any) -> str:
+    if arg(node, 3, "beta", 1) != 1 or arg(node, 4, "alpha", 1) != 1:
+        raise Unsupported("addmm with beta or alpha other than 1")
+    bias, x, w = (lw.tensor(a) for a in node.args[:3])
+    y = lw.op("matmul", [x, w], f"{node.name}.matmul", aten.mm.default)
+    return lw.op("add", [y, bias], node.name, aten.add.Tensor)
+
+
+@row("mm.default")
+def _mm(lw: Lowering, node: Any) -> str:
+    return lw.op("matmul", [lw.tensor(a) for a in node.args[:2]], node.name, aten.mm.default)
+
+
+@row("bmm.default")
+def _bmm(lw: Lowering, node: Any) -> str:
+    return lw.op("batch_matmul", [lw.tensor(a) for a in node.args[:2]], node.name, aten.bmm.default)
+
+
+@row("matmul.default")
+def _matmul(lw: Lowering, node: Any) -> str:
+    a, b = (lw.tensor(x) for x in node.args[:2])
+    ra, rb = rank(lw, a), rank(lw, b)
+    if ra >= 2 and rb == 2:
+        return lw.op("matmul", [a, b], node.name, aten.matmul.default)
+    if ra == rb >= 3 and lw.shape(a)[:-2] == lw.shape(b)[:-2]:
+        return lw.op("batch_matmul", [a, b], node.name, aten.matmul.default)
+    raise Unsupported(f"matmul of ranks {ra} and {rb} with broadcast batch dims")
+
+
+# --- elementwise -----------------------------------------------------------------------
+_UNARY = {"neg": "neg", "exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "tanh": "tanh",
+          "relu": "relu", "sigmoid": "sigmoid", "silu": "silu", "abs": "abs", "gelu": "gelu"}
+
+
+def _unary(kind: str) -> Row:
+    def lower(lw: Lowering, node: Any) -> str:
+        # gelu's erf and tanh forms are one payload to the planner: the same loops and maps
+        rest, kwargs = node.args[1:], dict(node.kwargs)
+        return lw.op(kind, [lw.tensor(node.args[0])], node.name, lambda x: node.target(x, *rest, **kwargs))
+    return lower
+
+
+for _name, _kind in _UNARY.items():
+    row(f"{_name}.default")(_unary(_kind))
+
+_BINARY = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "maximum": "max", "minimum": "min"}
+
+
+def _binary(kind: str) -> Row:
+    def lower(lw: Lowering, node: Any) -> str:
+        if arg(node, 2, "alpha", 1) != 1 or node.kwargs.get("rounding_mode") is not None:
+            raise Unsupported("alpha or rounding_mode")
+        a, b = node.args[:2]
+        like = lw.tensor(a) if not isinstance(a, (int, float)) else lw.tensor(b)
+        inputs = [lw.operand(a, like, f"{node.name}.self"), lw.operand(b, like, f"{node.name}.other")]
+        return lw.op(kind, inputs, node.name, lambda x, y: node.target(x, y))
+    return lower
+
+
+for _name, _kind in _BINARY.items():
+    keys = [f"{_name}.Tensor", f"{_name}.Scalar"] if _name not in ("maximum", "minimum") else [f"{_name}.default"]
+    row(*keys)(_binary(_kind))
+
+
+@row("pow.Tensor_Scalar")
+def _pow(lw: Lowering, node: Any) -> str:
+    x, exponent = lw.tensor(node.args[0]), node.args[1]
+    if exponent == 2:
+        return lw.op("square", [x], node.name, lambda t: aten.pow.Tensor_Scalar(t, 2))
+    if exponent == 0.5:
+        return lw.op("sqrt", [x], node.name, lambda t: aten.pow.Tensor_Scalar(t, 0.5))
+    return lw.op("pow", [x, lw.scalar(exponent, x, f"{node.name}.exponent")], node.name, aten.pow.Tensor_Tensor)
+
+
+# --- reductions and normalisations ---------------------------------------------------------
+def _reduction(kind: str, all_dims: bool = False) -> Row:
+    def lower(lw: Lowering, node: Any) -> str:
+        x = lw.tensor(node.args[0])
+        if all_dims:
+            dims, keep = list(range(rank(lw, x))), False
+        else:
+            dims = arg(node, 1, "dim")
+            dims = list(range(rank(lw, x))) if dims is None else ([dims] if isinstance(dims, int) else list(dims))
+            keep = bool(arg(node, 2, "keepdim", False))
+        if node.kwargs.get("dtype") is not None:
+            raise Unsupported("a reduction that casts")
+        rest, kwargs = node.args[1:], dict(node.kwargs)
+        return lw.op(kind, [x], node.name, lambda t: node.target(t, *rest, **kwargs), dims=dims, keepdims=keep)
+    return lower
+
+
+row("sum.dim_IntList")(_reduction("reduce_sum"))
+row("sum.default")(_reduction("reduce_sum", all_dims=True))
+row("mean.dim")(_reduction("reduce_mean"))  # the op table divides by the global count
+row("mean.default")(_reduction("reduce_mean", all_dims=True))
+row("amax.default")(_reduction("reduce_max"))
+row("amin.default")(_reduction("reduce_min"))
+
+
+@row("_softmax.default", "softmax.int")
+def _softmax(lw: Lowering, node: Any) -> str:
+    x, dim = lw.tensor(node.args[0]), node.args[1]
+    rest = node.args[1:]
+    return lw.op("softmax", [x], node.name, lambda t: node.target(t, *rest), axis=dim)
+
+
+def _last_dim_only(normalized_shape: Sequence[int]) -> None:
+    if len(normalized_shape) != 1:
+        raise Unsupported("normalisation over several dims")
+
+
+@row("layer_norm.default")
+def _layer_norm(lw: Lowering, node: Any) -> str:
+    x, shape = lw.tensor(node.args[0]), arg(node, 1, "normalized_shape")
+    _last_dim_only(shape)
+    weight, bias, eps = arg(node, 2, "weight"), arg(node, 3, "bias"), arg(node, 4, "eps", 1e-5)
+    if weight is None and bias is not None:
+        raise Unsupported("layer_norm with a bias but no weight")
+    params = [lw.tensor(p) for p in (weight, bias) if p is not None]
+    return lw.op("layer_norm", [x, *params], node.name,
+                 lambda t, *p: aten.layer_norm.default(t, shape, *p, eps=eps), axis=-1, eps=float(eps))
+
+
+@row("rms_norm.default")
+def _rms_norm(lw: Lowering, node: Any) -> str:
+    x, shape = lw.tensor(node.args[0]), arg(node, 1, "normalized_shape")
+    _last_dim_only(shape)
+    weight, eps = arg(node, 2, "weight"), arg(node, 3, "eps")
+    if eps is None:  # torch's default: the machine epsilon of the input's dtype
+        eps = torch.finfo(node.args[0].meta["val"].dtype).eps
+    params = [lw.tensor(weight)] if weight is not None else []
+    return lw.op("rms_norm", [x, *params], node.name,
+                 lambda t, *p: aten.rms_norm.default(t, shape, *p, eps=eps), axis=-1, eps=float(eps))
+
+
+# --- views and data movement ---------------------------------------------------------------
+@row("view.default", "reshape.default", "_unsafe_view.default", "unsqueeze.default", "squeeze.dim", "squeeze.dims",
+     "squeeze.default", "flatten.using_ints", "unflatten.int")
+def _reshape(lw: Lowering, node: Any) -> str:
+    # run as `reshape`: after functionalisation a `view` may read a transposed (non-contiguous)
+    # value, which only reshape takes whatever its layout
+    shape = out_shape(node)
+    return lw.op("reshape", [lw.tensor(node.args[0])], node.name, lambda t: aten.reshape.default(t, shape), shape=shape)
+
+
+@row("transpose.int", "permute.default", "t.default")
+def _transpose(lw: Lowering, node: Any) -> str:
+    x = lw.tensor(node.args[0])
+    r = rank(lw, x)
+    key = target_key(node.target)
+    if key == "permute.default":
+        perm = [d % r for d in node.args[1]]
+    else:
+        d0, d1 = (node.args[1] % r, node.args[2] % r) if key == "transpose.int" else (0, 1 % max(r, 1))
+        perm = list(range(r))
+        perm[d0], perm[d1] = perm[d1], perm[d0]
+    rest = node.args[1:]
+    return lw.op("transpose", [x], node.name, lambda t: node.target(t, *rest), perm=perm)
+
+
+@row("expand.default")
+def _expand(lw: Lowering, node: Any) -> str:
+    """A broadcast (no copy in PyTorch): input dims align with the trailing output dims."""
+    x = lw.tensor(node.args[0])
+    shape = out_shape(node)
+    sizes = node.args[1]
+    return lw.op("broadcast_in_dim", [x], node.name, lambda t: aten.expand.default(t, sizes), shape=shape,
+                 broadcast_dimensions=list(range(len(shape) - rank(lw, x), len(shape))))
+
+
+@row("slice.Tensor")
+def _slice(lw: Lowering, node: Any) -> str:
+    x = lw.tensor(node.args[0])
+    shape = lw.shape(x)
+    dim = arg(node, 1, "dim", 0) % len(shape)
+    start, end, step = arg(node, 2, "start"), arg(node, 3, "end"), arg(node, 4, "step", 1)
+    start, end, _ = slice(start, end, step).indices(shape[dim])
+    if end <= start:
+        raise Unsupported("an empty slice")
+    if (start, end, step) == (0, shape[dim], 1):
+        return x
+    starts, limits, strides = [0] * len(shape), list(shape), [1] * len(shape)
+    starts[dim], limits[dim], strides[dim] = start, end, step
+    return lw.op("slice", [x], node.name, lambda t: aten.slice.Tensor(t, dim, start, end, step),
+                 starts=starts, limits=limits, strides=strides)
+
+
+@row("split.Tensor", "split_with_sizes.default")
+def _split(lw: Lowering, node: Any) -> str:
+    """Each piece is a slice, named `<node>.<i>`; `getitem` picks one."""
+    x = lw.tensor(node.args[0])
+    shape = lw.shape(x)
+    dim = arg(node, 2, "dim", 0) % len(shape)
+    sizes = arg(node, 1, "split_size")
+    if isinstance(sizes, int):
+        sizes = [min(sizes, shape[dim] - s) for s in range(0, shape[dim], sizes)]
+    start = 0
+    for i, size in enumerate(sizes):
+        starts, limits = [0] * len(shape), list(shape)
+        starts[dim], limits[dim] = start, start + size
+        lw.values[f"{node.name}#{i}"] = lw.op(
+            "slice", [x], f"{node.name}.{i}", lambda t, a=start, b=start + size: aten.slice.Tensor(t, dim, a, b),
+            starts=starts, limits=limits)
+        start += size
+    return x  # the tuple itself is never a tensor; its pieces are
+
+
+@row("getitem")
+def _getitem(lw: Lowering, node: Any) -> str:
+    source, index = node.args
+    key = f"{source.name}#{index}"
+    if key not in lw.values:
+        raise Unsupported(f"item {index} of {source.name}")
+    return lw.values[key]
+
+
+@row("cat.default")
+def _cat(lw: Lowering, node: Any) -> str:
+    inputs = [lw.tensor(t) for t in node.args[0]]
+    dim = arg(node, 1, "dim", 0)
+    return lw.op("concat", inputs, node.name, lambda *ts: aten.cat.default(list(ts), dim), axis=dim % rank(lw, inputs[0]))
+
+
+@row("embedding.default")
+def _embedding(lw: Lowering, node: Any) -> str:
+    table, ids = lw.tensor(node.args[0]), lw.tensor(node.args[1])
+    rest = node.args[2:]
+    return lw.op("embedding", [ids, table], node.name, lambda i, w: aten.embedding.default(w, i, *rest))
+
+
+# --- attention and convolution ---------------------------------------------------------------
+@row("scaled_dot_product_attention.default")
+def _sdpa(lw: Lowering, node: Any) -> str:
+    """Grouped keys and values (fewer heads than the queries) are broadcast to the query heads,
+    as `enable_gqa` does: [B, KV, T, D] -> [B, KV, G, T, D] -> [B, KV * G, T, D]."""
+    q, k, v = (lw.tensor(a) for a in node.args[:3])
+    mask = arg(node, 3, "attn_mask")
+    if arg(node, 4, "dropout_p", 0.0) != 0.0:
+        raise Unsupported("attention dropout is random")
+    causal, scale = bool(arg(node, 5, "is_causal", False)), node.kwargs.get("scale")
+    heads = lw.shape(q)[1]
+    k, v = (_repeat_heads(lw, t, heads, f"{node.name}.{role}") for t, role in ((k, "k"), (v, "v")))
+    inputs = [q, k, v] + ([lw.tensor(mask)] if mask is not None else [])
+    attrs = {"causal": causal} | ({"scale": float(scale)} if scale is not None else {})
+
+    def call(q_: Any, k_: Any, v_: Any, mask_: Any = None) -> Any:
+        if q_.device.type != "cpu" or not isinstance(q_, DTensor):
+            return aten.scaled_dot_product_attention.default(q_, k_, v_, mask_, 0.0, causal, scale=scale)
+        # DTensor has no sharding rule for the fused CPU kernel, so the math form (aten ops it
+        # has rules for) runs instead, on contiguous blocks (it views them), with the causal mask
+        # as a replicated DTensor of its own (the math form would make a plain tensor of it)
+        q_, k_, v_ = (aten.clone.default(t, memory_format=torch.contiguous_format) for t in (q_, k_, v_))
+        if causal:
+            s, t = q_.shape[-2], k_.shape[-2]
+            tril = torch.ones(s, t, dtype=torch.bool).tril()
+            tril = DTensor.from_local(tril, q_.device_mesh, [Replicate()] * q_.device_mesh.ndim, run_check=False)
+            mask_ = tril if mask_ is None else (aten.logical_and.default(mask_, tril) if mask_.dtype == torch.bool
+                                                else aten.masked_fill.Scalar(mask_, aten.logical_not.default(tril), float("-inf")))
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+            return aten.scaled_dot_product_attention.default(q_, k_, v_, mask_, 0.0, False, scale=scale)
+    return lw.op("attention", inputs, node.name, call, **attrs)
+
+
+def _repeat_heads(lw: Lowering, x: str, heads: int, name: str) -> str:
+    b, kv, t, d = lw.shape(x)
+    if kv == heads:
+        return x
+    if heads % kv:
+        raise Unsupported(f"{heads} query heads are not a multiple of {kv} key/value heads")
+    group = heads // kv
+    x = lw.op("reshape", [x], f"{name}.split", lambda a: aten.reshape.default(a, [b, kv, 1, t, d]), shape=[b, kv, 1, t, d])
+    x = lw.op("broadcast_in_dim", [x], f"{name}.expand", lambda a: aten.expand.default(a, [b, kv, group, t, d]),
+              shape=[b, kv, group, t, d], broadcast_dimensions=[0, 1, 2, 3, 4])
+    return lw.op("reshape", [x], f"{name}.heads", lambda a: aten.reshape.default(a, [b, heads, t, d]), shape=[b, heads, t, d])
+
+
+@row("conv2d.default")
+def _conv2d(lw: Lowering, node: Any) -> str:
+    """NCHW and [F, C, KH, KW] in PyTorch; the op table's conv2d is NHWC with [KH, KW, C, F]."""
+    x, w = lw.tensor(node.args[0]), lw.tensor(node.args[1])
+    bias = arg(node, 2, "bias")
+    stride, padding = _pair(arg(node, 3, "stride", 1)), arg(node, 4, "padding", 0)
+    if isinstance(padding, str) or _pair(arg(node, 5, "dilation", 1)) != [1, 1] or arg(node, 6, "groups", 1) != 1:
+        raise Unsupported("conv2d with string padding, dilation or groups")
+    padding = _pair(padding)
+    nhwc = lw.op("transpose", [x], f"{node.name}.input", lambda t: aten.permute.default(t, [0, 2, 3, 1]), perm=[0, 2, 3, 1])
+    filt = lw.op("transpose", [w], f"{node.name}.filter", lambda t: aten.permute.default(t, [2, 3, 1, 0]), perm=[2, 3, 1, 0])
+
+    def conv(a: Any, f: Any) -> Any:
+        out = aten.conv2d.default(aten.permute.default(a, [0, 3, 1, 2]), aten.permute.default(f, [3, 2, 0, 1]),
+                                  None, stride, padding)
+        return aten.permute.default(out, [0, 2, 3, 1])
+    y = lw.op("conv2d", [nhwc, filt], f"{node.name}.conv", conv, strides=stride,
+              padding=[[padding[0], padding[0]], [padding[1], padding[1]]])
+    name = f"{node.name}.nchw" if bias is not None else node.name
+    y = lw.op("transpose", [y], name, lambda t: aten.permute.default(t, [0, 3, 1, 2]), perm=[0, 3, 1, 2])
+    if bias is None:
+        return y
+    f = lw.shape(lw.tensor(bias))[0]
+    b = lw.op("reshape", [lw.tensor(bias)], f"{node.name}.bias", lambda t: aten.reshape.default(t, [f, 1, 1]), shape=[f, 1, 1])
+    return lw.op("add", [y, b], node.name, aten.add.Tensor)
+
+
+def _pair(value: Any) -> list[int]:
+    values = [value, value] if isinstance(value, int) else list(value)
+    if len(values) != 2:
+        raise Unsupported(f"expected two values, got {value!r}")
+    return [int(v) for v in values]
+
+
+# ops that only check or constrain: they have no value
+CHECKS = ("_assert_tensor_metadata.default", "_assert_scalar.default", "sym_constrain_range_for_size.default",
+          "_assert_async.msg")

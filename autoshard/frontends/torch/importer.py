@@ -1,0 +1,244 @@
+"""`torch.export` program -> `autoshard.graph/v1` graph, through the aten table.
+
+Names: parameters and buffers by their fully qualified names (`layers.0.wq.weight`), user inputs
+by their argument names, intermediates by FX node names (an aten op lowered to several graph ops
+names its helpers `<node>.<role>` and its value `<node>`). Each op keeps the module it was
+called in. The names only depend on the module and the example inputs, so a program exported
+again imports to the same graph.
+
+Nodes no row lowers (mask and position bookkeeping, anything new) stay opaque: their values
+enter the graph as inputs of their true shapes, pinned replicated, and are computed by PyTorch
+itself when a plan runs; the values they read are pinned replicated too. A warning names them;
+`strict=True` makes them an error.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+from autoshard.errors import InputError, Problem
+from autoshard.frontends.torch.aten import ATEN, CHECKS, dtype_name, target_key
+from autoshard.frontends.torch.lowering import Lowering, Step, Unsupported
+from autoshard.frontends.torch.runtime import require_torch
+from autoshard.graph.builder import GraphBuilder
+from autoshard.graph.model import Graph
+from autoshard.graph.schema import graph_from_json
+from autoshard.models.training import add_training_step, weighted_sum_loss
+from autoshard.ops import OpError
+
+torch = require_torch()
+
+
+@dataclass(frozen=True)
+class OpaqueNode:
+    """A node kept out of the op table: its value is a replicated graph input."""
+
+    name: str  # the FX node, and the graph input holding its value
+    target: str  # the aten op
+    module: str  # the module path it was called in ("" at the top level)
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.target}{', in ' + self.module if self.module else ''}): {self.reason}"
+
+
+@dataclass
+class ImportedProgram:
+    document: dict[str, Any]  # the graph, `autoshard.graph/v1`
+    graph: Graph
+    steps: list[Step]  # program order; opaque nodes are steps too
+    opaque: list[OpaqueNode]
+    user_inputs: list[str]  # the graph inputs the module's arguments become, in order
+    parameters: dict[str, str] = field(default_factory=dict)  # graph tensor -> placeholder (parameters and buffers)
+    scalars: dict[str, tuple[Any, str]] = field(default_factory=dict)  # rank-0 inputs standing for numbers
+    outputs: list[str] = field(default_factory=list)  # graph tensors of the module's outputs, in order
+
+    @property
+    def warnings(self) -> list[str]:
+        return [f"opaque op {n}" for n in self.opaque]
+
+
+def import_program(exported_program: Any, strict: bool = False, training: bool = False,
+                   name: str | None = None) -> ImportedProgram:
+    """The graph of an `ExportedProgram` (run through `run_decompositions({})` first, so that no
+    in-place op survives and `linear`, `silu` and attention stay whole).
+
+    `training=True` adds the loss `sum(output * labels)` on the first output, the backward pass
+    and Adam, by autoshard's own differentiation (as `autoshard generate --training`).
+    """
+    if not isinstance(exported_program, torch.export.ExportedProgram):
+        raise InputError(f"expected a torch.export.ExportedProgram, got {type(exported_program).__name__}", "exported_program")
+    ep = exported_program
+    _check_static(ep)
+    signature = ep.graph_signature
+    builder = GraphBuilder(name or "exported_program", "f32")
+    lw = Lowering(builder)
+    parameters: dict[str, str] = {}
+    user_inputs: list[str] = []
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    for spec in signature.input_specs:
+        node = placeholders[spec.arg.name]
+        value = node.meta.get("val")
+        if not isinstance(value, torch.Tensor):
+            continue  # a constant argument, specialised into the program
+        kind = spec.kind.name
+        graph_name = spec.target if kind != "USER_INPUT" else spec.arg.name
+        role = "parameter" if kind == "PARAMETER" else "input"
+        declare = builder.parameter if role == "parameter" else builder.input
+        lw.values[node.name] = declare(graph_name, _shape(node), _dtype(node))
+        if kind == "USER_INPUT":
+            user_inputs.append(graph_name)
+        else:
+            parameters[graph_name] = spec.target
+
+    opaque: list[OpaqueNode] = []
+    for node in ep.graph.nodes:
+        if node.op != "call_function":
+            continue
+        key = target_key(node.target)
+        if key in CHECKS:
+            continue
+        module = _module_path(node)
+        builder.module = module
+        lower = ATEN.get(key)
+        steps_before, mark = len(lw.steps), builder.mark()
+        reason = "no row in the aten table" if lower is None else ""
+        if lower is not None:
+            try:
+                lw.values[node.name] = lower(lw, node)
+                _check_shape(lw, node)
+                continue
+            except (Unsupported, OpError) as error:
+                reason = str(error)
+                # drop what the row added before it gave up: an opaque node leaves no half-lowered ops
+                builder.rollback(mark)
+                del lw.steps[steps_before:]
+                for scalar in [s for s in lw.scalars if s not in builder.tensors]:
+                    del lw.scalars[scalar]
+        opaque.append(OpaqueNode(node.name, key, module, reason))
+        _keep_opaque(lw, node)
+    builder.module = ""
+
+    outputs = [lw.tensor(n) for n, spec in zip(_output_nodes(ep), signature.output_specs)
+               if spec.kind.name == "USER_OUTPUT" and n is not None and getattr(n, "name", None) in lw.values]
+    if strict and opaque:
+        raise InputError([Problem(f"/nodes/{n.name}", f"opaque op {n}") for n in opaque])
+    if opaque:
+        warnings.warn(f"{len(opaque)} op(s) outside the aten table are kept opaque and replicated: "
+                      + "; ".join(str(n) for n in opaque), stacklevel=2)
+    if training:
+        _add_training(builder, outputs)
+    else:
+        builder.mark_outputs(*outputs)
+    document = builder.document()
+    # Opaque values are computed replicated, so are the values opaque ops read (the plan does not
+    # see those reads: a sharded one would be gathered outside it); numbers are rank 0.
+    read = [t for step in lw.steps if step.opaque for t in step.inputs if builder.tensors[t].role == "intermediate"]
+    produced = [t for step in lw.steps if step.opaque for t in step.outputs if t]
+    pinned = list(dict.fromkeys(produced + read + list(lw.scalars)))
+    if pinned:
+        document["constraints"] = [{"tensor": t, "split_axes": [], "required": True} for t in pinned]
+    return ImportedProgram(document, graph_from_json(document), lw.steps, opaque, user_inputs, parameters,
+                           lw.scalars, outputs)
+
+
+def _add_training(builder: GraphBuilder, outputs: list[str]) -> None:
+    if not outputs:
+        raise InputError("the program has no tensor output to train on", "training")
+    loss, seeds = weighted_sum_loss(builder, outputs[0])
+    try:
+        add_training_step(builder, loss, seeds)
+    except ValueError as error:  # a parameter no gradient reaches, or an op without a gradient
+        raise InputError(f"cannot differentiate the imported program: {error}", "training") from None
+
+
+def _keep_opaque(lw: Lowering, node: Any) -> None:
+    """The node's tensor values become replicated graph inputs; PyTorch computes them."""
+    value = node.meta.get("val")
+    values = value if isinstance(value, (tuple, list)) else [value]
+    outputs = []
+    for i, v in enumerate(values):
+        if not isinstance(v, torch.Tensor):
+            outputs.append("")
+            continue
+        name = node.name if len(values) == 1 and not isinstance(value, (tuple, list)) else f"{node.name}.{i}"
+        try:
+            dtype = dtype_name(v.dtype)
+        except Unsupported as error:
+            raise InputError(f"opaque op {node.name} ({target_key(node.target)}): {error}", f"/nodes/{node.name}") from None
+        tensor = lw.builder.input(name, [int(s) for s in v.shape], dtype)
+        outputs.append(tensor)
+        if isinstance(value, (tuple, list)):
+            lw.values[f"{node.name}#{i}"] = tensor
+        else:
+            lw.values[node.name] = tensor
+    lw.steps.append(Step(tuple(outputs), tuple(_node_inputs(lw, node)), _opaque_call(node), opaque=True))
+
+
+def _node_inputs(lw: Lowering, node: Any) -> list[str]:
+    return [lw.values[n.name] for n in node.all_input_nodes if n.name in lw.values]
+
+
+def _opaque_call(node: Any) -> Any:
+    """Call the node's target with its tensor arguments replaced, in order, by the given values."""
+    def call(*values: Any) -> Any:
+        supplied = iter(values)
+        known = {n.name for n in node.all_input_nodes}
+
+        def substitute(a: Any) -> Any:
+            if hasattr(a, "name") and a.name in known:
+                return next(supplied)
+            if isinstance(a, (list, tuple)):
+                return type(a)(substitute(x) for x in a)
+            return a
+        return node.target(*substitute(tuple(node.args)), **{k: substitute(v) for k, v in node.kwargs.items()})
+    return call
+
+
+def _output_nodes(ep: Any) -> list[Any]:
+    (output,) = [n for n in ep.graph.nodes if n.op == "output"]
+    return list(output.args[0])
+
+
+def _module_path(node: Any) -> str:
+    stack = node.meta.get("nn_module_stack") or {}
+    return list(stack.values())[-1][0] if stack else ""
+
+
+def _shape(node: Any) -> list[int]:
+    return [int(s) for s in node.meta["val"].shape]
+
+
+def _dtype(node: Any) -> str:
+    try:
+        return dtype_name(node.meta["val"].dtype)
+    except Unsupported as error:
+        raise InputError(f"input {node.name}: {error}", f"/inputs/{node.name}") from None
+
+
+def _check_shape(lw: Lowering, node: Any) -> None:
+    """The op table's shape for the node's value must be the one torch.export recorded."""
+    value = node.meta.get("val")
+    if not isinstance(value, torch.Tensor):
+        return
+    ours = list(lw.shape(lw.values[node.name]))
+    if ours != _shape(node):
+        raise Unsupported(f"the op table gives shape {ours}, torch {_shape(node)}")
+
+
+def _check_static(ep: Any) -> None:
+    problems = []
+    for node in ep.graph.nodes:
+        value = node.meta.get("val")
+        values = value if isinstance(value, (tuple, list)) else [value]
+        for v in values:
+            if isinstance(v, torch.Tensor):
+                symbolic = [str(s) for s in v.shape if not isinstance(s, int)]
+                if symbolic:
+                    problems.append(Problem(f"/nodes/{node.name}", f"shape {[str(s) for s in v.shape]} has symbolic sizes "
+                                            f"{symbolic}; export with static shapes (no dynamic_shapes), at the size to plan for"))
+                    break
+    if problems:
+        raise InputError(problems)

@@ -1,0 +1,154 @@
+"""The proof, in PyTorch itself: modules exported with torch.export, planned by autoshard under a
+memory budget below their replicated footprint, and run under DTensor on CPU (every rank of the
+fake process group simulated in this process by LocalTensorMode). Outputs must equal the unsharded
+module's, and the collectives DTensor issues must be the plan's reshardings: same kinds, same
+count, same bytes (within 10%).
+
+DTensor redistributes one mesh dim at a time, so a planned step over several mesh axes is
+compared as one collective per axis; bytes are compared as what each device receives under ring
+algorithms, which does not depend on the order DTensor picks for those axes. LocalTensorMode
+runs the functional collectives themselves (no gloo), so no collective is substituted here.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch.distributed.tensor.debug import CommDebugMode  # noqa: E402
+
+from support.dtensor import CollectiveLog, planned_collectives, sharded_plan, simulated_ranks, traffic  # noqa: E402
+from support.torch_models import examples, exported  # noqa: E402
+
+from autoshard.frontends.torch import import_program, parallelize, tensor_placements  # noqa: E402
+from autoshard.frontends.torch.placements import PlacementSpec, placement_specs  # noqa: E402
+
+# (model, mesh, objective charge per byte held): the larger charge stores weights sharded and
+# gathers them before use (ZeRO-3-like), the smaller one keeps them split (tensor parallel, partial
+# sums reduced)
+CASES = [
+    ("mlp", "tp=4", 1e-8),
+    ("mlp", "dp=2,tp=4", 1e-8),
+    ("llama_block", "tp=4", 1e-9),
+    ("llama_block", "dp=2,tp=2", 1e-9),
+    ("gpt", "tp=8", 1e-8),
+    ("gpt", "dp=2,tp=4", 2e-9),
+]
+
+
+def linear_weights(graph) -> list[str]:
+    return [op.inputs[1] for op in graph.ops if op.kind == "dot_general" and graph.tensors[op.inputs[1]].role == "parameter"]
+
+
+def unwrap(value):
+    """Rank 0's tensor of a value LocalTensorMode holds per rank (all equal for a full tensor)."""
+    return value._local_tensors[0] if hasattr(value, "_local_tensors") else value
+
+
+@pytest.mark.parametrize("name, mesh_text, charge", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
+def test_dtensor_runs_the_plan_and_matches_the_unsharded_module(name, mesh_text, charge):
+    module, args = examples()[name]
+    program = exported(module, args)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an opaque op would warn: these modules have none
+        imported = import_program(program)
+    result = sharded_plan(imported.document, mesh_text, memory_s_per_byte=charge)
+
+    placements = tensor_placements(result.plan)
+    weights = linear_weights(imported.graph)
+    sharded = [w for w in weights if any(p.is_shard() for p in placements[w])]
+    assert sharded == weights, f"replicated linear weights: {sorted(set(weights) - set(sharded))}"
+
+    expected = module(*args)
+    with simulated_ranks(mesh_text) as mesh:
+        program_on_mesh = parallelize(program, result, mesh)
+        for w in weights:  # stored as planned
+            assert tuple(program_on_mesh.stored(w).placements) == placements[w]
+        with CommDebugMode() as comm, CollectiveLog() as log:
+            out = program_on_mesh(*args)
+        full = unwrap(out.full_tensor())
+    # DTensor's own count agrees with the log, which also records each collective's group and bytes
+    assert comm.get_total_counts() == len(log.collectives)
+    torch.testing.assert_close(full, expected, rtol=1e-5, atol=1e-5)
+    assert program_on_mesh.mismatches == []  # DTensor placed every op's result as planned
+
+    planned, issued = traffic(planned_collectives(result)), traffic(log.collectives)
+    assert sum(count for count, _ in planned.values()) > 0
+    assert {k: count for k, (count, _) in issued.items()} == {k: count for k, (count, _) in planned.items()}
+    for kind, (_, received) in planned.items():
+        assert issued[kind][1] == pytest.approx(received, rel=0.1), kind
+
+
+@pytest.mark.parametrize("name, mesh_text", [("mlp", "tp=4"), ("llama_block", "dp=2,tp=2")])
+def test_a_training_step_gives_the_unsharded_loss_and_gradients(name, mesh_text, record_property):
+    """The forward runs as planned; autograd chooses the backward's collectives (recorded beside
+    the plan's forward reshardings, not required to equal anything)."""
+    module, args = examples()[name]
+    program = exported(module, args)
+    result = sharded_plan(import_program(program).document, mesh_text, memory_s_per_byte=1e-9)
+    torch.manual_seed(1)
+    labels = torch.randn_like(module(*args))
+    module.zero_grad()
+    loss = (module(*args) * labels).sum()
+    loss.backward()
+    expected = {n: p.grad for n, p in module.named_parameters()}
+
+    with simulated_ranks(mesh_text) as mesh:
+        program_on_mesh = parallelize(program, result, mesh)
+        out = program_on_mesh(*args)
+        sharded_loss = (out * torch.distributed.tensor.distribute_tensor(labels, mesh, out.placements, src_data_rank=None)).sum()
+        with CollectiveLog() as backward:
+            sharded_loss.backward()
+        got_loss = unwrap(sharded_loss.full_tensor())
+        grads = {n: unwrap(p.grad.full_tensor()) for n, p in program_on_mesh.named_parameters()}
+    torch.testing.assert_close(got_loss, loss.detach(), rtol=1e-5, atol=1e-4)
+    assert sorted(grads) == sorted(expected)
+    for n, g in grads.items():
+        torch.testing.assert_close(g, expected[n], rtol=1e-4, atol=1e-5, msg=lambda m, n=n: f"{n}: {m}")
+    record_property("forward_plan_collectives", traffic(planned_collectives(result)))
+    record_property("backward_collectives", traffic(backward.collectives))
+
+
+def test_the_training_graph_plan_runs_its_forward():
+    """A plan made for the imported training step (`training=True`) runs the forward: its forward
+    ops keep their names."""
+    module, args = examples()["mlp"]
+    program = exported(module, args)
+    training = import_program(program, training=True)
+    assert len(training.graph.ops) > len(import_program(program).graph.ops)
+    result = sharded_plan(training.document, "tp=4", memory_s_per_byte=1e-9)
+    with simulated_ranks("tp=4") as mesh:
+        out = parallelize(program, result.plan, mesh)(*args)
+        full = unwrap(out.full_tensor())
+    torch.testing.assert_close(full, module(*args), rtol=1e-5, atol=1e-5)
+
+
+def test_a_plan_read_back_from_its_document_runs_the_same(tmp_path):
+    module, args = examples()["mlp"]
+    program = exported(module, args)
+    result = sharded_plan(import_program(program).document, "tp=4")
+    from autoshard.delivery.document import plan_document
+    document = plan_document(result, "dgx-h100")
+    again = exported(module, args)  # exported anew: the names are the same
+    with simulated_ranks("tp=4") as mesh:
+        a = parallelize(program, result.plan, mesh)
+        b = parallelize(again, document, mesh)
+        for w in linear_weights(result.plan.graph):
+            assert a.stored(w).placements == b.stored(w).placements
+        out = unwrap(b(*args).full_tensor())
+    torch.testing.assert_close(out, module(*args), rtol=1e-5, atol=1e-5)
+
+
+def test_a_mesh_that_is_not_the_plans_is_refused_naming_the_axis():
+    from autoshard.errors import InputError
+    module, args = examples()["mlp"]
+    program = exported(module, args)
+    result = sharded_plan(import_program(program).document, "tp=4")
+    with simulated_ranks("dp=4") as mesh:
+        with pytest.raises(InputError) as error:
+            parallelize(program, result.plan, mesh)
+    assert "device_mesh/tp" in str(error.value) and "['dp']" in str(error.value)
+    assert placement_specs(result.plan.produced("x"), result.plan.mesh, "x") == (PlacementSpec("replicate"),)
