@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import argparse
 import re
+from pathlib import Path
+from typing import Any
 
 from autoshard.errors import InputError, Problem
+from autoshard.graph.builder import document_text
+from autoshard.graph.model import Graph
+from autoshard.graph.summary import graph_summary
 from autoshard.mesh import Mesh
 from autoshard.planning.hardware import bind_hardware
 
@@ -68,3 +73,12 @@ def mesh_from_args(args: argparse.Namespace) -> Mesh:
     except InputError as error:
         raise InputError([Problem("--mesh" + p.where.removeprefix("mesh").replace("/", " ", 1), p.message)
                           for p in error.problems]) from None
+
+
+def write_graph(document: dict[str, Any], graph: Graph, output: str) -> None:
+    """Write a graph document to `output` (`-o`) and say what it holds."""
+    try:
+        Path(output).write_text(document_text(document))
+    except OSError as error:
+        raise InputError(f"cannot write file: {error.strerror}", "--output") from None
+    print(f"wrote {output}: {graph_summary(graph)}")

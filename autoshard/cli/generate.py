@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any, Callable
 
+from autoshard.cli.args import write_graph
 from autoshard.errors import InputError, Problem
-from autoshard.graph.builder import document_text
 from autoshard.graph.schema import graph_from_json
-from autoshard.graph.summary import graph_summary
 from autoshard.models import GPTConfig, MLPConfig, MoEConfig, gpt, mlp, moe
 from autoshard.models.gpt import STYLES
 
@@ -70,10 +68,6 @@ def _runner(config_type: type, generate: Callable[..., dict[str, Any]]) -> Calla
             raise InputError([Problem(_flag(p.where), p.message) for p in error.problems]) from None
         document = generate(config, training=args.training)
         graph = graph_from_json(document)
-        try:
-            Path(args.output).write_text(document_text(document))
-        except OSError as error:
-            raise InputError(f"cannot write file: {error.strerror}", "--output") from None
-        print(f"wrote {args.output}: {graph_summary(graph)}")
+        write_graph(document, graph, args.output)
         return 0
     return run

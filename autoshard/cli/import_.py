@@ -8,13 +8,11 @@ from __future__ import annotations
 import argparse
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
+from autoshard.cli.args import write_graph
 from autoshard.errors import InputError
-from autoshard.graph.builder import document_text
 from autoshard.graph.schema import graph_from_json
-from autoshard.graph.summary import graph_summary
 
 
 @dataclass(frozen=True)
@@ -78,10 +76,6 @@ def _runner(framework: Framework) -> Callable[[argparse.Namespace], int]:
         document, graph, notes = framework.run(args.source, args.strict, args.training)
         for note in notes:
             print(f"warning: {note}")
-        try:
-            Path(args.output).write_text(document_text(document))
-        except OSError as error:
-            raise InputError(f"cannot write file: {error.strerror}", "--output") from None
-        print(f"wrote {args.output}: {graph_summary(graph)}")
+        write_graph(document, graph, args.output)
         return 0
     return run
