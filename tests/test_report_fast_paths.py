@@ -81,17 +81,28 @@ def case(request) -> tuple[Plan, object]:
 
 def reference_timeline(plan: Plan) -> tuple[list[int], list[int]]:
     """Each value's bytes added into every step from its producer (or the start) to its last
-    consumer, or to the end for parameters and graph outputs."""
+    consumer, or to the end for parameters and graph outputs; a view holds nothing, and the value
+    it views is held as long as the view (or a view of it) is."""
     graph, mesh = plan.graph, plan.mesh
     order = topological_order(graph)
     at = {op.name: i for i, op in enumerate(order)}
     steps = max(len(order), 1)
     usage, params = [0] * steps, [0] * steps
-    for name, tensor in graph.tensors.items():
-        producer = graph.producers.get(name)
+
+    def last_use(name: str) -> int:
+        tensor, producer = graph.tensors[name], graph.producers.get(name)
         first = at[producer.name] if producer else 0
         users = [at[op.name] for op in graph.ops if name in op.inputs]
         last = steps - 1 if tensor.role == "parameter" or name in graph.outputs else max(users, default=first)
+        views = [op.outputs[0] for op in graph.ops if op.op_kind.view and op.inputs[0] == name]
+        return max([last] + [last_use(v) for v in views])
+
+    for name, tensor in graph.tensors.items():
+        producer = graph.producers.get(name)
+        first = at[producer.name] if producer else 0
+        last = last_use(name)
+        if producer is not None and producer.op_kind.view:
+            continue
         size = tensor_bytes(tensor.shape, tensor.itemsize, plan.produced(name), mesh)
         for t in range(first, last + 1):
             usage[t] += size

@@ -148,7 +148,8 @@ def live_ranges(graph: Graph, order: list[Op] | None = None) -> dict[str, tuple[
     """Steps `[first, last]` during which each tensor is held, with ops numbered in `order`.
 
     Parameters live for the whole step; inputs from the start; a tensor dies after its last
-    consumer, and graph outputs live to the end.
+    consumer, and graph outputs live to the end. A view's input (`OpKind.view`) lives as long as
+    the view does: the view holds its storage.
     """
     order = order if order is not None else topological_order(graph)
     end = max(len(order) - 1, 0)
@@ -163,4 +164,8 @@ def live_ranges(graph: Graph, order: list[Op] | None = None) -> dict[str, tuple[
         else:
             last = max((step[op.name] for op in graph.consumers[name]), default=first)
         ranges[name] = (first, last)
+    for op in reversed(order):  # a view of a view is extended first
+        if op.op_kind.view:
+            source, (first, last) = op.inputs[0], ranges[op.inputs[0]]
+            ranges[source] = (first, max(last, ranges[op.outputs[0]][1]))
     return ranges

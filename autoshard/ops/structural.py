@@ -96,7 +96,7 @@ def _reshape(inputs: list[np.ndarray], ctx: Context) -> list[np.ndarray]:
     return [inputs[0].reshape(ctx.out_shapes[0])]
 
 
-register(OpKind("reshape", (1, 1), _reshape_loops, _reshape, _no_flops, attrs=("shape",),
+register(OpKind("reshape", (1, 1), _reshape_loops, _reshape, _no_flops, attrs=("shape",), view=True,
                 doc="row-major reshape that splits and merges dims"))
 
 
@@ -125,7 +125,8 @@ def _broadcast(inputs: list[np.ndarray], ctx: Context) -> list[np.ndarray]:
 
 
 register(OpKind("broadcast_in_dim", (1, 1), _broadcast_loops, _broadcast, _no_flops,
-                attrs=("shape", "broadcast_dimensions"), doc="input dim i becomes output dim broadcast_dimensions[i]"))
+                attrs=("shape", "broadcast_dimensions"), view=True,
+                doc="input dim i becomes output dim broadcast_dimensions[i]"))
 
 
 # --- concat ----------------------------------------------------------------------------

@@ -71,6 +71,9 @@ class OpKind:
     # True when `loops` takes the declared output shapes after the input shapes (generic ops,
     # whose loop extents may only be fixed by the output).
     reads_output_shapes: bool = False
+    # True when the result is a view of input 0 (its storage, read through other strides: torch's
+    # `expand` and `view`): it holds no memory of its own, and input 0 stays held while it is.
+    view: bool = False
     doc: str = ""
 
 

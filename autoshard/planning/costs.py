@@ -59,6 +59,9 @@ def op_cost(graph: Graph, op: Op, option: ShardingOption, mesh: Mesh, hw: Hardwa
 
 
 def result_bytes(graph: Graph, op: Op, option: ShardingOption, mesh: Mesh) -> int:
-    """Per-device bytes of the op's results under `option` (the activation memory it adds)."""
+    """Per-device bytes of the op's results under `option` (the activation memory it adds): none
+    for a view, which holds its input's storage."""
+    if op.op_kind.view:
+        return 0
     return sum(tensor_bytes(graph.tensors[t].shape, graph.tensors[t].itemsize, s, mesh)
                for t, s in zip(op.outputs, result_shardings(op.nest, option)))

@@ -191,7 +191,8 @@ def memory_timeline(plan: Plan, shardings: PlanShardings | None = None) -> tuple
         key = (tensor.shape, tensor.itemsize, produced[name])
         if key not in sizes:
             sizes[key] = tensor_bytes(tensor.shape, tensor.itemsize, key[2], mesh)
-        held.append(sizes[key])
+        maker = graph.producers.get(name)
+        held.append(0 if maker is not None and maker.op_kind.view else sizes[key])  # a view holds its input's storage
         first.append(ranges[name][0])
         last.append(ranges[name][1])
         is_parameter.append(tensor.role == "parameter")

@@ -198,7 +198,7 @@ class ShardedProgram(torch.nn.Module):
             else:
                 result = step.call(*inputs)
             planned = self._placements[name]
-            if tuple(result.placements) != planned:
+            if not _same_placements(tuple(result.placements), planned):
                 self.mismatches.append(f"{name} ({producers[name].kind}): DTensor gave {list(result.placements)}, "
                                        f"the plan {list(planned)}")
                 result = result.redistribute(self.device_mesh, planned)
@@ -302,3 +302,12 @@ def _distribute(value: Any, device_mesh: Any, placements: tuple[Any, ...]) -> An
     """Each rank keeps its own shard of the whole value it holds (every rank holds the same
     parameters and arguments), so laying a value out moves no data."""
     return distribute_tensor(value, device_mesh, placements, src_data_rank=None)
+
+
+def _same_placements(got: tuple[Any, ...], planned: tuple[Any, ...]) -> bool:
+    """Equal, counting DTensor's own kinds of partial value (an embedding's masked partial sum)
+    as the plain partial value of the same reduction: they are reduced alike, and DTensor does
+    not allow redistributing into a partial placement."""
+    def plain(p: Any) -> Any:
+        return Partial(p.reduce_op) if isinstance(p, Partial) else p
+    return tuple(map(plain, got)) == tuple(map(plain, planned))
