@@ -24,7 +24,7 @@ from support.dtensor import CollectiveLog, planned_collectives, sharded_plan, si
 from support.torch_models import examples, exported  # noqa: E402
 
 from autoshard.frontends.torch import import_program, parallelize, tensor_placements  # noqa: E402
-from autoshard.frontends.torch.placements import PlacementSpec, placement_specs  # noqa: E402
+from autoshard.delivery.dtensor_placements import PlacementSpec, placement_specs  # noqa: E402
 
 # (model, mesh, objective charge per byte held): the larger charge stores weights sharded and
 # gathers them before use (ZeRO-3-like), the smaller one keeps them split (tensor parallel, partial

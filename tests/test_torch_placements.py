@@ -19,7 +19,7 @@ from torch.distributed.tensor.parallel import parallelize_module  # noqa: E402
 from autoshard.cli.main import main  # noqa: E402
 from autoshard.errors import InputError  # noqa: E402
 from autoshard.frontends.torch import import_program, parallelize_plan, tensor_placements  # noqa: E402
-from autoshard.frontends.torch.placements import dtensor_document, placement_specs  # noqa: E402
+from autoshard.delivery.dtensor_placements import dtensor_document, placement_specs  # noqa: E402
 from autoshard.graph.builder import document_text  # noqa: E402
 from autoshard.mesh import Mesh  # noqa: E402
 from autoshard.planning.make_plan import PlanResult  # noqa: E402

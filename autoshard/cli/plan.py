@@ -12,7 +12,6 @@ from typing import Any
 from autoshard.cli.args import add_hardware_args, hardware_from_args, mesh_from_args, parse_bytes, parse_slice
 from autoshard.delivery.deliver import deliver, ir_request_problems
 from autoshard.errors import InputError, Problem
-from autoshard.frontends.torch.placements import dtensor_document
 from autoshard.graph.builder import document_text
 from autoshard.graph.schema import load_graph
 from autoshard.graph.summary import si, size
@@ -152,7 +151,6 @@ def run(args: argparse.Namespace) -> int:
                         nodes=args.nodes, slice_shape=parse_slice(args.slice))
     document = delivered.document
     # the plan in PyTorch's vocabulary, for `autoshard.frontends.torch.parallelize` or by hand
-    document["dtensor"] = dtensor_document(result.plan)
     names = ["plan.json"] + [f"{stage}.mlir" for stage in delivered.ir]
     with phases.phase("writing"):
         del document["phases"]  # goes last, once writing is timed too

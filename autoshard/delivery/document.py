@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from autoshard import __version__
+from autoshard.delivery.dtensor_placements import dtensor_document
 from autoshard.delivery.partition_specs import plan_partition_specs
 from autoshard.planning.make_plan import PlanResult
 from autoshard.planning.plan import plan_to_json
@@ -13,7 +14,7 @@ from autoshard.planning.plan import plan_to_json
 def plan_document(result: PlanResult, topology: str) -> dict[str, Any]:
     """Per-op options and per-tensor shardings (readable by `plan_from_json`), plus per-edge
     reshardings, totals, a per-op breakdown, the solver's status, objective, bound and gap, and the
-    shardings as PartitionSpecs (`partition_specs`, see `autoshard.delivery.partition_specs`)."""
+    shardings as PartitionSpecs (`partition_specs`) and as DTensor placements (`dtensor`)."""
     report = result.report.to_json()
     document = plan_to_json(result.plan)
     document["autoshard_version"] = __version__
@@ -28,5 +29,6 @@ def plan_document(result: PlanResult, topology: str) -> dict[str, Any]:
     document["totals"] = report["totals"]
     document["solver"] = result.solver
     document["partition_specs"] = plan_partition_specs(result.plan)
+    document["dtensor"] = dtensor_document(result.plan)
     return document
 

@@ -18,15 +18,16 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-# name -> module of this package that defines it; loaded on first use, so that importing the
-# package does not import torch
+# name -> module that defines it; loaded on first use, so that importing the package does not
+# import torch. The placements are plain data every plan document carries, so they live in
+# `autoshard.delivery`.
 _NAMES = {
-    "import_program": "importer",
-    "ImportedProgram": "importer",
-    "export_factory": "factory",
-    "tensor_placements": "placements",
-    "parallelize_plan": "placements",
-    "parallelize": "apply",
+    "import_program": f"{__name__}.importer",
+    "ImportedProgram": f"{__name__}.importer",
+    "export_factory": f"{__name__}.factory",
+    "tensor_placements": "autoshard.delivery.dtensor_placements",
+    "parallelize_plan": "autoshard.delivery.dtensor_placements",
+    "parallelize": f"{__name__}.apply",
 }
 __all__ = list(_NAMES)
 
@@ -34,6 +35,6 @@ __all__ = list(_NAMES)
 def __getattr__(name: str) -> Any:
     if name not in _NAMES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
+    value = getattr(importlib.import_module(_NAMES[name]), name)
     globals()[name] = value
     return value

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from autoshard.errors import InputError, Problem
 from autoshard.frontends.torch.importer import ImportedProgram, import_program
 from autoshard.frontends.torch.lowering import DTYPES
-from autoshard.frontends.torch.placements import placement_specs
+from autoshard.delivery.dtensor_placements import placement_specs
 from autoshard.frontends.torch.runtime import require_torch
 from autoshard.mesh import Mesh
 from autoshard.planning.make_plan import PlanResult
