@@ -12,9 +12,12 @@ import argparse
 import importlib
 import pkgutil
 import sys
+import tempfile
+import traceback
 from importlib.metadata import entry_points
 from typing import Callable, Sequence
 
+import autoshard
 import autoshard.cli
 from autoshard.errors import AutoshardError, InfeasibleError, InputError
 from autoshard.phases import collect_garbage_rarely
@@ -60,6 +63,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return 0
+    except Exception as error:  # a bug: one line for the user, the traceback in a report
+        report = _write_crash_report(args)
+        print(f"autoshard {args.command}: internal error, a bug in autoshard ({type(error).__name__}: {error}); "
+              f"the full report is in {report}", file=sys.stderr)
+        return INTERNAL_ERROR
+
+
+INTERNAL_ERROR = 4  # exit code: 1 a verification failed, 2 bad input, 3 no feasible plan
+
+
+def _write_crash_report(args: argparse.Namespace) -> str:
+    with tempfile.NamedTemporaryFile("w", prefix="autoshard-crash-", suffix=".txt", delete=False) as report:
+        report.write(f"autoshard {autoshard.__version__}, command line: {sys.argv}\narguments: {vars(args)}\n\n")
+        report.write(traceback.format_exc())
+    return report.name
 
 
 if __name__ == "__main__":

@@ -72,14 +72,40 @@ def pointer(loc: tuple[Any, ...]) -> str:
 
 
 def read_json(path: str | Path) -> Any:
+    """A JSON document from a file: text in UTF-8, each object's keys distinct."""
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
         raise InputError(f"cannot read file: {error.strerror}", str(path)) from None
+    except UnicodeDecodeError as error:
+        raise InputError(f"not UTF-8 text: byte {error.start} is 0x{error.object[error.start]:02x}", str(path)) from None
+    return parse_json(text, str(path))
+
+
+def parse_json(text: str, where: str) -> Any:
+    """`text` as JSON, refusing a key repeated in one object (JSON keeps the last silently) and
+    nesting too deep to walk."""
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_distinct_keys)
     except json.JSONDecodeError as error:
-        raise InputError(f"not JSON: {error.msg} at line {error.lineno} column {error.colno}", str(path)) from None
+        raise InputError(f"not JSON: {error.msg} at line {error.lineno} column {error.colno}", where) from None
+    except RecursionError:
+        raise InputError("not a document autoshard reads: JSON nested too deeply", where) from None
+    except _RepeatedKey as error:
+        raise InputError(f"the key {error.args[0]!r} appears twice in one object; JSON would keep only the last",
+                         where) from None
+
+
+class _RepeatedKey(Exception):
+    pass
+
+
+def _distinct_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        seen: set[str] = set()
+        raise _RepeatedKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return found
 
 
 def load_graph(source: str | Path | dict[str, Any], mesh: Mesh | None = None) -> Graph:

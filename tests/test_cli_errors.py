@@ -1,0 +1,37 @@
+"""What a user gets for input the CLI cannot take, and for a bug: a clear answer, never a traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autoshard.cli import validate as validate_command
+from autoshard.cli.main import INTERNAL_ERROR, main
+
+
+@pytest.mark.parametrize("content, expected", [
+    (b"\xff\xfe{}", "not UTF-8 text: byte 0 is 0xff"),
+    (b"[" * 100_000 + b"]" * 100_000, "JSON nested too deeply"),
+    (b'{"format": "autoshard.graph/v1", "tensors": {}, "ops": [], "format": "x"}',
+     "the key 'format' appears twice in one object"),
+])
+def test_a_file_that_is_not_a_readable_json_document_is_named_with_the_reason(tmp_path, capsys, content, expected):
+    path = tmp_path / "graph.json"
+    path.write_bytes(content)
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: " in err and expected in err and "Traceback" not in err
+
+
+def test_a_bug_exits_4_with_one_line_and_the_traceback_in_a_report(tmp_path, capsys, monkeypatch):
+    def broken(args):
+        raise ZeroDivisionError("division by zero")
+    monkeypatch.setattr(validate_command, "run", broken)
+    assert main(["validate", "examples/mlp.json"]) == INTERNAL_ERROR == 4
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "internal error, a bug in autoshard (ZeroDivisionError: division by zero)" in line
+    report = Path(line.rsplit("the full report is in ", 1)[1])
+    text = report.read_text()
+    report.unlink()
+    assert "Traceback" in text and "raise ZeroDivisionError" in text and "'validate'" in text
