@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from autoshard.planning.formulation import WEIGHT_UNITS, weight_name_problem
+from autoshard.planning.make_plan import MAX_SEED
 
 JobStatus = Literal["queued", "solving", "done", "failed", "cancelled"]
 Stage = Literal["annotated", "partitioned"]
@@ -81,7 +82,7 @@ class PlanOptions(_Wire):
                                                      "auto (plans small enough to simulate in seconds), always, never; "
                                                      "the verdict is the plan's `verification`")
     workers: int | None = Field(None, ge=1, description="solver threads (default and cap: server settings)")
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     deterministic: bool = Field(False, description="bound the solver by a fixed amount of work instead of the "
                                                    "clock: the same request gives the same plan (apart from its "
                                                    "timing fields); time_limit_s no longer stops the solve")

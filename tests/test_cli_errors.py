@@ -35,3 +35,27 @@ def test_a_bug_exits_4_with_one_line_and_the_traceback_in_a_report(tmp_path, cap
     text = report.read_text()
     report.unlink()
     assert "Traceback" in text and "raise ZeroDivisionError" in text and "'validate'" in text
+
+
+@pytest.mark.parametrize("command", [
+    ["plan", "examples/mlp.json", "--mesh", "dp=2,tp=4", "--topology", "dgx-h100"],
+    ["iopddl", str(Path(__file__).parent / "data" / "iopddl_example.json")],
+])
+def test_a_seed_beyond_64_bits_is_refused_at_the_door(capsys, command):
+    assert main(command + ["--seed", str(2 ** 64)]) == 2
+    err = capsys.readouterr().err
+    assert "--seed: must be in [0, 2**63 - 1], " in err and "Traceback" not in err
+
+
+def test_the_python_api_and_the_service_refuse_the_same_seeds():
+    from pydantic import ValidationError
+
+    from autoshard.errors import InputError
+    from autoshard.planning.make_plan import SolveSettings
+    from service.schemas import PlanOptions
+    assert SolveSettings(seed=2 ** 63 - 1).seed == 2 ** 63 - 1
+    with pytest.raises(InputError) as error:
+        SolveSettings(seed=2 ** 63)
+    assert error.value.problems[0].where == "seed"
+    with pytest.raises(ValidationError):
+        PlanOptions(seed=2 ** 63)

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from autoshard.errors import InputError
+from autoshard.planning.make_plan import MAX_SEED
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -50,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"must be positive, found {args.time_limit}", "--time-limit")
     if args.workers < 1:
         raise InputError(f"must be at least 1, found {args.workers}", "--workers")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise InputError(f"must be in [0, 2**63 - 1], found {args.seed}", "--seed")
     last = [-1e9]
 
     def progress(phase: str, cost: float, bound: float, elapsed_s: float) -> None:

@@ -17,7 +17,7 @@ from autoshard.graph.schema import load_graph
 from autoshard.graph.summary import si, size
 from autoshard.phases import PhaseTimes
 from autoshard.planning.formulation import Weights, weight_name_problem
-from autoshard.planning.make_plan import SolveSettings, make_plan
+from autoshard.planning.make_plan import MAX_SEED, SolveSettings, make_plan
 from autoshard.sim.verify import VERIFY_POLICIES, policy_problem
 
 
@@ -88,8 +88,8 @@ def checked_settings(args: argparse.Namespace) -> tuple[SolveSettings, tuple[str
         problems.append(Problem("--gap-limit", f"must be a number in [0, 1), got {args.gap_limit:g}"))
     if args.workers < 1:
         problems.append(Problem("--workers", f"must be at least 1, got {args.workers}"))
-    if args.seed < 0:
-        problems.append(Problem("--seed", f"must be >= 0, got {args.seed}"))
+    if not 0 <= args.seed <= MAX_SEED:
+        problems.append(Problem("--seed", f"must be in [0, 2**63 - 1], got {args.seed}"))
     weights = parse_weights(args.weights, problems)
     budget = None
     if args.memory_budget:

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from autoshard.errors import InfeasibleError
+from autoshard.errors import InfeasibleError, InputError
 from autoshard.graph.model import Graph, topological_order
 from autoshard.graph.summary import size
 from autoshard.mesh import Mesh
@@ -18,6 +18,9 @@ from autoshard.planning.formulation import PICOSECONDS, Formulation, Weights, fo
 from autoshard.planning.plan import Plan
 from autoshard.planning.report import Report, estimate
 from autoshard.solver import Problem, solve
+
+
+MAX_SEED = 2 ** 63 - 1  # the solver's kernels take the seed as a 64-bit integer
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,10 @@ class SolveSettings:
     memory_budget_bytes: float | None = None  # None: the chip's HBM
     weights: Weights = Weights()  # each in seconds of objective per unit it weighs (see `Weights`)
     deterministic: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.seed <= MAX_SEED:
+            raise InputError(f"must be in [0, 2**63 - 1], got {self.seed}", "seed")
     # A dim split over several mesh axes takes them in mesh order only: the plans DTensor's
     # placements can express (`autoshard.frontends.torch`).
     mesh_order_splits: bool = False
