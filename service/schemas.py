@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from autoshard.planning.formulation import WEIGHT_UNITS, weight_name_problem
+from autoshard.planning.formulation import Weights as ObjectiveWeights
 from autoshard.planning.make_plan import MAX_SEED
 
 JobStatus = Literal["queued", "solving", "done", "failed", "cancelled"]
@@ -67,6 +68,13 @@ class Weights(_Wire):
         if details:
             raise ValidationError.from_exception_data(cls.__name__, details)
         return data
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> "Weights":
+        problem = ObjectiveWeights(self.time, self.comm_s_per_byte, self.memory_s_per_byte).problem()
+        if problem is not None:
+            raise ValueError(problem)
+        return self
 
 
 class PlanOptions(_Wire):

@@ -59,3 +59,20 @@ def test_the_python_api_and_the_service_refuse_the_same_seeds():
     assert error.value.problems[0].where == "seed"
     with pytest.raises(ValidationError):
         PlanOptions(seed=2 ** 63)
+
+
+def test_weights_that_make_every_plan_cost_nothing_are_refused(capsys):
+    from pydantic import ValidationError
+
+    from autoshard.errors import InputError
+    from autoshard.planning.formulation import Weights
+    from autoshard.planning.make_plan import SolveSettings
+    from service.schemas import Weights as WireWeights
+    assert main(["plan", "examples/mlp.json", "--mesh", "dp=2,tp=4", "--topology", "dgx-h100",
+                 "--weights", "time=0"]) == 2
+    assert "--weights: every weight is 0, so every plan would cost nothing" in capsys.readouterr().err
+    with pytest.raises(InputError, match="every weight is 0"):
+        SolveSettings(weights=Weights(time=0.0))
+    with pytest.raises(ValidationError, match="every weight is 0"):
+        WireWeights(time=0.0)
+    assert Weights(time=0.0, comm_s_per_byte=1e-11).comm_s_per_byte == 1e-11

@@ -73,9 +73,14 @@ def parse_weights(text: str, problems: list[Problem]) -> Weights:
             values[name] = float(value)
         except ValueError:
             values[name] = math.nan
-        if not (math.isfinite(values[name]) and values[name] >= 0):
-            problems.append(Problem("--weights", f"weight {name!r} must be a finite number >= 0, got {value!r}"))
-    return Weights(**values)
+    try:
+        weights = Weights(**values)
+    except InputError as error:
+        problems.extend(Problem("--weights", p.message) for p in error.problems)
+        return Weights()
+    if weights.problem() is not None:
+        problems.append(Problem("--weights", weights.problem()))
+    return weights
 
 
 def checked_settings(args: argparse.Namespace) -> tuple[SolveSettings, tuple[str, ...]]:

@@ -13,12 +13,13 @@ kernels while a whole training step stays far below 2**63.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from autoshard.errors import InfeasibleError
+from autoshard.errors import InfeasibleError, InputError
 from autoshard.graph.model import Graph, Op, Tensor, live_ranges, topological_order
 from autoshard.mesh import Mesh
 from autoshard.planning.costs import Hardware, op_cost, result_bytes, tensor_bytes
@@ -47,6 +48,19 @@ class Weights:
     time: float = 1.0  # seconds of objective per second of step time (dimensionless)
     comm_s_per_byte: float = 0.0  # seconds of objective per byte communicated per device
     memory_s_per_byte: float = 0.0  # seconds of objective per byte held per device
+
+    def __post_init__(self) -> None:
+        for name in WEIGHT_UNITS:
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise InputError(f"weight {name!r} must be a finite number >= 0, got {value!r}", "weights")
+
+    def problem(self) -> str | None:
+        """Why these weights cannot rank plans (every weight 0: every plan would cost nothing), or None.
+        Formulating under them is still fine (the tie-break alone is then the objective)."""
+        if not any(getattr(self, name) for name in WEIGHT_UNITS):
+            return "every weight is 0, so every plan would cost nothing: give time (or another weight) a positive value"
+        return None
 
 
 # What each weight is, for messages and help; and the names weights had before they carried units

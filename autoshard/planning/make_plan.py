@@ -38,6 +38,8 @@ class SolveSettings:
     def __post_init__(self) -> None:
         if not 0 <= self.seed <= MAX_SEED:
             raise InputError(f"must be in [0, 2**63 - 1], got {self.seed}", "seed")
+        if self.weights.problem() is not None:
+            raise InputError(self.weights.problem(), "weights")
     # A dim split over several mesh axes takes them in mesh order only: the plans DTensor's
     # placements can express (`autoshard.frontends.torch`).
     mesh_order_splits: bool = False
