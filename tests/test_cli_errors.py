@@ -76,3 +76,14 @@ def test_weights_that_make_every_plan_cost_nothing_are_refused(capsys):
     with pytest.raises(ValidationError, match="every weight is 0"):
         WireWeights(time=0.0)
     assert Weights(time=0.0, comm_s_per_byte=1e-11).comm_s_per_byte == 1e-11
+
+
+def test_estimate_refuses_a_plan_made_for_another_mesh(tmp_path, capsys):
+    out = tmp_path / "planned"
+    assert main(["plan", "examples/mlp.json", "--mesh", "dp=2,tp=4", "--topology", "dgx-h100", "--deterministic",
+                 "--verify", "never", "-o", str(out)]) == 0
+    capsys.readouterr()
+    estimate = ["estimate", "examples/mlp.json", "--topology", "dgx-h100", "--plan", str(out / "plan.json")]
+    assert main(estimate + ["--mesh", "dp=4,tp=2"]) == 2
+    assert "--mesh: the plan was made for mesh dp=2,tp=4, not dp=4,tp=2" in capsys.readouterr().err
+    assert main(estimate + ["--mesh", "dp=2,tp=4"]) == 0

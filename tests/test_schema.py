@@ -164,3 +164,18 @@ def test_load_graph_reads_files(tmp_path):
     path = tmp_path / "g.json"
     path.write_text(json.dumps(GOOD))
     assert load_graph(path).name == "mlp"
+
+
+def test_two_required_shardings_of_one_tensor_are_refused_naming_both():
+    doc = edited(constraints=[{"tensor": "w1", "split_axes": [["tp"]]}, {"tensor": "w1", "split_axes": [[], ["tp"]],
+                                                                        "required": False},
+                              {"tensor": "w1", "split_axes": [[], ["tp"]]}])
+    (problem,) = problems_of(doc)
+    assert problem.startswith("/constraints/2") and "/constraints/0" in problem and "'w1'" in problem
+
+
+@pytest.mark.parametrize("name", ["x\ny", "tab\there", ""])
+def test_names_with_control_characters_are_refused(name):
+    doc = edited()
+    doc["tensors"][name] = {"shape": [4], "dtype": "f32", "role": "input"}
+    assert any("control characters" in p for p in problems_of(doc))

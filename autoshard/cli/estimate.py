@@ -6,6 +6,7 @@ import argparse
 import json
 
 from autoshard.cli.args import add_hardware_args, hardware_from_args, mesh_from_args
+from autoshard.cli.simulate import plan_mesh
 from autoshard.graph.schema import load_graph, read_json
 from autoshard.graph.summary import si, size
 from autoshard.planning.plan import plan_from_json
@@ -24,8 +25,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     mesh = mesh_from_args(args)
+    document = read_json(args.plan)
+    plan_mesh(document, args.mesh)  # a plan made for another mesh is refused, as `emit` and `simulate` do
     graph = load_graph(args.graph, mesh)
-    plan = plan_from_json(read_json(args.plan), graph, mesh)
+    plan = plan_from_json(document, graph, mesh)
     report = estimate(plan, hardware_from_args(args, mesh))
     if args.json:
         print(json.dumps(report.to_json(), indent=1))

@@ -131,6 +131,12 @@ def graph_from_json(document: Any, mesh: Mesh | None = None) -> Graph:
 def _build(model: GraphModel, mesh: Mesh | None) -> Graph:
     problems: list[Problem] = []
     tensors: dict[str, Tensor] = {}
+    names = [(f"/tensors/{n}", "tensor", n) for n in model.tensors] + [(f"/ops/{i}/name", "op", m.name)
+                                                                       for i, m in enumerate(model.ops)]
+    for where, what, name in names:
+        if not name or any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
+            problems.append(Problem(where, f"{what} name {name!r} must be non-empty and free of control characters "
+                                           f"(they cannot be carried into the IR)"))
     for name, t in model.tensors.items():
         where = f"/tensors/{name}"
         if t.dtype not in DTYPES:
@@ -221,6 +227,7 @@ def _build_op(i: int, m: OpModel, tensors: dict[str, Tensor], producer: dict[str
 def _constraints(model: GraphModel, tensors: dict[str, Tensor], mesh: Mesh | None,
                  problems: list[Problem]) -> list[Constraint]:
     out = []
+    required: dict[str, tuple[int, Sharding]] = {}  # tensor -> its first required sharding
     for i, c in enumerate(model.constraints):
         where = f"/constraints/{i}"
         if c.tensor not in tensors:
@@ -230,6 +237,11 @@ def _constraints(model: GraphModel, tensors: dict[str, Tensor], mesh: Mesh | Non
         sharding = Sharding(tuple(tuple(a) for a in c.split_axes), tuple(partial.axes) if partial else (),
                             partial.kind if partial else "sum")
         problems.extend(_sharding_problems(sharding, tensors[c.tensor].shape, mesh, f"{where}/split_axes", c.tensor))
+        if c.required:
+            first = required.setdefault(c.tensor, (i, sharding))
+            if first[1] != sharding:
+                problems.append(Problem(where, f"tensor {c.tensor!r} is required as {sharding} here and as {first[1]} "
+                                               f"by /constraints/{first[0]}; a tensor has one required sharding"))
         out.append(Constraint(c.tensor, sharding, c.required))
     return out
 
