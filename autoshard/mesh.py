@@ -19,6 +19,9 @@ from autoshard.errors import InputError, Problem
 Device = tuple[int, ...]
 
 _AXIS_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# The most devices a mesh may have: beyond the largest machines built (tens of thousands of chips),
+# and small enough that nothing sized per device can stall a request.
+MAX_DEVICES = 2 ** 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +46,9 @@ class Mesh:
             seen.add(name)
             if not isinstance(size, int) or isinstance(size, bool) or size < 1:
                 problems.append(Problem(f"mesh/{name}", f"axis size must be a positive integer, got {size!r}"))
+        if not problems and math.prod(self.shape) > MAX_DEVICES:
+            problems.append(Problem("mesh", f"{math.prod(self.shape)} devices, over the limit of {MAX_DEVICES} "
+                                            f"(2**20); a mesh that large is beyond any machine"))
         if problems:
             raise InputError(problems)
 

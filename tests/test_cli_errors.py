@@ -87,3 +87,13 @@ def test_estimate_refuses_a_plan_made_for_another_mesh(tmp_path, capsys):
     assert main(estimate + ["--mesh", "dp=4,tp=2"]) == 2
     assert "--mesh: the plan was made for mesh dp=2,tp=4, not dp=4,tp=2" in capsys.readouterr().err
     assert main(estimate + ["--mesh", "dp=2,tp=4"]) == 0
+
+
+def test_a_mesh_beyond_a_million_devices_is_refused_at_once(capsys):
+    from autoshard.errors import InputError
+    from autoshard.mesh import MAX_DEVICES, Mesh
+    assert main(["plan", "examples/mlp.json", "--mesh", "dp=65536,tp=65536", "--topology", "dgx-h100"]) == 2
+    assert "--mesh: 4294967296 devices, over the limit of 1048576" in capsys.readouterr().err
+    assert Mesh.of(dp=1024, tp=1024).num_devices == MAX_DEVICES
+    with pytest.raises(InputError):
+        Mesh.of(dp=1024, tp=1025)
