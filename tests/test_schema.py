@@ -179,3 +179,10 @@ def test_names_with_control_characters_are_refused(name):
     doc = edited()
     doc["tensors"][name] = {"shape": [4], "dtype": "f32", "role": "input"}
     assert any("control characters" in p for p in problems_of(doc))
+
+
+def test_a_tensor_beyond_a_petabyte_is_refused_before_any_byte_count_can_overflow():
+    doc = edited()
+    doc["tensors"]["x"]["shape"] = [10 ** 30, doc["tensors"]["x"]["shape"][1]]
+    problems = problems_of(doc)
+    assert any(p.startswith("/tensors/x/shape") and "over the limit of 2**50 (1 PiB)" in p for p in problems)

@@ -8,6 +8,7 @@ with the JSON pointer of the offending field.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -128,9 +129,15 @@ def graph_from_json(document: Any, mesh: Mesh | None = None) -> Graph:
     return _build(model, mesh)
 
 
+# Sizes beyond any model, kept well inside the 64-bit integers that byte counts and memory sums use.
+MAX_TENSOR_BYTES = 2 ** 50
+MAX_GRAPH_BYTES = 2 ** 56
+
+
 def _build(model: GraphModel, mesh: Mesh | None) -> Graph:
     problems: list[Problem] = []
     tensors: dict[str, Tensor] = {}
+    total_bytes = 0
     names = [(f"/tensors/{n}", "tensor", n) for n in model.tensors] + [(f"/ops/{i}/name", "op", m.name)
                                                                        for i, m in enumerate(model.ops)]
     for where, what, name in names:
@@ -144,7 +151,16 @@ def _build(model: GraphModel, mesh: Mesh | None) -> Graph:
         for j, size in enumerate(t.shape):
             if size < 1:
                 problems.append(Problem(f"{where}/shape/{j}", f"tensor {name!r}: dims must be positive integers, got {size}"))
+        if t.dtype in DTYPES and all(size >= 1 for size in t.shape):
+            held = math.prod(t.shape) * DTYPES[t.dtype].itemsize
+            total_bytes += held
+            if held > MAX_TENSOR_BYTES:
+                problems.append(Problem(f"{where}/shape", f"tensor {name!r} holds {held:.3g} bytes, over the limit of "
+                                                          f"2**50 (1 PiB) per tensor"))
         tensors[name] = Tensor(name, tuple(t.shape), t.dtype, t.role)
+    if total_bytes > MAX_GRAPH_BYTES and not problems:
+        problems.append(Problem("/tensors", f"the tensors hold {total_bytes:.3g} bytes together, over the limit of "
+                                            f"2**56 (64 PiB)"))
 
     ops: list[Op] = []
     producer: dict[str, str] = {}

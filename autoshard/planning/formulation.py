@@ -147,6 +147,9 @@ def _costs(seconds: Any, comm_bytes: Any, memory: Any, w: Weights) -> np.ndarray
     total = (np.asarray(seconds, np.float64) * PICOSECONDS * w.time
              + np.asarray(comm_bytes, np.float64) * PICOSECONDS * w.comm_s_per_byte
              + np.asarray(memory, np.float64) * (w.memory_s_per_byte * PICOSECONDS + TIE_BREAK_PS_PER_BYTE))
+    if not np.all(np.abs(total) < 2.0 ** 62):  # the solver sums these: keep headroom in int64
+        raise InputError(f"an op or tensor costs {np.max(np.abs(total)) / PICOSECONDS:.3g} s of objective, beyond "
+                         f"the 2**62 picoseconds the objective can count; shrink the graph or the weights", "graph")
     return np.round(total).astype(np.int64)
 
 

@@ -196,8 +196,8 @@ def memory_timeline(plan: Plan, shardings: PlanShardings | None = None) -> tuple
         first.append(ranges[name][0])
         last.append(ranges[name][1])
         is_parameter.append(tensor.role == "parameter")
-    # exact integer bytes: int64 unless the sum could overflow it, then Python integers
-    dtype = np.int64 if sum(held) < 2 ** 63 else object
+    # exact integer bytes: a graph holds at most 2**56 bytes (`graph.schema.MAX_GRAPH_BYTES`)
+    dtype = np.int64
     steps = max(len(shardings.order), 1)
     held_a, first_a, last_a = np.array(held, dtype=dtype), np.array(first, dtype=np.intp), np.array(last, dtype=np.intp)
     mask = np.array(is_parameter, dtype=bool)
