@@ -186,3 +186,9 @@ def test_a_tensor_beyond_a_petabyte_is_refused_before_any_byte_count_can_overflo
     doc["tensors"]["x"]["shape"] = [10 ** 30, doc["tensors"]["x"]["shape"][1]]
     problems = problems_of(doc)
     assert any(p.startswith("/tensors/x/shape") and "over the limit of 2**50 (1 PiB)" in p for p in problems)
+
+
+def test_a_generic_map_reading_past_its_operand_is_refused_by_validate():
+    doc = edited(ops__1__indexing_maps=["(d0, d1) -> (d0 + 1, d1)", "(d0, d1) -> (d0)"])
+    (problem,) = problems_of(doc)
+    assert problem.startswith("/ops/1/indexing_maps/0") and "map 0 reads indices 1..64 of dim 0, which has size 64" in problem

@@ -86,6 +86,12 @@ def _generic_loops(operand_shapes: Sequence[Shape], attrs: Attrs) -> LoopNest:
         if kind == PARALLEL and not any(loop in e.loops for e in out_map.results):
             raise OpError(f"parallel loop d{loop} does not index the output", "indexing_maps")
     extents = infer_extents(maps, operand_shapes, len(iterators))
+    for i, (m, shape) in enumerate(zip(maps, operand_shapes)):  # every index a map makes lies in its operand
+        for dim, (expr, size) in enumerate(zip(m.results, shape)):
+            low, high = expr.bounds(extents)
+            if low < 0 or high >= size:
+                raise OpError(f"map {i} reads indices {low}..{high} of dim {dim}, which has size {size}",
+                              f"indexing_maps/{i}")
     return LoopNest(extents, iterators, tuple(maps[:-1]), (out_map,), reduction or "sum")
 
 
