@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from autoshard import __version__
 from service.config import Settings, get_settings
 from service.errors import add_error_handlers
-from service.limits import BodyLimit
+from service.limits import BodyLimit, JsonBodies
 from service.routes import estimate, health, plans, topologies, validate
 from service.runner import Runner
 from service.store import Store
@@ -46,6 +46,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     add_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(JsonBodies)
     for module in (plans, estimate, validate, topologies, health):
         app.include_router(module.router)
     return app

@@ -43,3 +43,24 @@ class BodyLimit:
             return message
 
         await self.app(scope, limited, send)
+
+
+class JsonBodies:
+    """A request that sends a body must say it is JSON (`application/json` or a `+json` type):
+    any other content type is answered 415, naming what it sent."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = dict(scope["headers"])
+            has_body = headers.get(b"content-length", b"0") not in (b"", b"0") or b"transfer-encoding" in headers
+            kind = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+            if has_body and not (kind == b"application/json" or kind.endswith(b"+json")):
+                sent = kind.decode("latin-1") or "no content type"
+                response = JSONResponse(error_body("unsupported_media_type", f"the request body must be JSON "
+                                                   f"(Content-Type: application/json), got {sent}"), status_code=415)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

@@ -224,3 +224,14 @@ def test_ir_emitted_with_the_plan_and_on_demand_passes_the_mlir_verifiers(client
     for (stage, dialect, arguments), text in texts.items():
         verify(text, dialect)
 
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_a_body_that_is_not_declared_json_is_refused_with_415(http, content_type):
+    headers = {"Content-Type": content_type} if content_type else {}
+    response = http.post("/v1/validate", content=b'{"graph": {}}', headers=headers)
+    assert response.status_code == 415
+    body = response.json()
+    assert body["error"]["kind"] == "unsupported_media_type" and (content_type or "no content type") in \
+        body["error"]["message"]
+    assert http.post("/v1/validate", json={"graph": {}}).status_code == 422  # JSON reaches the validators
