@@ -201,8 +201,10 @@ def test_estimate_of_a_replicated_plan_has_no_communication(client):
 def test_topologies_health_and_openapi(http, client):
     assert [t["name"] for t in client.topologies()] == cost_models.list_profiles()
     assert http.get("/healthz").json() == {"status": "ok", "jobs": {}}
+    assert http.post("/v1/plans?wait=30", json={"graph": MLP, "mesh": "dp=4", "options": OPTIONS}).status_code == 200
+    assert http.get("/healthz").json() == {"status": "ok", "jobs": {"done": 1}}
     ready = http.get("/readyz")
-    assert ready.status_code == 200 and ready.json()["status"] == "ready"
+    assert ready.status_code == 200 and ready.json() == {"status": "ready", "jobs": {"done": 1}}
     spec = http.get("/openapi.json").json()
     assert {"/v1/plans", "/v1/plans/{plan_id}", "/v1/plans/{plan_id}/ir", "/v1/estimate", "/v1/validate",
             "/v1/topologies"} <= set(spec["paths"])

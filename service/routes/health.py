@@ -15,8 +15,12 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz", response_model=Health)
-def healthz() -> Health:
-    return Health(status="ok")
+def healthz(store: Store = Depends(deps.store)) -> Health:
+    """The process answers; with the jobs per status when the plan store answers too."""
+    try:
+        return Health(status="ok", jobs=store.counts())
+    except sqlite3.Error:
+        return Health(status="ok")
 
 
 @router.get("/readyz", response_model=Health, responses={503: {"model": Health}})
