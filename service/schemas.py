@@ -13,7 +13,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from autoshard.planning.formulation import WEIGHT_UNITS, weight_name_problem
 from autoshard.planning.formulation import Weights as ObjectiveWeights
-from autoshard.planning.make_plan import MAX_SEED
+from autoshard.planning.make_plan import MAX_MEMORY_BUDGET_BYTES, MAX_SEED
 
 JobStatus = Literal["queued", "solving", "done", "failed", "cancelled"]
 Stage = Literal["annotated", "partitioned"]
@@ -81,7 +81,8 @@ class PlanOptions(_Wire):
     time_limit_s: float | None = Field(None, gt=0, description="solver time limit (default and cap: server settings)")
     gap_limit: float = Field(1e-4, ge=0, lt=1, description="stop once (cost - bound) / cost is at most this; "
                                                            "0: prove optimality or use the whole time limit")
-    memory_budget_bytes: float | None = Field(None, gt=0, description="per-device memory limit (default: the chip's HBM)")
+    memory_budget_bytes: float | None = Field(None, gt=0, le=MAX_MEMORY_BUDGET_BYTES,
+                                              description="per-device memory limit (default: the chip's HBM)")
     weights: Weights = Field(default_factory=Weights, description="objective weights, each in seconds of objective "
                                                                     "per unit it weighs (default: step time only)")
     emit: list[Stage] = Field(default_factory=list, description="IR to emit with the plan")

@@ -97,3 +97,19 @@ def test_a_mesh_beyond_a_million_devices_is_refused_at_once(capsys):
     assert Mesh.of(dp=1024, tp=1024).num_devices == MAX_DEVICES
     with pytest.raises(InputError):
         Mesh.of(dp=1024, tp=1025)
+
+
+def test_a_memory_budget_beyond_an_exbibyte_is_refused_by_its_own_name(capsys):
+    from pydantic import ValidationError
+
+    from autoshard.errors import InputError
+    from autoshard.planning.make_plan import SolveSettings
+    from service.schemas import PlanOptions
+    assert main(["plan", "examples/mlp.json", "--mesh", "dp=2,tp=4", "--topology", "dgx-h100",
+                 "--memory-budget", "1e30"]) == 2
+    assert "--memory-budget: must be a number of bytes in (0, 2**60], got 1e+30" in capsys.readouterr().err
+    with pytest.raises(InputError) as error:
+        SolveSettings(memory_budget_bytes=1e30)
+    assert error.value.problems[0].where == "memory_budget_bytes"
+    with pytest.raises(ValidationError):
+        PlanOptions(memory_budget_bytes=1e30)

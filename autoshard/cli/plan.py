@@ -17,7 +17,7 @@ from autoshard.graph.schema import load_graph
 from autoshard.graph.summary import si, size
 from autoshard.phases import PhaseTimes
 from autoshard.planning.formulation import Weights, weight_name_problem
-from autoshard.planning.make_plan import MAX_SEED, SolveSettings, make_plan
+from autoshard.planning.make_plan import MAX_SEED, SolveSettings, make_plan, memory_budget_problem
 from autoshard.sim.verify import VERIFY_POLICIES, policy_problem
 
 
@@ -102,6 +102,8 @@ def checked_settings(args: argparse.Namespace) -> tuple[SolveSettings, tuple[str
             budget = parse_bytes(args.memory_budget, "--memory-budget")
         except InputError as error:
             problems.extend(error.problems)
+        if budget is not None and memory_budget_problem(budget) is not None:
+            problems.append(Problem("--memory-budget", memory_budget_problem(budget)))
     stages = tuple(dict.fromkeys(part.strip() for part in args.emit.split(",") if part.strip()))
     if stages and not args.output:
         problems.append(Problem("--emit", "writing IR needs an output directory (-o DIR)"))

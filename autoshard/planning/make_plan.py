@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -21,6 +22,7 @@ from autoshard.solver import Problem, solve
 
 
 MAX_SEED = 2 ** 63 - 1  # the solver's kernels take the seed as a 64-bit integer
+MAX_MEMORY_BUDGET_BYTES = 2 ** 60  # an exbibyte per device: beyond any chip, inside the solver's int64 rows
 
 
 @dataclass(frozen=True)
@@ -34,15 +36,25 @@ class SolveSettings:
     memory_budget_bytes: float | None = None  # None: the chip's HBM
     weights: Weights = Weights()  # each in seconds of objective per unit it weighs (see `Weights`)
     deterministic: bool = False
+    # A dim split over several mesh axes takes them in mesh order only: the plans DTensor's
+    # placements can express (`autoshard.frontends.torch`).
+    mesh_order_splits: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.seed <= MAX_SEED:
             raise InputError(f"must be in [0, 2**63 - 1], got {self.seed}", "seed")
         if self.weights.problem() is not None:
             raise InputError(self.weights.problem(), "weights")
-    # A dim split over several mesh axes takes them in mesh order only: the plans DTensor's
-    # placements can express (`autoshard.frontends.torch`).
-    mesh_order_splits: bool = False
+        problem = memory_budget_problem(self.memory_budget_bytes)
+        if problem is not None:
+            raise InputError(problem, "memory_budget_bytes")
+
+
+def memory_budget_problem(budget_bytes: float | None) -> str | None:
+    """What is wrong with a per-device memory budget (None: the chip's HBM), or None."""
+    if budget_bytes is None or (math.isfinite(budget_bytes) and 0 < budget_bytes <= MAX_MEMORY_BUDGET_BYTES):
+        return None
+    return f"must be a number of bytes in (0, 2**60], got {budget_bytes:g}"
 
 
 @dataclass
