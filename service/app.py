@@ -33,8 +33,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         store = Store(settings.db)
         interrupted = store.fail_interrupted()
         if interrupted:
-            log.warning("%d job(s) left unfinished by a previous run are marked failed", interrupted)
+            log.warning("%d job(s) left solving by a previous run are marked failed (interrupted)", interrupted)
         runner = Runner(store, settings)
+        waiting = store.queued()
+        if waiting:
+            log.warning("%d job(s) left queued by a previous run are run now", len(waiting))
+            runner.resume(waiting)
         app.state.store, app.state.runner = store, runner
         try:
             yield

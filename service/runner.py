@@ -58,6 +58,14 @@ class Runner:
         self._pool.submit(self._run, job.id)
         return job
 
+    def resume(self, job_ids: list[str]) -> None:
+        """Run jobs already stored as queued (left by a previous process), in order."""
+        for job_id in job_ids:
+            with self._lock:
+                self._cancel[job_id] = threading.Event()
+                self._finished[job_id] = threading.Event()
+            self._pool.submit(self._run, job_id)
+
     def cancel(self, job_id: str) -> bool:
         """Cancel a queued or solving job; False if it had already ended."""
         if not self.store.cancel(job_id):

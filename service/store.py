@@ -132,11 +132,16 @@ class Store:
                                 error=json.dumps({"kind": "cancelled", "message": "cancelled by a DELETE request"}))
 
     def fail_interrupted(self) -> int:
-        """Jobs a previous process left queued or solving: they will not finish."""
+        """Jobs a previous process left solving: their solve was lost with it."""
         error = json.dumps({"kind": "interrupted", "message": "interrupted by a restart of the service"})
         cursor = self._execute("UPDATE jobs SET status = 'failed', error = ?, updated_at = ? "
-                               "WHERE status IN ('queued', 'solving')", (error, time.time()))
+                               "WHERE status = 'solving'", (error, time.time()))
         return cursor.rowcount
+
+    def queued(self) -> list[str]:
+        """Ids of the jobs waiting to be solved, oldest first (a restart runs them)."""
+        rows = self._execute("SELECT id FROM jobs WHERE status = 'queued' ORDER BY created_at, rowid").fetchall()
+        return [row["id"] for row in rows]
 
     def _transition(self, job_id: str, sources: tuple[str, ...], target: str, **columns: str) -> bool:
         sets = "".join(f", {name} = ?" for name in columns)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 
 import pytest
 from fastapi.testclient import TestClient
@@ -19,6 +20,8 @@ from autoshard.planning.hardware import bind_hardware
 from autoshard.planning.make_plan import SolveSettings, make_plan
 from autoshard.planning.plan import plan_from_json
 from service.app import create_app
+from service.inputs import canonical_plan_request, request_key
+from service.schemas import PlanRequest
 from service.store import Store
 from support.service import MLP, OPTIONS, error_of, settings_for
 
@@ -85,6 +88,23 @@ def test_plans_survive_a_restart_and_unfinished_jobs_are_marked_interrupted(tmp_
         with pytest.raises(ServiceError) as no_ir:
             client.ir(orphan.id)
         assert no_ir.value.status == 409 and "failed" in str(no_ir.value)
+
+
+def test_jobs_left_queued_by_a_stopped_service_run_after_its_restart(tmp_path):
+    settings = settings_for(tmp_path)
+    body = PlanRequest(graph=MLP, mesh="dp=2", options=OPTIONS).model_dump(mode="json")  # as the route reads it
+    canonical = canonical_plan_request(body, settings)
+    store = Store(settings.db)
+    waiting = store.create(request_key(canonical), canonical)  # queued when the service stopped
+    store.close()
+    with TestClient(create_app(settings)) as http:
+        client = Client(http=http)
+        deadline = time.monotonic() + 60
+        while client.get(waiting.id).status == "queued" or client.get(waiting.id).status == "solving":
+            assert time.monotonic() < deadline, "the queued job did not run after the restart"
+            time.sleep(0.1)
+        resumed = client.get(waiting.id)
+        assert resumed.status == "done" and resumed.plan["solver"]["status"] in ("optimal", "feasible")
 
 
 def test_cancelling_a_finished_plan_is_a_conflict_and_unknown_ids_are_404(client):
