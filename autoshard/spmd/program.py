@@ -42,7 +42,6 @@ Local shapes differ between devices when a split is uneven (the last shards are 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Iterator, Union
 
 from autoshard.errors import InputError, Problem, ShardingError
@@ -122,24 +121,6 @@ class SpmdProgram:
 
     def communicates(self) -> list[Communicate]:
         return [i for i in self.body if isinstance(i, Communicate)]
-
-    # Use-def maps, computed once per program (programs are immutable; every rewrite site of a
-    # program reads them, so building them per site made the rewrites quadratic). Read only.
-    @cached_property
-    def user_indices(self) -> dict[int, list[int]]:
-        """Value id -> indices of the instructions reading it (results count as index len(body))."""
-        users: dict[int, list[int]] = {}
-        for index, instruction in enumerate(self.body):
-            for value in dict.fromkeys(instruction.inputs):
-                users.setdefault(value.id, []).append(index)
-        for value in self.results:
-            users.setdefault(value.id, []).append(len(self.body))
-        return users
-
-    @cached_property
-    def producer_indices(self) -> dict[int, int]:
-        """Value id -> index of the instruction making it."""
-        return {v.id: index for index, instruction in enumerate(self.body) for v in instruction.outputs}
 
     def local_ops(self) -> list[LocalOp]:
         return [i for i in self.body if isinstance(i, LocalOp)]
