@@ -196,10 +196,9 @@ def memory_timeline(plan: Plan, shardings: PlanShardings | None = None) -> tuple
         first.append(ranges[name][0])
         last.append(ranges[name][1])
         is_parameter.append(tensor.role == "parameter")
-    # exact integer bytes: a graph holds at most 2**56 bytes (`graph.schema.MAX_GRAPH_BYTES`)
-    dtype = np.int64
     steps = max(len(shardings.order), 1)
-    held_a, first_a, last_a = np.array(held, dtype=dtype), np.array(first, dtype=np.intp), np.array(last, dtype=np.intp)
+    # exact in int64: a graph holds at most 2**56 bytes (`graph.schema.MAX_GRAPH_BYTES`)
+    held_a, first_a, last_a = np.array(held, np.int64), np.array(first, np.intp), np.array(last, np.intp)
     mask = np.array(is_parameter, dtype=bool)
     return (_running_total(steps, held_a, first_a, last_a),
             _running_total(steps, held_a[mask], first_a[mask], last_a[mask]))
