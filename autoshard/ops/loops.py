@@ -2,6 +2,11 @@
 
 Everything the sharding machinery needs is derived from this: result shapes, which loops may be
 split without changing the result, and which slice of each operand a block of loops reads.
+
+A window read `d_out * stride + d_kernel - pad` (convolution, pooling) lets `d_out` be split when
+the kernel loop stays whole: each block of outputs reads its own block of the input plus a halo
+of `pad` cells before it and `kernel - stride - pad` after it (none if negative), the same on
+every device when the input block is exactly `stride` output blocks (see `Window.aligned`).
 """
 
 from __future__ import annotations
@@ -35,6 +40,9 @@ class LoopNest:
     input_maps: tuple[AffineMap, ...]
     output_maps: tuple[AffineMap, ...]
     reduction_kind: str = "sum"
+    # The inputs' shapes, where a map's reach does not fix them: a window's input may be longer
+    # than the windows reach (stride remainder, bottom padding), and its split follows the size.
+    input_shapes: tuple[tuple[int, ...], ...] = ()
 
     @property
     def num_loops(self) -> int:
@@ -67,11 +75,60 @@ class LoopNest:
 
         A loop qualifies when it is not `invalid` and, in every map, it is either absent or the
         whole expression of one dim (`d_i`), or the major term of a reshape sum (`d_i * k + ...`
-        with `k` the product of the minor extents, so each shard stays contiguous).
+        with `k` the product of the minor extents, so each shard stays contiguous), or, in an
+        input map whose input shape is known, the output loop of a window (a halo split).
         """
         return tuple(l for l in range(self.num_loops)
-                     if self.iterator_types[l] != INVALID and all(loop_position(m, l, self.extents) is not None
-                                                                  for m in self.maps))
+                     if self.iterator_types[l] != INVALID
+                     and all(loop_position(m, l, self.extents) is not None or self.window(i, l) is not None
+                             for i, m in enumerate(self.maps)))
+
+    def window(self, map_index: int, loop: int) -> "Window | None":
+        """The window through which input `map_index` reads along `loop`, or None."""
+        if map_index >= min(len(self.input_maps), len(self.input_shapes)):
+            return None  # results are written block by block: a window there would overlap
+        m, shape = self.input_maps[map_index], self.input_shapes[map_index]
+        for dim, expr in enumerate(m.results):
+            if loop in expr.loops:
+                found = _window_of(expr, loop, self.iterator_types, self.extents)
+                if found is None or any(loop in e.loops for e in m.results[dim + 1:]):
+                    return None
+                stride, kernel, pad = found
+                return Window(dim, stride, kernel, pad, shape[dim], self.extents[loop])
+        return None
+
+    def windows(self, loop: int) -> tuple["Window", ...]:
+        """Every input window along `loop`."""
+        found = (self.window(i, loop) for i in range(len(self.input_maps)))
+        return tuple(w for w in found if w is not None)
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """Input dim `dim` (of `size` cells) read as `d_out * stride + d_kernel - pad`, with `outputs`
+    values of `d_out` and `kernel` of `d_kernel`."""
+
+    dim: int
+    stride: int
+    kernel: int
+    pad: int
+    size: int
+    outputs: int
+
+    @property
+    def halo(self) -> tuple[int, int]:
+        """Cells a block of outputs reads before and after its own input block."""
+        return self.pad, max(0, self.kernel - self.stride - self.pad)
+
+    def aligned(self, ways: int) -> bool:
+        """Whether `ways` ceildiv blocks of the outputs read the ceildiv blocks of the input plus
+        the same halo on every device: the input block is exactly `stride` output blocks, and
+        every shard holds at least the halo its neighbours read from it (the last may be short)."""
+        in_block, out_block = -(-self.size // ways), -(-self.outputs // ways)
+        if in_block != self.stride * out_block:
+            return False
+        last = self.size - in_block * (ways - 1)
+        return last >= max(self.halo) and in_block >= max(self.halo)
 
 
 def map_extent(map_: AffineMap, extents: Sequence[int]) -> tuple[int, ...]:
@@ -96,6 +153,19 @@ def loop_position(map_: AffineMap, loop: int, extents: Sequence[int]) -> int | N
             return None
         found = dim
     return found
+
+
+def _window_of(expr: AffineExpr, loop: int, iterator_types: Sequence[str],
+               extents: Sequence[int]) -> tuple[int, int, int] | None:
+    """(stride, kernel extent, pad) when `expr` is `d_loop * stride + d_kernel - pad` with a
+    kernel loop that must stay whole (`invalid`), pad >= 0; else None."""
+    if len(expr.terms) != 2 or expr.const > 0:
+        return None
+    coeffs = dict(expr.terms)
+    (kernel,) = (l for l in coeffs if l != loop)
+    if coeffs[loop] < 1 or coeffs[kernel] != 1 or iterator_types[kernel] != INVALID:
+        return None
+    return coeffs[loop], extents[kernel], -expr.const
 
 
 def _is_major_term(expr: AffineExpr, loop: int, extents: Sequence[int]) -> bool:
