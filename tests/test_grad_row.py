@@ -27,6 +27,12 @@ CASES = [(name, [(3, 4)], {}, 0) for name in sorted(SLOPES)] + [
     ("embedding", [(2, 3), (7, 4)], {}, 1),
     # an additive mask broadcast over batch and heads
     *[("attention", [(2, 2, 4, 3), (2, 2, 5, 3), (2, 2, 5, 2), (1, 1, 4, 5)], {}, wrt) for wrt in (0, 1, 2)],
+    # filters through padded and strided windows; the spatial loops sum with halos on the input
+    ("conv2d", [(2, 6, 5, 3), (3, 2, 3, 4)], {"strides": [2, 1], "padding": [[1, 1], [0, 1]]}, 1),
+    ("conv1d", [(2, 7, 2), (3, 2, 3)], {"padding": [[1, 1]]}, 1),
+    ("conv3d", [(1, 4, 3, 4, 2), (3, 1, 3, 2, 2)], {"padding": [[1, 1], [0, 0], [1, 1]]}, 1),
+    ("max_pool2d", [(2, 4, 6, 3)], {"window": [2, 2]}, 0),
+    ("avg_pool2d", [(2, 6, 4, 3)], {"window": [3, 2]}, 0),
 ]
 
 

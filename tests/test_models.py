@@ -175,7 +175,15 @@ def _small_graphs():
         x = p((5, 3))
         return (b.op("layer_norm", [x, p((5,)), p((5,))], "ln", axis=0),
                 b.op("rms_norm", [x, p((3,))], "rms"), b.op("reduce_mean", [x], "mean", dims=[1]))
-    return {"dot_general": dot_general_transposed, "elementwise": elementwise, "data_movement": data_movement, "norms": norms}
+    def windows(b, p):
+        # input gradients of padded convolutions (a convolution of dy with the reversed filter),
+        # the filters' through the grad row, pooling through its windows
+        x = b.op("conv2d", [p((2, 4, 4, 2)), p((3, 3, 2, 3))], "conv", padding=[[1, 1], [2, 0]])
+        x = b.op("max_pool2d", [b.op("tanh", [x], "act")], "pool", window=[2, 2])
+        y = b.op("conv1d", [b.op("reshape", [x], "rows", shape=[2, 2, 6]), p((2, 6, 2))], "conv1d", padding=[[1, 0]])
+        return b.op("avg_pool2d", [b.op("reshape", [y], "grid", shape=[2, 2, 2, 1])], "avg", window=[2, 1]),
+    return {"dot_general": dot_general_transposed, "elementwise": elementwise, "data_movement": data_movement, "norms": norms,
+            "windows": windows}
 
 
 @pytest.mark.parametrize("body", sorted(_small_graphs()))

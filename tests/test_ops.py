@@ -45,6 +45,28 @@ def attention(q, k, v, causal, mask=None):
     return softmax(s) @ v
 
 
+def conv_direct(x, w, stride, pad):
+    """Any rank: x [N, spatial.., C], w [K.., C, F]; every output position's window, one by one."""
+    rank = x.ndim - 2
+    x = np.pad(x, [(0, 0)] + [tuple(p) for p in pad] + [(0, 0)])
+    out_spatial = [(n - k) // s + 1 for n, k, s in zip(x.shape[1:-1], w.shape[:rank], stride)]
+    out = np.zeros([x.shape[0]] + out_spatial + [w.shape[-1]])
+    for at in np.ndindex(*out_spatial):
+        patch = x[(slice(None),) + tuple(slice(i * s, i * s + k) for i, s, k in zip(at, stride, w.shape[:rank]))]
+        out[(slice(None),) + at] = np.tensordot(patch, w, axes=(list(range(1, rank + 2)), list(range(rank + 1))))
+    return out
+
+
+def pool_direct(x, window, stride, pad, reduce, fill):
+    x = np.pad(x, ((0, 0), tuple(pad[0]), tuple(pad[1]), (0, 0)), constant_values=fill)
+    oh, ow = ((n - k) // s + 1 for n, k, s in zip(x.shape[1:3], window, stride))
+    out = np.zeros((x.shape[0], oh, ow, x.shape[3]))
+    for i in range(oh):
+        for j in range(ow):
+            out[:, i, j] = reduce(x[:, i * stride[0]:i * stride[0] + window[0], j * stride[1]:j * stride[1] + window[1]], axis=(1, 2))
+    return out
+
+
 def conv_nhwc(x, w, stride, pad):
     x = np.pad(x, ((0, 0), pad[0], pad[1], (0, 0)))
     kh, kw, _, f = w.shape
@@ -109,6 +131,15 @@ CASES = [
      lambda q, k, v, m: attention(q, k, v, False, m)),
     ("conv2d", [(2, 5, 6, 3), (3, 2, 3, 4)], {"strides": [2, 1], "padding": [[1, 1], [0, 1]]},
      lambda x, w: conv_nhwc(x, w, (2, 1), ((1, 1), (0, 1)))),
+    ("conv1d", [(2, 9, 3), (3, 3, 2)], {"strides": [1], "padding": [[1, 1]]},
+     lambda x, w: conv_direct(x, w, (1,), ((1, 1),))),
+    ("conv3d", [(1, 4, 5, 6, 2), (3, 2, 3, 2, 3)], {"strides": [1, 2, 1], "padding": [[1, 1], [0, 1], [2, 0]]},
+     lambda x, w: conv_direct(x, w, (1, 2, 1), ((1, 1), (0, 1), (2, 0)))),
+    ("max_pool2d", [(2, 7, 6, 3)], {"window": [3, 3], "strides": [2, 1], "padding": [[1, 1], [1, 1]]},
+     lambda x: pool_direct(x, (3, 3), (2, 1), ((1, 1), (1, 1)), np.max, -np.inf)),
+    ("avg_pool2d", [(2, 8, 6, 3)], {"window": [2, 3], "padding": [[0, 0], [1, 1]]},
+     lambda x: pool_direct(x, (2, 3), (2, 3), ((0, 0), (1, 1)), np.mean, 0.0)),
+    ("reverse", [(3, 4, 2)], {"dims": [0, -1]}, lambda x: x[::-1, :, ::-1]),
     ("generic", [(3, 4)], {"iterator_types": ["parallel", "reduction"], "indexing_maps": ["(d0, d1) -> (d0, d1)", "(d0, d1) -> (d0)"],
                            "payload": "add"}, lambda x: x.sum(1)),
     ("generic", [(3, 4), (4, 5)], {"iterator_types": ["parallel", "parallel", "reduction_max"],

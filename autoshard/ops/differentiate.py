@@ -242,7 +242,44 @@ def _norm(b: GraphBuilder, op: OpDecl, index: int, dy: str) -> str:
     return b.op("reduce_sum", [dy], _name(op, index), dims=[d for d in range(rank) if d != dim])
 
 
+# --- windows ------------------------------------------------------------------------------
+def _conv(b: GraphBuilder, op: OpDecl, index: int, dy: str) -> str:
+    """The filter's gradient is a `grad` op; the input's, for unit strides, is the convolution of
+    dy with the filter reversed in space and its channels swapped, padded by kernel - 1 - pad on
+    each side (a full correlation), so it splits with halos as the forward one does."""
+    if index == 1:
+        return _grad_op(b, op, index, dy)
+    w_shape = b.shape(op.inputs[1])
+    rank = len(w_shape) - 2
+    strides = list(op.attrs.get("strides", [1] * rank))
+    pad = [list(p) for p in op.attrs.get("padding", [[0, 0]] * rank)]
+    grown = [[k - 1 - a, k - 1 - c] for k, (a, c) in zip(w_shape, pad)]
+    if any(s != 1 for s in strides) or min(v for p in grown for v in p) < 0:
+        raise ValueError(f"op {op.name!r}: the input gradient of a convolution needs unit strides and padding at "
+                         f"most kernel - 1 per side; got strides {strides}, padding {pad}")
+    name = _name(op, index)
+    flipped = b.op("reverse", [op.inputs[1]], f"{name}.reverse", dims=list(range(rank)))
+    perm = list(range(rank)) + [rank + 1, rank]
+    swapped = b.op("transpose", [flipped], f"{name}.filter", perm=perm)
+    return b.op(op.kind, [dy, swapped], name, strides=strides, padding=grown)
+
+
+def _pool(b: GraphBuilder, op: OpDecl, index: int, dy: str) -> str:
+    """A `grad` op, when the windows tile the input (a result written through overlapping or
+    padded windows would not be the input's shape)."""
+    window = list(op.attrs.get("window", []))
+    strides = list(op.attrs.get("strides", window))
+    pad = op.attrs.get("padding", [[0, 0], [0, 0]])
+    shape, out = b.shape(op.inputs[0]), b.shape(op.output)
+    if strides != window or any(a or c for a, c in pad) or any(o * s != n for o, s, n in zip(out[1:3], strides, shape[1:3])):
+        raise ValueError(f"op {op.name!r}: the gradient of a pooling needs windows that tile the input (strides = "
+                         f"window, no padding, sizes a multiple of the window); got window {window}, strides "
+                         f"{strides}, padding {pad}, input {list(shape)}")
+    return _grad_op(b, op, index, dy)
+
+
 RULES: dict[str, Rule] = {
+    "conv1d": _conv, "conv2d": _conv, "conv3d": _conv, "max_pool2d": _pool, "avg_pool2d": _pool,
     "matmul": _contraction, "batch_matmul": _contraction, "dot_general": _contraction,
     "add": _add, "sub": _sub, "mul": _mul, "div": _div, "exp": _exp, "neg": _neg, "softmax": _softmax,
     "reshape": _reshape, "transpose": _transpose, "cast": _cast, "reduce_sum": _reduce_sum,

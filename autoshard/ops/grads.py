@@ -22,7 +22,7 @@ import numpy as np
 
 from autoshard.affine import AffineMap
 from autoshard.ops.loops import INVALID, PARALLEL, REDUCTION, LoopNest, map_extent
-from autoshard.ops.nn import attention_weights
+from autoshard.ops.nn import attention_weights, window_params, windows
 from autoshard.ops.payloads import PAYLOADS
 from autoshard.ops.table import OP_KINDS, Attrs, Context, OpError, OpKind, Shape, normalize_dim, register
 
@@ -167,6 +167,44 @@ def _embedding_grad(inputs: list[np.ndarray], dy: np.ndarray, ctx: Context, wrt:
 GRAD_RULES["embedding"] = GradRule(_embedding_grad, (1,), lambda nest, wrt: float(np.prod(nest.extents[:-1])))
 
 
+# --- convolution (filter) and pooling (input) ---------------------------------------------
+def _conv_filter_grad(inputs: list[np.ndarray], dy: np.ndarray, ctx: Context, wrt: int) -> np.ndarray:
+    """dw[k] = sum over n and outputs of the window at offset k times dy; the input arrives padded
+    to the windows' reach."""
+    x, w = inputs
+    rank = x.ndim - 2
+    strides, _ = window_params(ctx.attrs, rank)
+    batch_and_space = list(range(rank + 1))
+    out = np.zeros(w.shape, dtype=np.result_type(x, dy))
+    for at in np.ndindex(*w.shape[:rank]):
+        out[at] = np.tensordot(windows(x, at, strides, dy.shape[1:-1]), dy, axes=(batch_and_space, batch_and_space))
+    return out
+
+
+for _rank in (1, 2, 3):
+    GRAD_RULES[f"conv{_rank}d"] = GradRule(_conv_filter_grad, (1,), lambda nest, wrt: 2.0 * nest.points())
+
+
+def _pool_grad(is_max: bool) -> GradCompute:
+    def compute(inputs: list[np.ndarray], dy: np.ndarray, ctx: Context, wrt: int) -> np.ndarray:
+        """dy spread back over each window: to the cells equal to the window's maximum (every one
+        of them on a tie), or evenly (average)."""
+        (x,) = inputs
+        strides, _ = window_params(ctx.attrs, 2, ctx.block.sizes[4:6])
+        kernel, out_shape = ctx.block.sizes[4:6], dy.shape[1:3]
+        top = np.max([windows(x, at, strides, out_shape) for at in np.ndindex(*kernel)], axis=0) if is_max else None
+        dx = np.zeros(x.shape, dtype=dy.dtype)
+        for at in np.ndindex(*kernel):
+            share = dy * (windows(x, at, strides, out_shape) == top) if is_max else dy / np.prod(kernel)
+            windows(dx, at, strides, out_shape)[...] += share
+        return dx
+    return compute
+
+
+GRAD_RULES["max_pool2d"] = GradRule(_pool_grad(True), (0,), lambda nest, wrt: 2.0 * nest.points())
+GRAD_RULES["avg_pool2d"] = GradRule(_pool_grad(False), (0,), lambda nest, wrt: float(nest.points()))
+
+
 # --- the row -----------------------------------------------------------------------------
 def _forward(attrs: Attrs) -> tuple[OpKind, GradRule, Attrs, int]:
     of = attrs.get("of")
@@ -200,7 +238,8 @@ def _grad_loops(shapes: Sequence[Shape], attrs: Attrs) -> LoopNest:
     indexed = {loop for expr in target.results for loop in expr.loops}
     iterators = tuple(INVALID if t == INVALID else PARALLEL if loop in indexed else REDUCTION
                       for loop, t in enumerate(nest.iterator_types))
-    return LoopNest(nest.extents, iterators, nest.input_maps + nest.output_maps, (target,))
+    shapes_known = nest.input_shapes + nest.output_shapes() if nest.input_shapes else ()
+    return LoopNest(nest.extents, iterators, nest.input_maps + nest.output_maps, (target,), input_shapes=shapes_known)
 
 
 def _grad_compute(inputs: list[np.ndarray], ctx: Context) -> list[np.ndarray]:
@@ -208,7 +247,8 @@ def _grad_compute(inputs: list[np.ndarray], ctx: Context) -> list[np.ndarray]:
     *fwd_inputs, dy = inputs
     # The forward op over the same loops: its global input shapes are its maps' reach.
     maps: tuple[AffineMap, ...] = ctx.nest.input_maps[:-1]
-    nest = kind.loops([map_extent(m, ctx.block.extents) for m in maps], forward)
+    shapes = ctx.nest.input_shapes[:-1] or [map_extent(m, ctx.block.extents) for m in maps]
+    nest = kind.loops(list(shapes), forward)
     fwd_ctx = Context(nest, ctx.block, forward, (map_extent(nest.output_maps[0], ctx.block.sizes),))
     grad = rule.compute(fwd_inputs, dy, fwd_ctx, wrt)
     return [np.asarray(grad).reshape(ctx.out_shapes[0])]
@@ -224,5 +264,11 @@ def _grad_dtype(in_dtypes: Sequence[str], attrs: Attrs) -> tuple[str, ...]:
     return (in_dtypes[wrt],)
 
 
+def _grad_fill(attrs: Attrs) -> str | None:
+    kind, _, forward, _ = _forward(attrs)
+    return kind.window_fill(forward)
+
+
 register(OpKind("grad", (2, None), _grad_loops, _grad_compute, _grad_flops, _grad_dtype, attrs=("of", "wrt", "forward"),
+                window_fill=_grad_fill,
                 doc="gradient of a table op (attribute of) w.r.t. input wrt; inputs: the forward inputs, then the output gradient"))

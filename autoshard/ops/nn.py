@@ -1,8 +1,9 @@
-"""Neural-network blocks: scaled-dot-product attention and NHWC conv2d."""
+"""Neural-network blocks: scaled-dot-product attention, channels-last convolutions (1-D, 2-D, 3-D)
+and 2-D max/average pooling."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -76,49 +77,126 @@ register(OpKind("attention", (3, 4), _sdpa_loops, _sdpa, _sdpa_flops, attrs=("ca
                 doc="softmax(q k^T * scale [causal mask] [mask]) v over [B, H, S, D] heads, optional mask input"))
 
 
-# --- conv2d NHWC -----------------------------------------------------------------------
-def _conv_params(attrs: Attrs) -> tuple[tuple[int, int], tuple[tuple[int, int], tuple[int, int]]]:
-    strides = int_list_attr(attrs, "strides", (1, 1))
-    pad = attrs.get("padding", [[0, 0], [0, 0]])
-    if len(strides) != 2 or min(strides) < 1:
-        raise OpError(f"attribute 'strides' must be two positive integers, got {list(strides)}", "strides")
-    if (not isinstance(pad, (list, tuple)) or len(pad) != 2
-            or not all(isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(x, int) and x >= 0 for x in p) for p in pad)):
-        raise OpError(f"attribute 'padding' must be [[top, bottom], [left, right]] of non-negative integers, got {pad!r}", "padding")
-    return (strides[0], strides[1]), ((pad[0][0], pad[0][1]), (pad[1][0], pad[1][1]))
+# --- convolution and pooling, channels last -----------------------------------------------
+# Spatial loops read the input through windows `d_out * stride + d_kernel - pad`: they split with
+# halos (see `LoopNest.window`); kernel loops stay whole. Reads outside the input see the
+# padding: zero for convolutions and average pooling, the lowest value for max pooling (the
+# identity of each op's `window_fill` reduction), so a halo's padding cells hold the same.
+SPATIAL_NAMES = {1: "W", 2: "H, W", 3: "D, H, W"}
 
 
-def _conv_loops(shapes: Sequence[Shape], attrs: Attrs) -> LoopNest:
-    x, w = shapes
-    if len(x) != 4 or len(w) != 4 or x[3] != w[2]:
-        raise shape_error("x [N, H, W, C] and filter [KH, KW, C, F]", shapes)
-    (sh, sw), ((pt, pb), (pl, pr)) = _conv_params(attrs)
-    n, hh, ww, c = x
-    kh, kw, _, f = w
-    oh, ow = (hh + pt + pb - kh) // sh + 1, (ww + pl + pr - kw) // sw + 1
-    if oh < 1 or ow < 1:
-        raise shape_error("a filter no larger than the padded input", shapes)
-    # loops: n0 oh1 ow2 f3 kh4 kw5 c6; spatial loops stay whole (a split would need halos)
-    d = [AffineExpr.loop(i) for i in range(7)]
-    x_map = AffineMap(7, (d[0], d[1] * sh + d[4] + (-pt), d[2] * sw + d[5] + (-pl), d[6]))
-    w_map = AffineMap(7, (d[4], d[5], d[6], d[3]))
-    out_map = AffineMap(7, (d[0], d[1], d[2], d[3]))
-    return LoopNest((n, oh, ow, f, kh, kw, c), (PARALLEL, INVALID, INVALID, PARALLEL, INVALID, INVALID, REDUCTION),
-                    (x_map, w_map), (out_map,))
+def window_params(attrs: Attrs, rank: int, default_strides: Sequence[int] | None = None
+                  ) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
+    """Strides and (before, after) padding of each of `rank` spatial dims."""
+    strides = int_list_attr(attrs, "strides", default_strides or (1,) * rank)
+    pad = attrs.get("padding", [[0, 0]] * rank)
+    if len(strides) != rank or min(strides) < 1:
+        raise OpError(f"attribute 'strides' must be {rank} positive integers, got {list(strides)}", "strides")
+    if (not isinstance(pad, (list, tuple)) or len(pad) != rank
+            or not all(isinstance(p, (list, tuple)) and len(p) == 2
+                       and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in p) for p in pad)):
+        raise OpError(f"attribute 'padding' must be {rank} [before, after] pairs of non-negative integers "
+                      f"(one per spatial dim {SPATIAL_NAMES[rank]}), got {pad!r}", "padding")
+    return tuple(strides), tuple((p[0], p[1]) for p in pad)
+
+
+def _window_outputs(spatial: Shape, kernel: Shape, strides: Sequence[int], pad: Sequence[tuple[int, int]],
+                    shapes: Sequence[Shape]) -> tuple[int, ...]:
+    out = tuple((n + a + b - k) // s + 1 for n, k, s, (a, b) in zip(spatial, kernel, strides, pad))
+    if min(out) < 1:
+        raise shape_error("a window no larger than the padded input", shapes)
+    return out
+
+
+def _window_exprs(out_loops: Sequence[int], kernel_loops: Sequence[int], strides: Sequence[int],
+                  pad: Sequence[tuple[int, int]]) -> tuple[AffineExpr, ...]:
+    return tuple(AffineExpr.loop(o, s) + AffineExpr.loop(k) + (-a)
+                 for o, k, s, (a, _) in zip(out_loops, kernel_loops, strides, pad))
+
+
+def windows(x: np.ndarray, kernel_at: Sequence[int], strides: Sequence[int], out: Sequence[int]) -> np.ndarray:
+    """The input cells the window at kernel offset `kernel_at` reads for every output (spatial
+    dims 1..r of a block already padded to the range it reads)."""
+    return x[(slice(None),) + tuple(slice(k, k + s * (o - 1) + 1, s) for k, s, o in zip(kernel_at, strides, out))]
+
+
+def _conv_loops(rank: int) -> Callable[[Sequence[Shape], Attrs], LoopNest]:
+    def loops(shapes: Sequence[Shape], attrs: Attrs) -> LoopNest:
+        x, w = shapes
+        if len(x) != rank + 2 or len(w) != rank + 2 or x[-1] != w[-2]:
+            raise shape_error(f"x [N, {SPATIAL_NAMES[rank]}, C] and filter [K.., C, F] of rank {rank + 2}", shapes)
+        strides, pad = window_params(attrs, rank)
+        out = _window_outputs(x[1:-1], w[:rank], strides, pad, shapes)
+        # loops: n, the outputs' spatial dims, f, the kernel's, c
+        n_loops = 2 * rank + 3
+        spatial, f, kernel, c = range(1, rank + 1), rank + 1, range(rank + 2, 2 * rank + 2), 2 * rank + 2
+        d = AffineExpr.loop
+        x_map = AffineMap(n_loops, (d(0),) + _window_exprs(spatial, kernel, strides, pad) + (d(c),))
+        w_map = AffineMap(n_loops, tuple(d(k) for k in kernel) + (d(c), d(f)))
+        out_map = AffineMap(n_loops, (d(0),) + tuple(d(o) for o in spatial) + (d(f),))
+        iterators = (PARALLEL,) * (rank + 2) + (INVALID,) * rank + (REDUCTION,)
+        return LoopNest((x[0],) + out + (w[-1],) + tuple(w[:rank]) + (x[-1],), iterators, (x_map, w_map), (out_map,),
+                        input_shapes=(tuple(x), tuple(w)))
+    return loops
 
 
 def _conv(inputs: list[np.ndarray], ctx: Context) -> list[np.ndarray]:
     x, w = inputs
-    (sh, sw), ((pt, pb), (pl, pr)) = _conv_params(ctx.attrs)
-    x = np.pad(x, ((0, 0), (pt, pb), (pl, pr), (0, 0)))
-    n, oh, ow, f = ctx.out_shapes[0]
-    out = np.zeros((n, oh, ow, f), dtype=np.result_type(x, w))
-    for i in range(w.shape[0]):
-        for j in range(w.shape[1]):
-            window = x[:, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw, :]
-            out += np.einsum("nhwc,cf->nhwf", window, w[i, j])
+    rank = x.ndim - 2
+    strides, _ = window_params(ctx.attrs, rank)
+    out_shape = ctx.out_shapes[0]
+    out = np.zeros(out_shape, dtype=np.result_type(x, w))
+    for kernel_at in np.ndindex(*w.shape[:rank]):
+        out += np.tensordot(windows(x, kernel_at, strides, out_shape[1:-1]), w[kernel_at], axes=([-1], [0]))
     return [out]
 
 
-register(OpKind("conv2d", (2, 2), _conv_loops, _conv, lambda n, a: 2.0 * n.points(), attrs=("strides", "padding"),
-                doc="NHWC input, [KH, KW, C, F] filter, explicit padding"))
+def _conv_flops(nest: LoopNest, attrs: Attrs) -> float:
+    return 2.0 * nest.points()
+
+
+for _rank, _layout in ((1, "NWC input, [KW, C, F] filter"), (2, "NHWC input, [KH, KW, C, F] filter"),
+                       (3, "NDHWC input, [KD, KH, KW, C, F] filter")):
+    register(OpKind(f"conv{_rank}d", (2, 2), _conv_loops(_rank), _conv, _conv_flops, attrs=("strides", "padding"),
+                    window_fill=lambda attrs: "sum",
+                    doc=f"{_layout}, strides, explicit padding (spatial dims split with halos)"))
+
+
+def _pool_loops(shapes: Sequence[Shape], attrs: Attrs) -> LoopNest:
+    (x,) = shapes
+    if len(x) != 4:
+        raise shape_error("x [N, H, W, C]", shapes)
+    window = int_list_attr(attrs, "window")
+    if len(window) != 2 or min(window) < 1:
+        raise OpError(f"attribute 'window' must be two positive integers, got {list(window)}", "window")
+    strides, pad = window_params(attrs, 2, window)
+    out = _window_outputs(x[1:3], window, strides, pad, shapes)
+    # loops: n0 oh1 ow2 c3 kh4 kw5
+    d = AffineExpr.loop
+    x_map = AffineMap(6, (d(0),) + _window_exprs((1, 2), (4, 5), strides, pad) + (d(3),))
+    out_map = AffineMap(6, (d(0), d(1), d(2), d(3)))
+    return LoopNest((x[0],) + out + (x[3],) + tuple(window), (PARALLEL,) * 4 + (INVALID,) * 2, (x_map,), (out_map,),
+                    input_shapes=(tuple(x),))
+
+
+def _pool(reduce: Callable[[np.ndarray, np.ndarray], np.ndarray], scale: bool
+          ) -> Callable[[list[np.ndarray], Context], list[np.ndarray]]:
+    def compute(inputs: list[np.ndarray], ctx: Context) -> list[np.ndarray]:
+        (x,) = inputs
+        strides, _ = window_params(ctx.attrs, 2, int_list_attr(ctx.attrs, "window"))
+        kernel = ctx.block.sizes[4:6]
+        parts = [windows(x, at, strides, ctx.out_shapes[0][1:3]) for at in np.ndindex(*kernel)]
+        out = parts[0]
+        for part in parts[1:]:
+            out = reduce(out, part)
+        # average pooling counts the padding cells (count_include_pad)
+        return [out / np.prod(kernel) if scale else out]
+    return compute
+
+
+register(OpKind("max_pool2d", (1, 1), _pool_loops, _pool(np.maximum, False), lambda n, a: float(n.points()),
+                attrs=("window", "strides", "padding"), window_fill=lambda attrs: "max",
+                doc="NHWC max over windows [KH, KW] (strides default to the window); padding reads as the lowest value"))
+register(OpKind("avg_pool2d", (1, 1), _pool_loops, _pool(np.add, True), lambda n, a: float(n.points()),
+                attrs=("window", "strides", "padding"), window_fill=lambda attrs: "sum",
+                doc="NHWC mean over windows [KH, KW] (strides default to the window), padding counted as zeros"))

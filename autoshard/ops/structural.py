@@ -217,6 +217,28 @@ register(OpKind("pad", (1, 1), _pad_loops, _pad, _no_flops, attrs=("low", "high"
                 doc="zeros added before (low) and after (high) each dim; padded dims cannot be split"))
 
 
+# --- reverse --------------------------------------------------------------------------
+def _reverse_dims(shape: Shape, attrs: Attrs) -> set[int]:
+    return {normalize_dim(d, len(shape), "dims") for d in int_list_attr(attrs, "dims")}
+
+
+def _reverse_loops(shapes: Sequence[Shape], attrs: Attrs) -> LoopNest:
+    (shape,) = shapes
+    dims = _reverse_dims(shape, attrs)
+    # Output index i reads input index n - 1 - i: a reversed dim's blocks swap ends, so it stays whole.
+    exprs = tuple(AffineExpr.loop(d, -1) + (n - 1) if d in dims else AffineExpr.loop(d) for d, n in enumerate(shape))
+    iterators = tuple(INVALID if d in dims else PARALLEL for d in range(len(shape)))
+    return LoopNest(tuple(shape), iterators, (AffineMap(len(shape), exprs),), (AffineMap.identity(len(shape)),))
+
+
+def _reverse(inputs: list[np.ndarray], ctx: Context) -> list[np.ndarray]:
+    return [np.flip(inputs[0], sorted(_reverse_dims(inputs[0].shape, ctx.attrs)))]
+
+
+register(OpKind("reverse", (1, 1), _reverse_loops, _reverse, _no_flops, attrs=("dims",), payload="copy",
+                doc="the input with the dims listed in attribute dims in reverse order; those dims cannot be split"))
+
+
 # --- embedding -------------------------------------------------------------------------
 def _embedding_loops(shapes: Sequence[Shape], attrs: Attrs) -> LoopNest:
     ids, table = shapes

@@ -14,7 +14,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from autoshard.affine import AffineMap
 from autoshard.ops.loops import Block, LoopNest, map_extent
+from autoshard.reductions import REDUCTIONS
 
 Shape = tuple[int, ...]
 Attrs = Mapping[str, Any]
@@ -74,6 +76,9 @@ class OpKind:
     # True when the result is a view of input 0 (its storage, read through other strides: torch's
     # `expand` and `view`): it holds no memory of its own, and input 0 stays held while it is.
     view: bool = False
+    # The reduction kind whose identity cells outside an input read as (a window's padding), or
+    # None for ops whose maps never reach outside their inputs.
+    window_fill: Callable[[Attrs], str | None] = field(default=lambda attrs: None)
     doc: str = ""
 
 
@@ -94,7 +99,21 @@ def evaluate_block(kind: OpKind, nest: LoopNest, attrs: Attrs, inputs: Sequence[
     results with the op's reduction kind gives the whole op's results.
     """
     out_shapes = tuple(map_extent(m, block.sizes) for m in nest.output_maps)
+    fill = kind.window_fill(attrs)
+    if fill is not None:
+        inputs = [_pad_to_reach(x, m, block, REDUCTIONS[fill].identity(x.dtype)) for x, m in zip(inputs, nest.input_maps)]
     return kind.compute(list(inputs), Context(nest, block, attrs, out_shapes))
+
+
+def _pad_to_reach(x: np.ndarray, map_: AffineMap, block: Block, value: Any) -> np.ndarray:
+    """`x`, cut to the part of the input inside the tensor, grown with `value` to the whole range
+    the block reads (windows reach past the edges by their padding)."""
+    widths = []
+    for expr, held in zip(map_.results, x.shape):
+        low, high = expr.range_over(block.starts, block.sizes)
+        before = max(0, -low)
+        widths.append((before, max(0, high - low + 1 - before - held)))
+    return np.pad(x, widths, constant_values=value) if any(a or b for a, b in widths) else x
 
 
 def evaluate(kind: OpKind, nest: LoopNest, attrs: Attrs, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:

@@ -10,7 +10,8 @@ Which options an op may take, and which storage shardings a stored tensor may ta
 Every mesh axis goes to at most one loop (or stays replicated); a loop may take several axes,
 in either order. Options are dropped when they cannot be a block sharding (a split of a loop
 that must stay whole, a reshape's minor loop, a merged dim the split does not divide) or when
-some device would get an empty block. Uneven splits of plain dims are kept: the shards are
+some device would get an empty block, or when a window's halo would differ between devices
+(`Window.aligned`). Uneven splits of plain dims are kept: the shards are
 padded to ceildiv, and the compute and memory models price the padding.
 """
 
@@ -65,19 +66,31 @@ def check_option(nest: LoopNest, option: ShardingOption, mesh: Mesh, where: str 
             raise ShardingError(f"loop d{loop} is invalid (its split would change the result) and cannot be split", where)
         if loop not in splittable:
             raise ShardingError(f"loop d{loop} cannot be split: some tensor would not be a block sharding", where)
+        ways = mesh.group_size(option.loop_axes[loop])
+        for window in nest.windows(loop):
+            if not window.aligned(ways):
+                raise ShardingError(f"loop d{loop} cannot be split {ways} ways: its input windows need a halo that "
+                                    f"differs between devices (an input block of ceil({window.size}/{ways}) must be "
+                                    f"stride {window.stride} times an output block of ceil({window.outputs}/{ways}), "
+                                    f"and no shard may be shorter than the halo {list(window.halo)})", where)
 
 
 def map_sharding(nest: LoopNest, map_index: int, option: ShardingOption) -> Sharding:
-    """The split of the tensor behind map `map_index` (inputs then outputs) under `option`."""
+    """The split of the tensor behind map `map_index` (inputs then outputs) under `option`; an input
+    read through windows along a split loop carries the halo they reach into."""
     m = nest.maps[map_index]
     split: list[tuple[str, ...]] = [() for _ in range(m.rank)]
+    halos = [(0, 0)] * m.rank
     for loop in option.split_loops():
         dim = loop_position(m, loop, nest.extents)
         if dim is None:
-            raise ShardingError(f"loop d{loop} cannot be split: tensor {map_index} would not be a block sharding")
+            window = nest.window(map_index, loop)
+            if window is None:
+                raise ShardingError(f"loop d{loop} cannot be split: tensor {map_index} would not be a block sharding")
+            dim, halos[window.dim] = window.dim, window.halo
         if dim >= 0:
             split[dim] = split[dim] + option.loop_axes[loop]
-    return Sharding(tuple(split))
+    return Sharding(tuple(split), halo_sizes=tuple(halos))
 
 
 def operand_shardings(nest: LoopNest, option: ShardingOption) -> tuple[Sharding, ...]:
@@ -200,6 +213,8 @@ def _fits(nest: LoopNest, loop_axes: Sequence[tuple[str, ...]], mesh: Mesh, merg
         ways = mesh.group_size(axes)
         extent = nest.extents[loop]
         if ways > extent or (loop in merged and extent % ways):
+            return False
+        if not all(window.aligned(ways) for window in nest.windows(loop)):
             return False
         # ceildiv shards leave no device empty only if the last one starts inside the extent
         if -(-extent // ways) * (ways - 1) >= extent:
