@@ -1,4 +1,4 @@
-"""`autoshard generate {gpt,mlp,moe} ... [--training] -o FILE`: write a model's graph document."""
+"""`autoshard generate {gpt,mlp,moe,unet} ... [--training] -o FILE`: write a model's graph document."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any, Callable
 from autoshard.cli.args import write_graph
 from autoshard.errors import InputError, Problem
 from autoshard.graph.schema import graph_from_json
-from autoshard.models import GPTConfig, MLPConfig, MoEConfig, gpt, mlp, moe
+from autoshard.models import GPTConfig, MLPConfig, MoEConfig, UNetConfig, gpt, mlp, moe, unet
 from autoshard.models.gpt import STYLES
 
 
@@ -38,6 +38,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="expert slots per routed token (default %(default)s)")
     p.add_argument("--activation", default=defaults.activation, help="expert MLP activation (default %(default)s)")
     p.set_defaults(run=_runner(MoEConfig, moe))
+
+    defaults = UNetConfig()
+    p = _model_parser(models, "unet", "U-Net of 3x3 convolutions, 2x2 max pooling and skip connections", defaults)
+    for flag in ("levels", "batch", "height", "width", "channels", "base", "out_channels"):
+        _int(p, flag, defaults)
+    p.set_defaults(run=_runner(UNetConfig, unet))
 
 
 def _model_parser(models: argparse._SubParsersAction, name: str, help: str, defaults: Any) -> argparse.ArgumentParser:

@@ -1,4 +1,4 @@
-"""Model generators: graph documents of MLPs, GPT/LLaMA transformers and MoE layers, forward or
+"""Model generators: graph documents of MLPs, GPT/LLaMA transformers, MoE layers and U-Nets, forward or
 a whole training step, built op by op with shapes from the op table.
 
 May import: the vocabulary, `ops`, `graph`.
@@ -8,6 +8,7 @@ from autoshard.graph.builder import GraphBuilder
 from autoshard.models.gpt import GPTConfig, build_gpt, gpt
 from autoshard.models.mlp import MLPConfig, build_mlp, mlp
 from autoshard.models.moe import MoEConfig, build_moe, moe
+from autoshard.models.unet import UNetConfig, build_unet, unet
 
-__all__ = ["GraphBuilder", "GPTConfig", "MLPConfig", "MoEConfig", "build_gpt", "build_mlp", "build_moe",
-           "gpt", "mlp", "moe"]
+__all__ = ["GraphBuilder", "GPTConfig", "MLPConfig", "MoEConfig", "UNetConfig", "build_gpt", "build_mlp", "build_moe",
+           "build_unet", "gpt", "mlp", "moe", "unet"]

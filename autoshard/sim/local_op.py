@@ -3,7 +3,7 @@
 A device computes the block of the op's iteration space its option gives it: every split loop
 is cut into the reference's ceildiv pieces and the device takes the piece of its in-group
 index over that loop's axes. Each operand is cut to the range the block reads through its map,
-taken from the device's own shard of that operand; a device that does not hold the range is a
+taken from the device's own shard of that operand (its halos included); a device that does not hold the range is a
 bug of the program, reported with the op, operand and device. Where a reduction loop is split
 the results are partial; a device whose block is empty contributes the reduction's identity.
 """
@@ -69,7 +69,9 @@ def _describe(slices: Sequence[slice]) -> str:
 def cut_operand(op: Op, index: int, value: Placed, mesh: Mesh, device: Device, block: Block) -> np.ndarray:
     """The part of the device's shard of input `index` that the block reads."""
     needed = op.nest.operand_range(op.nest.input_maps[index], block, value.shape)
-    held = value.sharding.device_slices(mesh, value.shape, device)
+    # A halo shard holds its neighbours' cells too; what a window reads past the tensor's edge is
+    # the op's padding, added by `evaluate_block`, whatever the halo's padding cells hold.
+    held = tuple(slice(a, b) for a, b in value.sharding.device_box(mesh, value.shape, device))
     local = value.shards.get(device)
     if local is None:
         raise ProgramError(f"op {op.name!r} on device {list(device)}: input {index} ({op.inputs[index]!r}) "
