@@ -15,7 +15,7 @@ from autoshard.cli.main import main
 from autoshard.errors import InputError
 from autoshard.graph.evaluate import evaluate_graph, random_inputs
 from autoshard.graph.schema import graph_from_json, load_graph
-from autoshard.models import GPTConfig, GraphBuilder, MLPConfig, MoEConfig, gpt, mlp, moe
+from autoshard.models import GPTConfig, GraphBuilder, MLPConfig, MoEConfig, UNetConfig, gpt, mlp, moe, unet
 from autoshard.models.training import ADAM_SCALARS
 from autoshard.ops import OpError
 from autoshard.ops.differentiate import add_backward
@@ -25,8 +25,9 @@ TINY_GPT = GPTConfig(layers=2, hidden=8, heads=2, seq=4, batch=2, vocab=11, dtyp
 TINY_LLAMA = GPTConfig(layers=2, hidden=8, heads=2, seq=4, batch=2, vocab=11, ffn=12, dtype="f64", style="llama")
 TINY_MOE = MoEConfig(layers=2, batch=2, seq=3, hidden=4, ffn=6, experts=3, top_k=2, dtype="f64")
 TINY_MLP = MLPConfig(layers=2, batch=3, hidden=4, ffn=5, dtype="f64")
-TINY = [(gpt, TINY_GPT), (gpt, TINY_LLAMA), (moe, TINY_MOE), (mlp, TINY_MLP)]
-TINY_IDS = ["gpt", "llama", "moe", "mlp"]
+TINY_UNET = UNetConfig(levels=2, batch=2, height=4, width=8, channels=2, base=2, out_channels=3, dtype="f64")
+TINY = [(gpt, TINY_GPT), (gpt, TINY_LLAMA), (moe, TINY_MOE), (mlp, TINY_MLP), (unet, TINY_UNET)]
+TINY_IDS = ["gpt", "llama", "moe", "mlp", "unet"]
 
 
 def gpt_parameters(c: GPTConfig) -> int:
@@ -43,6 +44,8 @@ def expected_forward_output(generate, c) -> tuple[str, tuple[int, ...]]:
         return "logits", (c.batch, c.seq, c.vocab)
     if generate is moe:
         return "out", (c.batch, c.seq, c.hidden)
+    if generate is unet:
+        return "head", (c.batch, c.height, c.width, c.out_channels)
     return f"layer{c.layers - 1}.fc2", (c.batch, c.hidden)
 
 
@@ -106,6 +109,20 @@ def test_mlp_and_moe_parameter_counts():
     graph = graph_from_json(moe(m))
     assert sum(math.prod(t.shape) for t in graph.tensors_with_role("parameter")) == 2 * (16 * 4 + 2 * 4 * 16 * 32)
     assert m.capacity == math.ceil(2 * 16 * 1.5 / 4) == graph.tensors["layer0.dispatch"].shape[2]
+
+
+def test_unet_levels_halve_the_resolution_and_double_the_channels():
+    c = TINY_UNET
+    graph = graph_from_json(unet(c))
+    shape = {t: graph.tensors[t].shape for t in graph.tensors}
+    assert shape["down0.relu2"] == (2, 4, 8, 2) and shape["down1.relu2"] == (2, 2, 4, 4)
+    assert shape["bottleneck.relu2"] == (2, 1, 2, 8)
+    assert shape["up1.skip"] == (2, 2, 4, 8) and shape["up0.skip"] == (2, 4, 8, 4)
+    convs = [op for op in graph.ops if op.kind == "conv2d"]
+    assert len(convs) == 2 * 2 + 2 + 2 * 3 + 1
+    # every 3x3 convolution's height and width loops split, reading halos of one row and column
+    nest = graph.op_by_name["down0.conv1"].nest
+    assert [w.halo for w in nest.windows(1) + nest.windows(2)] == [(1, 1), (1, 1)]
 
 
 def test_moe_experts_are_a_loop_expert_parallelism_can_split():
@@ -257,6 +274,7 @@ def test_builder_infers_shapes_and_makes_names_unique():
     (lambda: GPTConfig(layers=0), "layers"),
     (lambda: MoEConfig(top_k=9, experts=8), "top_k"),
     (lambda: MLPConfig(dtype="i32"), "dtype"),
+    (lambda: UNetConfig(levels=3, height=36), "height"),
 ])
 def test_bad_configs_name_the_field(make, field):
     with pytest.raises(InputError) as error:
@@ -270,7 +288,8 @@ def test_bad_configs_name_the_field(make, field):
     ["gpt", "--layers", "1", "--hidden", "16", "--heads", "4", "--seq", "8", "--vocab", "32", "--style", "llama", "--dtype", "f32"],
     ["mlp", "--layers", "2", "--hidden", "16", "--ffn", "32"],
     ["moe", "--batch", "2", "--seq", "4", "--hidden", "8", "--experts", "4", "--top-k", "1", "--training"],
-], ids=["gpt-training", "llama", "mlp", "moe-training"])
+    ["unet", "--levels", "2", "--height", "16", "--width", "8", "--base", "4", "--training"],
+], ids=["gpt-training", "llama", "mlp", "moe-training", "unet-training"])
 def test_generate_writes_a_graph_that_loads(tmp_path, capsys, argv):
     path = tmp_path / "graph.json"
     assert main(["generate", *argv, "-o", str(path)]) == 0
