@@ -5,7 +5,8 @@ contractions, reductions, `generic`) becomes a `linalg.generic` with the op's ow
 and iterator types, or the named linalg op where one fits (`linalg.matmul`,
 `linalg.batch_matmul`). The other kinds become the `linalg`/`tensor` named op that exists
 (`linalg.softmax`, `linalg.transpose`, `tensor.expand_shape`/`collapse_shape`, `tensor.concat`,
-`tensor.extract_slice`, `linalg.conv_2d_nhwc_hwcf`) or a short sequence of `linalg.generic`s;
+`tensor.extract_slice`, linalg's convolutions) or a short sequence of `linalg.generic`s;
+window ops (convolution, pooling) are in `lower_window`;
 `grad` ops are lowered per forward kind in `lower_grad`.
 
 Lowering reads operand and result shapes from the caller, so the same code prints the global op
@@ -26,6 +27,7 @@ from autoshard.errors import InputError
 from autoshard.graph.model import Op
 from autoshard.mlir.linalg import Operand, Spec, empty, generic, ins_outs, linalg_index, reduction_init
 from autoshard.mlir.lower_grad import lower_grad
+from autoshard.mlir.lower_window import lower_conv, lower_pool, pad_cells
 from autoshard.mlir.scalar import combine, constant, convert, payload
 from autoshard.mlir.text import Body, elem_type, int_list
 from autoshard.ops.loops import PARALLEL, REDUCTION
@@ -39,6 +41,12 @@ class LoweringContext:
     outputs: tuple[Spec, ...]
     extents: tuple[int, ...]  # loop extents of the computed block (global ones for the whole op)
     offset: Callable[[int], str | None]  # first global index of a loop's block as an SSA index; None: 0
+    # Per input, the (start, end) halo of each dim its value holds (none in the global op).
+    input_halos: tuple[tuple[tuple[int, int], ...], ...] = ()
+
+    def halo(self, index: int, dim: int) -> tuple[int, int]:
+        halos = self.input_halos[index] if index < len(self.input_halos) else ()
+        return halos[dim] if dim < len(halos) else (0, 0)
 
     @property
     def where(self) -> str:
@@ -244,30 +252,7 @@ def _scores_map(mask_map: AffineMap) -> AffineMap:
 
 def _zero_pad(b: Body, x: Operand, low: Sequence[int], high: Sequence[int], hint: str) -> Operand:
     """`x` with zeros added before (`low`) and after (`high`) each dim; padded dims are static."""
-    grow = [lo + hi for lo, hi in zip(low, high)]
-    spec = Spec(tuple(s + g for s, g in zip(x.shape, grow)), x.dtype,
-                tuple(s if isinstance(s, str) else s + g for s, g in zip(x.sizes, grow)))
-    padded = Operand(b.name(hint), spec)
-    zero = constant(b, 0, x.dtype, "zero")
-    b.emit(f"{padded.name} = tensor.pad {x.name} low{int_list(low)} high{int_list(high)} {{")
-    b.emit(f"^bb0({', '.join(b.name('p') + ': index' for _ in x.shape)}):")
-    b.emit(f"  tensor.yield {zero} : {elem_type(x.dtype)}")
-    b.emit(f"}} : {x.type} to {padded.type}")
-    return padded
-
-
-def _conv2d(b: Body, ctx: LoweringContext) -> list[Operand]:
-    x, w = ctx.inputs
-    strides = ctx.op.attrs.get("strides", [1, 1])
-    (pt, pb), (pl, pr) = ctx.op.attrs.get("padding", [[0, 0], [0, 0]])
-    if pt or pb or pl or pr:
-        # Spatial dims are never split, so they are static.
-        x = _zero_pad(b, x, (0, pt, pl, 0), (0, pb, pr, 0), "padded")
-    init = reduction_init(b, ctx.out, "sum")
-    result = b.name(ctx.op.outputs[0])
-    b.emit(f"{result} = linalg.conv_2d_nhwc_hwcf {{dilations = dense<1> : tensor<2xi64>, "
-           f"strides = dense<{int_list(strides)}> : tensor<2xi64>}} {ins_outs([x, w], [init])} -> {init.type}")
-    return [Operand(result, init.spec)]
+    return pad_cells(b, x, low, high, constant(b, 0, x.dtype, "zero"), hint)
 
 
 def _embedding(b: Body, ctx: LoweringContext) -> list[Operand]:
@@ -458,7 +443,8 @@ LOWERINGS: dict[str, Lowering] = {
     "layer_norm": lambda b, ctx: _normalise(b, ctx, True),
     "rms_norm": lambda b, ctx: _normalise(b, ctx, False),
     "attention": _attention,
-    "conv2d": _conv2d,
+    "conv1d": lower_conv, "conv2d": lower_conv, "conv3d": lower_conv,
+    "max_pool2d": lower_pool, "avg_pool2d": lower_pool,
     "embedding": _embedding,
     "transpose": _transpose,
     "reshape": _reshape,

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Callable
 
 from autoshard.affine import AffineMap
 from autoshard.errors import InputError
+from autoshard.mlir.lower_window import conv_filter_grad, pool_grad
 from autoshard.mlir.linalg import Operand, Spec, empty, generic, ins_outs, linalg_index, reduction_init
 from autoshard.mlir.scalar import combine, constant, payload
 from autoshard.mlir.text import Body, elem_type
@@ -250,6 +251,8 @@ GRAD_LOWERINGS: dict[str, Callable[[Body, "LoweringContext", str, int], list[Ope
     "rms_norm": _norm_grad(False),
     "attention": _attention_grad,
     "embedding": _embedding_grad,
+    **{f"conv{rank}d": conv_filter_grad for rank in (1, 2, 3)},
+    "max_pool2d": pool_grad, "avg_pool2d": pool_grad,
 }
 
 

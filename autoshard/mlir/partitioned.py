@@ -119,7 +119,8 @@ def _emit_local_op(b: Body, device: DeviceIndex, instruction: LocalOp, values: d
 
     inputs = tuple(values[v.id] for v in instruction.inputs)
     specs = tuple(_value_spec(device, v) for v in instruction.outputs)
-    results = lower(b, LoweringContext(op, inputs, specs, local_extents(op.nest, option, mesh), offset))
+    halos = tuple(tuple(v.sharding.halo(d) for d in range(len(v.shape))) for v in instruction.inputs)
+    results = lower(b, LoweringContext(op, inputs, specs, local_extents(op.nest, option, mesh), offset, halos))
     for value, result in zip(instruction.outputs, results):
         values[value.id] = result
 
