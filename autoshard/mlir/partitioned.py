@@ -31,12 +31,13 @@ ARGUMENT_CONVENTIONS = ("local", "global")
 
 
 def _spec(device: DeviceIndex, sharding: Sharding, shape: tuple[int, ...], dtype: str) -> Spec:
-    """Local type of a value: static where every device's shard has the same size."""
+    """Local type of a value: static where every device's shard has the same size (always on a
+    haloed dim, padded to the largest block)."""
     mesh = device.mesh
     largest = sharding.max_local_shape(mesh, shape)
     dims: list[int | str] = []
     for d, size in enumerate(shape):
-        even = len({stop - start for start, stop in sharding.dim_bounds(mesh, size, d)}) == 1
+        even = sharding.halo(d) != (0, 0) or len({stop - start for start, stop in sharding.dim_bounds(mesh, size, d)}) == 1
         dims.append(largest[d] if even else device.shard_size(sharding, shape, d))
     return Spec(largest, dtype, tuple(dims))
 
