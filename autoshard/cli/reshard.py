@@ -30,8 +30,8 @@ from autoshard.spmd.program import resharding_program
 
 VERIFY_MAX_BYTES = 2 * 2 ** 30  # host memory a --verify run may hold: the tensor and two layouts of it
 T = TypeVar("T")
-SHARDING_FORM = ('{"split_axes": [["x"], ["y"]], "partial": {"kind": "sum", "axes": ["x"]}} '
-                 '(partial optional) or the short form [[x],[y]]')
+SHARDING_FORM = ('{"split_axes": [["x"], ["y"]], "partial": {"kind": "sum", "axes": ["x"]}, "halo_sizes": [1, 1, 0, 0]} '
+                 '(partial and halo_sizes optional) or the short form [[x],[y]]')
 
 
 def register(sub: argparse._SubParsersAction) -> None:
