@@ -12,7 +12,7 @@ from autoshard.cli.main import main
 from autoshard.mesh import Mesh
 from autoshard.mlir import emit_partitioned
 from autoshard.mlir.toolchain import ToolchainError, as_shard_spelling, verify
-from autoshard.resharding import bytes_moved_price, plan_resharding
+from autoshard.resharding import bytes_moved_price, halo_step, plan_resharding
 from autoshard.resharding.geometry import received_elements
 from autoshard.sharding import Sharding
 from autoshard.sim.reshard_check import verify_resharding
@@ -140,3 +140,20 @@ def test_reshard_cli_names_bad_halos(capsys, to, fragment):
     code = main(["reshard", "--mesh", "x=4", "--shape", "16x8", "--from", "[[x]]", "--to", to])
     assert code == 2
     assert fragment in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dialect", ["mesh", "shard"])
+def test_global_arguments_with_halos_are_cut_then_given_their_halos(dialect):
+    source = halo([1, 2])
+    resharding = plan(MESH4, (10, 6), source, ROWS)
+    ir = emit_partitioned(resharding_program(MESH4, resharding, "f32", bytes_moved_price(MESH4)), dialect,
+                          arguments="global")
+    verify(ir, dialect)
+    assert ir.count(f"{dialect}.update_halo") == 1 and "tensor<6x6xf32>" in ir  # 3-row blocks + 1 + 2
+
+
+def test_halo_step_builds_one_update_halo_and_refuses_a_new_split():
+    step = halo_step(MESH4, (16, 8), 4, ROWS, halo([1, 1]), bytes_moved_price(MESH4))
+    assert step.kind == "update_halo" and step.bytes_per_device == 64 and step.out_local_shape == (6, 8)
+    with pytest.raises(ValueError, match="an update_halo keeps the split"):
+        halo_step(MESH4, (16, 8), 4, Sharding(((), ("x",))), halo([1, 1]), bytes_moved_price(MESH4))

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from autoshard.errors import ShardingError
+from autoshard.delivery.dtensor_placements import placement_specs
+from autoshard.delivery.partition_specs import spec_problem
+from autoshard.errors import InputError, ShardingError
 from autoshard.mesh import Mesh
 from autoshard.mlir.module import sharding_attrs
 from autoshard.sharding import Sharding
@@ -100,3 +102,10 @@ def test_ir_prints_halo_sizes_after_partial():
     assert sharding_attrs(mesh, s, (4, 4, 4), True) == "split_axes = [[0], [], [1]] halo_sizes = [1, 2, 0, 3]"
     partial = Sharding((("x",),), ("y",), "sum", (), ((2, 0),))
     assert sharding_attrs(mesh, partial, (4,), True) == "split_axes = [[0]] partial = sum[1] halo_sizes = [2, 0]"
+
+
+def test_frameworks_refuse_halo_shardings_by_name():
+    s = Sharding.parse({"split_axes": [["x"]], "halo_sizes": [1, 1]})
+    with pytest.raises(InputError, match=r"tensor 'h' has halo_sizes \[1, 1\], which DTensor cannot express"):
+        placement_specs(s, MESH4, "h")
+    assert "halo_sizes [1, 1]" in spec_problem(s, MESH4, (8,), boundary=False)

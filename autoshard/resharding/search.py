@@ -24,7 +24,7 @@ from autoshard.reductions import REDUCTIONS
 from autoshard.resharding.geometry import received_elements
 from autoshard.resharding.moves import (Context, Move, build_step, canonical_state, goal_after, halo_move,
                                         offered_moves, permute_move, price_move)
-from autoshard.resharding.steps import STEP_KINDS, Price, Resharding
+from autoshard.resharding.steps import STEP_KINDS, CollectiveStep, Price, Resharding
 from autoshard.sharding import Sharding
 
 def _effective_target(mesh: Mesh, source: Sharding, target: Sharding) -> Sharding:
@@ -326,6 +326,16 @@ def resharding_cost(mesh: Mesh, shape: Sequence[int], dtype_bytes: float, source
         return space.tree(first).cost(last)
     path = _search(mesh, shape, dtype_bytes, source, target, moves)
     return sum(seconds for _, _, seconds in path), float(sum(m.bytes_per_device for _, m, _ in path if STEP_KINDS[m.kind].moves_data))
+
+
+def halo_step(mesh: Mesh, shape: Sequence[int], dtype_bytes: float, before: Sharding, after: Sharding,
+              price: Price) -> CollectiveStep:
+    """The one update_halo from `before` to `after`, which differ only in their halos."""
+    if before.without_halo() != after.without_halo():
+        raise ValueError(f"an update_halo keeps the split: {before} and {after} differ beyond their halos")
+    shape = tuple(shape)
+    move = halo_move(mesh, shape, dtype_bytes, before, after)
+    return build_step(mesh, shape, before, move, price_move(mesh, shape, before, move, price))
 
 
 def plan_resharding(mesh: Mesh, shape: Sequence[int], dtype_bytes: float, source: Sharding, target: Sharding,
