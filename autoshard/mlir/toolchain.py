@@ -70,7 +70,7 @@ _BEYOND_LLVM19 = re.compile(r" halo_sizes = | sharded_dims_offsets = |\bmesh\.up
 _PARTIAL = re.compile(r" partial = (\w+)\[([\d, ]*)\]")
 _UPDATE_HALO = re.compile(r"^(\s*)(%[\w$.]+) = mesh\.update_halo (%[\w$.]+) into (%[\w$.]+) on (@[\w$.]+) "
                           r"split_axes = (\[.*?\]) source_halo_sizes = \[([\d, ]*)\] destination_halo_sizes = "
-                          r"\[([\d, ]*)\] : (\S+) -> (\S+)$", re.M)
+                          r"\[([\d, ]*)\] : (\S+) -> (\S+)$", re.MULTILINE)
 
 
 def _update_halo_in_place(match: re.Match) -> str:
