@@ -157,3 +157,13 @@ def test_halo_step_builds_one_update_halo_and_refuses_a_new_split():
     assert step.kind == "update_halo" and step.bytes_per_device == 64 and step.out_local_shape == (6, 8)
     with pytest.raises(ValueError, match="an update_halo keeps the split"):
         halo_step(MESH4, (16, 8), 4, Sharding(((), ("x",))), halo([1, 1]), bytes_moved_price(MESH4))
+
+
+def test_reshard_cli_text_lists_the_halo_sizes(capsys):
+    code = main(["reshard", "--mesh", "x=4", "--shape", "16x8", "--from", "[[x]]",
+                 "--to", '{"split_axes": [["x"]], "halo_sizes": [1, 1]}', "--verify"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert ("1. update_halo over [x] (source_halo_sizes=[0, 0], destination_halo_sizes=[1, 1]): "
+            "[[x]] -> [[x]] halo_sizes=[1, 1]; 64 B per device") in out
+    assert "verify: PASS" in out

@@ -143,7 +143,7 @@ def describe_step(step: CollectiveStep) -> str:
     if step.kind == "permute":
         detail = f"{len(step.pairs)} point-to-point transfers"
     else:
-        detail = ", ".join(f"{k}={v}" for k, v in step.dims.items())
+        detail = ", ".join(f"{k}={list(v) if isinstance(v, tuple) else v}" for k, v in step.dims.items())
     return (f"{step.kind} over [{', '.join(step.mesh_axes)}] ({detail}): {step.before} -> {step.after}; "
             f"{size(step.bytes_per_device)} per device, {step.seconds * 1e6:.4g} us")
 
