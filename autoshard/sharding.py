@@ -121,10 +121,10 @@ class Sharding:
     def has_halo(self) -> bool:
         return bool(self.halo_sizes)
 
-    def without_halo(self) -> "Sharding":
+    def without_halo(self) -> Sharding:
         return Sharding(self.split_axes, self.partial_axes, self.partial_kind, self.dims_offsets)
 
-    def with_halo(self, halo_sizes: Sequence[tuple[int, int]]) -> "Sharding":
+    def with_halo(self, halo_sizes: Sequence[tuple[int, int]]) -> Sharding:
         return Sharding(self.split_axes, self.partial_axes, self.partial_kind, self.dims_offsets, tuple(halo_sizes))
 
     def flat_halo_sizes(self) -> list[int]:

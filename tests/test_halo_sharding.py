@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from autoshard.errors import ShardingError
+from autoshard.delivery.dtensor_placements import placement_specs
+from autoshard.delivery.partition_specs import spec_problem
+from autoshard.errors import InputError, ShardingError
 from autoshard.mesh import Mesh
+from autoshard.mlir.dialect import DIALECTS
 from autoshard.mlir.module import sharding_attrs
+from autoshard.mlir.toolchain import verify
 from autoshard.sharding import Sharding
 
 MESH4 = Mesh.of(x=4)
@@ -100,3 +104,23 @@ def test_ir_prints_halo_sizes_after_partial():
     assert sharding_attrs(mesh, s, (4, 4, 4), True) == "split_axes = [[0], [], [1]] halo_sizes = [1, 2, 0, 3]"
     partial = Sharding((("x",),), ("y",), "sum", (), ((2, 0),))
     assert sharding_attrs(mesh, partial, (4,), True) == "split_axes = [[0]] partial = sum[1] halo_sizes = [2, 0]"
+
+
+def test_frameworks_refuse_halo_shardings_by_name():
+    s = Sharding.parse({"split_axes": [["x"]], "halo_sizes": [1, 1]})
+    with pytest.raises(InputError, match=r"tensor 'h' has halo_sizes \[1, 1\], which DTensor cannot express"):
+        placement_specs(s, MESH4, "h")
+    assert "halo_sizes [1, 1]" in spec_problem(s, MESH4, (8,), boundary=False)
+
+
+@pytest.mark.parametrize("spelling", ["mesh", "shard"])
+def test_annotations_with_halos_pass_the_tools_in_both_spellings(spelling):
+    d = DIALECTS[spelling]
+    mesh = Mesh.of(a=2, b=2, c=4)
+    attrs = sharding_attrs(mesh, Sharding.parse({"split_axes": [["a"]], "halo_sizes": [1, 2]}), (4, 8), True)
+    text = (f"{d.mesh_op} @mesh(shape = 2x2x4)\n"
+            "func.func @f(%x: tensor<4x8xf32>) -> tensor<4x8xf32> {\n"
+            f"  %s = {d.sharding_op} @mesh {attrs} : {d.sharding_type}\n"
+            f"  %a = {d.shard_op} %x to %s : tensor<4x8xf32>\n"
+            "  return %a : tensor<4x8xf32>\n}\n")
+    assert "split_axes = [[0]] halo_sizes = [1, 2]" in verify(text, spelling)

@@ -9,7 +9,7 @@ edges keep whatever the destination buffer held there).
 from __future__ import annotations
 
 import itertools
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
