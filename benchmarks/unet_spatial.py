@@ -35,15 +35,21 @@ def row(name: str, doc: dict, mesh: Mesh, topology: str, budget: float | None, t
     graph = graph_from_json(doc, mesh)
     hw = bind_hardware(topology, mesh)
     settings = SolveSettings(time_limit_s=time_limit_s, memory_budget_bytes=budget)
-    limit = f"{budget / 2 ** 20:.0f} MiB" if budget else "HBM"
+    limit = _size(budget) if budget else "HBM"
     try:
         result = make_plan(graph, mesh, hw, settings)
     except InfeasibleError as error:
         return f"| {name} | {limit} | infeasible: {str(error).split(';')[0]} | | | |"
     r = result.report
-    split = sorted({str(o) for o in result.plan.options.values() if any(o.loop_axes[1:3])})
-    return (f"| {name} | {limit} | {r.step_s * 1e3:.3f} ms | {r.communication_s * 1e3:.3f} ms | "
-            f"{r.peak_memory_bytes / 2 ** 20:.1f} MiB | {len(split) > 0} |")
+    windowed = [op for op in graph.ops if any(op.nest.windows(l) for l in range(op.nest.num_loops))]
+    spatial = [op for op in windowed
+               if any(axes and op.nest.windows(l) for l, axes in enumerate(result.plan.options[op.name].loop_axes))]
+    return (f"| {name} | {limit} | {r.step_s * 1e3:.4f} ms | {r.communication_s * 1e3:.4f} ms | "
+            f"{_size(r.peak_memory_bytes)} | {len(spatial)} of {len(windowed)} |")
+
+
+def _size(n_bytes: float) -> str:
+    return f"{n_bytes / 2 ** 20:.1f} MiB" if n_bytes >= 2 ** 20 else f"{n_bytes / 2 ** 10:.0f} KiB"
 
 
 def main() -> None:
@@ -57,16 +63,18 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--size", type=int, default=512, help="height and width")
     parser.add_argument("--base", type=int, default=32)
+    parser.add_argument("--dtype", default="bf16")
     parser.add_argument("--training", action="store_true")
     args = parser.parse_args()
     mesh = Mesh.parse(args.mesh)
-    config = UNetConfig(levels=args.levels, batch=args.batch, height=args.size, width=args.size, base=args.base)
+    config = UNetConfig(levels=args.levels, batch=args.batch, height=args.size, width=args.size, base=args.base,
+                        dtype=args.dtype)
     doc = unet(config, training=args.training)
     budget = parse_bytes(args.memory_budget, "--memory-budget")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     print(f"U-Net {config} {'training step' if args.training else 'forward'} on {args.mesh} ({args.topology}); "
           f"commit {commit}, {platform.processor() or platform.machine()}")
-    print("| activations | budget | step time | communication | peak memory per device | height/width split |")
+    print("| activations | budget | step time | communication | peak memory per device | window ops split in height/width |")
     print("| --- | --- | --- | --- | --- | --- |")
     for name, variant in (("free (spatial splits allowed)", doc),
                           (f"batch-only over {args.batch_axes}", batch_only(doc, args.batch_axes.split(",")))):
