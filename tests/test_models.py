@@ -317,6 +317,7 @@ GENERATED = {
     "gpt_tiny.json": (gpt, GPTConfig(layers=2, hidden=64, heads=4, seq=16, batch=2, vocab=128, dtype="f32"), False),
     "gpt_tiny_training.json": (gpt, GPTConfig(layers=2, hidden=64, heads=4, seq=16, batch=2, vocab=128, dtype="f32"), True),
     "moe_tiny.json": (moe, MoEConfig(layers=1, batch=2, seq=8, hidden=32, ffn=64, experts=4, top_k=2, dtype="f32"), False),
+    "unet_tiny.json": (unet, UNetConfig(levels=2, batch=2, height=64, width=64, base=4, dtype="f32"), False),
 }
 
 
