@@ -137,7 +137,7 @@ def test_the_zoo_exercises_every_op_kind_and_collective():
                 "embedding", "transpose", "reshape", "concat", "slice", "broadcast_in_dim"}
     assert families <= kinds <= set(OP_KINDS)
     steps = {c.step.kind for _, p in zoo_programs() for c in p.communicates()}
-    assert steps == {"all_gather", "all_slice", "all_to_all", "all_reduce", "reduce_scatter", "permute"}
+    assert steps == {"all_gather", "all_slice", "all_to_all", "all_reduce", "reduce_scatter", "permute", "update_halo"}
 
 
 # --- bad plans ----------------------------------------------------------------------------------

@@ -63,10 +63,14 @@ def simulation_bytes(program: SpmdProgram, widen: bool = True) -> int:
 
 def held_elements(mesh: Mesh, value: Value) -> int:
     """Elements of `value` over all devices' shards together. The shards of each dim partition it
-    (evenly or at offsets), so every element is held once per device outside its split axes;
-    counted without walking the devices, which a mesh of a million of them would make slow."""
-    split = math.prod(value.sharding.shard_count(mesh, dim) for dim in range(len(value.shape)))
-    return math.prod(value.shape) * mesh.num_devices // split
+    (evenly or at offsets), so every element is held once per device outside its split axes; a
+    haloed dim's shards are each its ceildiv block plus both halos. Counted without walking the
+    devices, which a mesh of a million of them would make slow."""
+    sharding = value.sharding
+    counts = [sharding.shard_count(mesh, dim) for dim in range(len(value.shape))]
+    spans = [count * (-(-size // count) + sum(sharding.halo(dim))) if any(sharding.halo(dim)) else size
+             for dim, (size, count) in enumerate(zip(value.shape, counts))]
+    return math.prod(spans) * mesh.num_devices // math.prod(counts)
 
 
 def simulate_program(program: SpmdProgram, inputs: Mapping[str, np.ndarray] | None = None, *,

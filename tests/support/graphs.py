@@ -162,9 +162,9 @@ def run_program(program: SpmdProgram, inputs: dict[str, np.ndarray]) -> dict[str
             cut = []
             for value, map_ in zip(instruction.inputs, nest.input_maps):
                 need = nest.operand_range(map_, block, value.shape)
-                held = value.sharding.device_slices(mesh, value.shape, device)
-                cut.append(env[value.id][device][tuple(slice(n.start - h.start, n.stop - h.start)
-                                                       for n, h in zip(need, held))])
+                held = value.sharding.device_box(mesh, value.shape, device)  # halos included
+                cut.append(env[value.id][device][tuple(slice(n.start - start, n.stop - start)
+                                                       for n, (start, _) in zip(need, held))])
             for k, result in enumerate(evaluate_block(instruction.op.op_kind, nest, instruction.op.attrs, cut, block)):
                 results[k][device] = np.asarray(result)
         for value, shards in zip(instruction.outputs, results):
