@@ -77,9 +77,6 @@ UNMET = {
         "source; meeting it needs a ring efficiency <= 0.55 at 58 MB, while nccl-tests sweeps put it near 0.75 "
         "(8xH200: 346 busbw at 64 MiB; autoparallel's fitted ring ramp 0.68-0.79 at 4-8 MB per GPU). The "
         "model gives ~258 busbw; the reference itself flags the row as conflicting."),
-    **{row: ("collectives that cross nodes pay no protocol cost per ring step: 1-64 MiB over 4 nodes are "
-             "priced at 0.43-0.75 of the measured time") for row in
-       ["h100-32-ar-4m"] + [f"h100-32-ag-{mib}m" for mib in (1, 4, 16, 64)] + [f"b200-32-ar-{mib}m" for mib in (1, 4, 16, 64)]},
 }
 
 
