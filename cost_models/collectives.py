@@ -6,6 +6,8 @@ one (nodes over NICs, or slices over DCN). Over two levels a collective runs hie
 inside; gathers cross the slow level first, while the data is smallest. On GPUs NCCL may
 instead run one flat ring through every node, each node boundary crossed on all of the group's
 NICs at once (B.4.1); the cheaper of the two is used, as NCCL's tuner picks the faster algorithm.
+A GPU ring collective that crosses nodes also pays its protocol's cost on every ring step, by size
+(LL/LL128 for small messages, Simple for large ones; the profile's `network.protocol_regimes`).
 """
 
 from __future__ import annotations
