@@ -1,5 +1,6 @@
 """Window ops in MLIR: convolutions of every rank, pooling, and their gradients lower to modules
-both verifiers accept, globally and per device."""
+both verifiers accept, globally and per device, and plans that split them in space (halos,
+update_halo) run exactly in the simulator."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from autoshard.models import UNetConfig, unet
 from autoshard.planning.options import enumerate_options
 from autoshard.planning.plan import Plan
 from autoshard.sharding import Sharding
+from autoshard.sim.program import verify_plan
+from autoshard.spmd.program import partition
 from support.graphs import graph_doc
 
 F = "f32"
@@ -52,5 +55,33 @@ def test_window_ops_lower_and_verify_in_both_spellings(doc):
         assert "arith.maximumf" in annotated and "arith.select" in annotated  # max pooling's padding is lowest
     if any(op.kind == "grad" for op in graph.ops):
         assert "tensor.expand_shape" in annotated and "tensor.collapse_shape" in annotated  # pooling gradients
+    verify_all(texts["shard"], "shard")
+    verify_all(texts["mesh"], "mesh")
+
+
+def spatial_plan(graph, mesh: Mesh) -> Plan:
+    """Every op that reads through windows splits one of their loops (the first such option), every
+    other op its second loop (height, for image-shaped values) where it can; storage replicated."""
+    options = {}
+    for op in graph.ops:
+        choices = enumerate_options(op.nest, mesh)
+        windowed = [o for o in choices if any(axes and op.nest.windows(l) for l, axes in enumerate(o.loop_axes))]
+        second = [o for o in choices if op.nest.num_loops > 1 and o.loop_axes[1] and not any(o.loop_axes[2:])]
+        options[op.name] = (windowed or second or choices)[0]
+    return Plan(graph, mesh, options, {t.name: Sharding() for t in graph.tensors.values() if t.role != "intermediate"})
+
+
+@pytest.mark.parametrize("doc", [WINDOWS, unet(UNetConfig(levels=1, batch=1, height=8, width=8, base=2, dtype=F),
+                                               training=True)], ids=["conv1d-conv3d-pools", "unet-training"])
+def test_plans_splitting_windows_in_space_simulate_exactly_and_verify(doc):
+    mesh = Mesh.of(x=2, y=2)
+    graph = graph_from_json(doc, mesh)
+    plan = spatial_plan(graph, mesh)
+    halos = [c for c in partition(plan).communicates() if c.step.kind == "update_halo"]
+    assert halos
+    verdict = verify_plan(plan)
+    assert verdict.passed, verdict
+    texts = {spelling: [emit_annotated(plan, spelling), emit_partitioned(plan, spelling)] for spelling in ("shard", "mesh")}
+    assert texts["shard"][1].count("shard.update_halo") == len(halos)
     verify_all(texts["shard"], "shard")
     verify_all(texts["mesh"], "mesh")
