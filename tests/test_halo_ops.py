@@ -212,3 +212,14 @@ def test_a_planner_under_a_memory_budget_splits_height_and_the_plan_simulates_ex
     program = partition(result.plan)
     assert any(c.step.kind == "update_halo" for c in program.communicates())
     assert verify_plan(result.plan).passed
+
+
+def test_plans_for_dtensor_split_no_window_that_needs_halos():
+    """DTensor's placements have no halos: with mesh-order splits only batch and channels split."""
+    nest = OP_KINDS["conv2d"].loops([(2, 16, 16, 4), (3, 3, 4, 4)], {"padding": [[1, 1], [1, 1]]})
+    mesh = Mesh.of(x=2, y=2)
+    assert any(o.loop_axes[1] for o in enumerate_options(nest, mesh))
+    assert not any(o.loop_axes[1] or o.loop_axes[2] for o in enumerate_options(nest, mesh, mesh_order=True))
+    # a 2x2 pooling's windows tile the input: no halo, so DTensor plans may still split them
+    pool = OP_KINDS["max_pool2d"].loops([(2, 16, 16, 4)], {"window": [2, 2]})
+    assert any(o.loop_axes[1] for o in enumerate_options(pool, mesh, mesh_order=True))

@@ -181,8 +181,10 @@ def _axis_assignments(axes: Sequence[str], slots: int, mesh_order: bool = False)
 def enumerate_options(nest: LoopNest, mesh: Mesh, mesh_order: bool = False) -> list[ShardingOption]:
     """All legal options of an op on `mesh`, the fully replicated one first. With `mesh_order`,
     a loop split over several axes takes them in mesh order only (the one order DTensor's
-    placements express)."""
+    placements express), and no loop is split that would need halos (DTensor has none)."""
     splittable = nest.splittable_loops()
+    if mesh_order:
+        splittable = tuple(l for l in splittable if not any(any(w.halo) for w in nest.windows(l)))
     # Axes of size 1 change nothing: leave them out rather than multiply equivalent options.
     axes = [a for a in mesh.axis_names if mesh.axis_size(a) > 1]
     merged = _merged_loops(nest)

@@ -227,7 +227,7 @@ class ShardedProgram(torch.nn.Module):
         placement); its convolution takes few layouts. These ops go by blocks, where a block's
         result is the result's block: a reshape (the plan only splits its major loops), a
         contraction or a convolution (a split reduction leaves the partial sum the plan says;
-        a convolution's windows are never split), attention while its queries stay whole (the
+        the plans DTensor runs never split a convolution's windows: that needs halos), attention while its queries stay whole (the
         causal mask needs global query positions). A broadcast goes by blocks too: DTensor keeps a broadcast
         dim replicated where the plan may split it. The other ops go through DTensor, which
         checks the plan.
