@@ -145,7 +145,7 @@ def test_validate_cli_summary_and_exit_codes(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith("ok: mlp: 2 ops, 4 tensors") and "537 MFLOP" in out
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps(edited(ops__0__kind="conv3d")))
+    bad.write_text(json.dumps(edited(ops__0__kind="conv4d")))
     assert main(["validate", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "/ops/0/kind" in err and "Traceback" not in err
