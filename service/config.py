@@ -6,6 +6,7 @@ how the CLI (`autoshard serve --db ...`) and the tests configure an app.
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -14,11 +15,19 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
+def machine_cores() -> int:
+    """The cores this process may run on (fewer than the machine has under a CPU affinity mask)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AUTOSHARD_", frozen=True)
 
     db: Path = Field(Path("autoshard-plans.sqlite3"), description="SQLite file holding plans and job states")
-    workers: int = Field(1, ge=1, description="solves running at the same time, one process each")
+    workers: int = Field(default_factory=machine_cores, ge=1,
+                         description="solves running at the same time, one process each (default: the machine's cores)")
     solver_threads: int = Field(1, ge=1, description="default CP-SAT threads per solve")
     max_solver_threads: int = Field(4, ge=1, description="most CP-SAT threads a request may ask for")
     default_time_limit_s: float = Field(30.0, gt=0)

@@ -137,7 +137,8 @@ class ErrorResponse(BaseModel):
 class PlanJob(BaseModel):
     id: str
     status: JobStatus
-    progress: dict[str, Any] = Field(default_factory=dict, description="phase, incumbent objective, bound, elapsed")
+    progress: dict[str, Any] = Field(default_factory=dict, description="phase, incumbent objective, bound, elapsed; "
+                                                                          "while queued, queue_position (1: starts next)")
     plan: dict[str, Any] | None = Field(None, description="the plan document (autoshard.plan/v1) once done")
     ir: dict[str, str] = Field(default_factory=dict, description="IR text per stage requested in options.emit")
     error: ErrorOut | None = None

@@ -143,6 +143,14 @@ class Store:
         rows = self._execute("SELECT id FROM jobs WHERE status = 'queued' ORDER BY created_at, rowid").fetchall()
         return [row["id"] for row in rows]
 
+    def queue_position(self, job_id: str) -> int | None:
+        """1 for the next job to start, 2 for the one after it, ...; None unless the job is queued.
+        Jobs start in the order they came (`created_at`, then insertion), as `queued()` lists them."""
+        row = self._execute("SELECT COUNT(*) AS ahead FROM jobs AS other, jobs AS job WHERE job.id = ? "
+                            "AND job.status = 'queued' AND other.status = 'queued' AND (other.created_at, other.rowid) "
+                            "<= (job.created_at, job.rowid)", (job_id,)).fetchone()
+        return row["ahead"] or None
+
     def _transition(self, job_id: str, sources: tuple[str, ...], target: str, **columns: str) -> bool:
         sets = "".join(f", {name} = ?" for name in columns)
         marks = ", ".join("?" for _ in sources)

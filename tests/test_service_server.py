@@ -19,6 +19,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from autoshard.client import Client, LocalService, PlanJob
+from support.service import deep_mlp
 
 MLP = {
     "format": "autoshard.graph/v1", "name": "mlp",
@@ -28,17 +29,6 @@ MLP = {
     "ops": [{"name": "fc1", "kind": "matmul", "inputs": ["x", "w1"], "outputs": ["h"]}],
 }
 POLLS = 600  # x 0.05 s: how long a job may take to reach a state
-
-
-def deep_mlp(layers: int) -> dict:
-    """Enough layers on a 3-axis mesh that planning runs for minutes unless stopped."""
-    tensors = {"a0": {"shape": [64, 256], "dtype": "bf16", "role": "input"}}
-    ops = []
-    for i in range(layers):
-        tensors[f"w{i}"] = {"shape": [256, 256], "dtype": "bf16", "role": "parameter"}
-        tensors[f"a{i + 1}"] = {"shape": [64, 256], "dtype": "bf16"}
-        ops.append({"name": f"fc{i}", "kind": "matmul", "inputs": [f"a{i}", f"w{i}"], "outputs": [f"a{i + 1}"]})
-    return {"format": "autoshard.graph/v1", "name": "deep", "tensors": tensors, "ops": ops}
 
 
 def server(db: Path, log: Path, env: dict[str, str] | None = None) -> LocalService:

@@ -17,6 +17,17 @@ MLP = {
 }
 
 
+def deep_mlp(layers: int) -> dict:
+    """Enough layers on a 3-axis mesh that planning runs for minutes unless stopped."""
+    tensors = {"a0": {"shape": [64, 256], "dtype": "bf16", "role": "input"}}
+    ops = []
+    for i in range(layers):
+        tensors[f"w{i}"] = {"shape": [256, 256], "dtype": "bf16", "role": "parameter"}
+        tensors[f"a{i + 1}"] = {"shape": [64, 256], "dtype": "bf16"}
+        ops.append({"name": f"fc{i}", "kind": "matmul", "inputs": [f"a{i}", f"w{i}"], "outputs": [f"a{i + 1}"]})
+    return {"format": "autoshard.graph/v1", "name": "deep", "tensors": tensors, "ops": ops}
+
+
 OPTIONS = {"time_limit_s": 2, "seed": 0}
 
 
