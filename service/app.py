@@ -31,9 +31,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = Store(settings.db)
-        interrupted = store.fail_interrupted()
+        interrupted = store.mark_interrupted()
         if interrupted:
-            log.warning("%d job(s) left solving by a previous run are marked failed (interrupted)", interrupted)
+            log.warning("%d job(s) left solving by a previous run are marked interrupted", interrupted)
         runner = Runner(store, settings)
         waiting = store.queued()
         if waiting:

@@ -34,6 +34,8 @@ class Settings(BaseSettings):
     max_time_limit_s: float = Field(600.0, gt=0, description="per-request cap on the solver time limit")
     solve_grace_s: float = Field(120.0, gt=0,
                                  description="a solve still running this long after its time limit is killed")
+    stop_grace_s: float = Field(10.0, ge=0, description="on shutdown, how long a running solve has to hand over "
+                                                        "the best plan it has found (kept with its interrupted job)")
     max_wait_s: float = Field(60.0, ge=0, description="longest `?wait=` a request may hold its connection")
     max_body_bytes: int = Field(32 * 2 ** 20, gt=0)
     max_ops: int = Field(20_000, gt=0)

@@ -15,7 +15,7 @@ from autoshard.planning.formulation import WEIGHT_UNITS, weight_name_problem
 from autoshard.planning.formulation import Weights as ObjectiveWeights
 from autoshard.planning.make_plan import MAX_MEMORY_BUDGET_BYTES, MAX_SEED
 
-JobStatus = Literal["queued", "solving", "done", "failed", "cancelled"]
+JobStatus = Literal["queued", "solving", "done", "failed", "cancelled", "interrupted"]
 Stage = Literal["annotated", "partitioned"]
 Dialect = Literal["mesh", "shard"]
 VerifyPolicy = Literal["auto", "always", "never"]
@@ -139,7 +139,9 @@ class PlanJob(BaseModel):
     status: JobStatus
     progress: dict[str, Any] = Field(default_factory=dict, description="phase, incumbent objective, bound, elapsed; "
                                                                           "while queued, queue_position (1: starts next)")
-    plan: dict[str, Any] | None = Field(None, description="the plan document (autoshard.plan/v1) once done")
+    plan: dict[str, Any] | None = Field(None, description="the plan document (autoshard.plan/v1) once done; "
+                                                                    "when interrupted, the best plan found by then "
+                                                                    "(solver.status: interrupted), if any")
     ir: dict[str, str] = Field(default_factory=dict, description="IR text per stage requested in options.emit")
     error: ErrorOut | None = None
     created_at: str

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 ACTIVE = ("queued", "solving")
-FINAL = ("done", "failed", "cancelled")
+FINAL = ("done", "failed", "cancelled", "interrupted")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -131,10 +131,15 @@ class Store:
         return self._transition(job_id, ACTIVE, "cancelled",
                                 error=json.dumps({"kind": "cancelled", "message": "cancelled by a DELETE request"}))
 
-    def fail_interrupted(self) -> int:
-        """Jobs a previous process left solving: their solve was lost with it."""
-        error = json.dumps({"kind": "interrupted", "message": "interrupted by a restart of the service"})
-        cursor = self._execute("UPDATE jobs SET status = 'failed', error = ?, updated_at = ? "
+    def interrupt(self, job_id: str, plan: dict[str, Any], error: dict[str, Any]) -> bool:
+        """A solve stopped by a shutdown, with the best plan it had found."""
+        return self._transition(job_id, ("solving",), "interrupted", plan=json.dumps(plan), error=json.dumps(error))
+
+    def mark_interrupted(self) -> int:
+        """Jobs a previous process left solving (it was killed): their solve was lost with it."""
+        error = json.dumps({"kind": "interrupted", "message": "interrupted by a restart of the service, before the "
+                                                              "solve could hand over a plan"})
+        cursor = self._execute("UPDATE jobs SET status = 'interrupted', error = ?, updated_at = ? "
                                "WHERE status = 'solving'", (error, time.time()))
         return cursor.rowcount
 

@@ -83,11 +83,11 @@ def test_plans_survive_a_restart_and_unfinished_jobs_are_marked_interrupted(tmp_
         client = Client(http=http)
         assert client.get(done.id).plan == done.plan
         interrupted = client.get(orphan.id)
-        assert interrupted.status == "failed"
+        assert interrupted.status == "interrupted" and interrupted.plan is None
         assert interrupted.error["kind"] == "interrupted" and "restart" in interrupted.error["message"]
         with pytest.raises(ServiceError) as no_ir:
             client.ir(orphan.id)
-        assert no_ir.value.status == 409 and "failed" in str(no_ir.value)
+        assert no_ir.value.status == 409 and "interrupted" in str(no_ir.value)
 
 
 def test_jobs_left_queued_by_a_stopped_service_run_after_its_restart(tmp_path):
