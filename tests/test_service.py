@@ -257,3 +257,35 @@ def test_a_body_that_is_not_declared_json_is_refused_with_415(http, content_type
     assert body["error"]["kind"] == "unsupported_media_type" and (content_type or "no content type") in \
         body["error"]["message"]
     assert http.post("/v1/validate", json={"graph": {}}).status_code == 422  # JSON reaches the validators
+
+
+def test_a_body_repeating_a_key_is_refused_naming_the_key(http):
+    body = b'{"graph": {"format": "autoshard.graph/v1", "tensors": {}, "ops": [], "name": "a", "name": "b"}}'
+    for route in ("/v1/validate", "/v1/plans", "/v1/estimate"):
+        response = http.post(route, content=body, headers={"content-type": "application/json"})
+        assert response.status_code == 422, route
+        assert "'name' appears twice" in error_of(response)["message"]
+
+
+def test_estimate_and_validate_refuse_a_plan_made_for_another_mesh(client):
+    job = client.submit(MLP, "dp=2,tp=2", options=OPTIONS, wait_s=60)
+    assert client.estimate(MLP, "dp=2,tp=2", job.plan)["totals"] == job.plan["totals"]
+    for call in (client.estimate, client.validate):
+        with pytest.raises(ServiceError) as other:
+            call(MLP, "dp=4", job.plan)
+        assert other.value.status == 422
+        assert [(p.where, p.message) for p in other.value.problems] == [
+            ("/plan/mesh", "the plan was made for mesh dp=2,tp=2, not dp=4")]
+
+
+def test_the_openapi_schema_states_the_graph_document_and_that_a_plan_needs_a_mesh(http):
+    schemas = http.get("/openapi.json").json()["components"]["schemas"]
+    for request in ("PlanRequest", "EstimateRequest", "ValidateRequest"):
+        graph = schemas[request]["properties"]["graph"]
+        assert graph["properties"]["format"]["const"] == "autoshard.graph/v1"
+        assert set(graph["required"]) == {"format", "tensors", "ops"}
+        tensor = graph["properties"]["tensors"]["additionalProperties"]
+        assert "bf16" in tensor["properties"]["dtype"]["enum"] and tensor["additionalProperties"] is False
+        assert "matmul" in graph["properties"]["ops"]["items"]["properties"]["kind"]["enum"]
+        assert "$ref" not in json.dumps(graph)
+    assert schemas["ValidateRequest"]["dependentRequired"] == {"plan": ["mesh"]}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 
 from autoshard.errors import InputError
-from autoshard.planning.plan import plan_from_json
+from autoshard.planning.plan import check_plan_mesh, plan_from_json
 from autoshard.planning.report import estimate
 from service import deps
 from service.config import Settings
@@ -23,6 +23,7 @@ def estimate_plan(body: EstimateRequest, settings: Settings = Depends(deps.setti
     graph = parse_graph(body.graph, mesh, settings)
     hardware = bind_topology(body.topology, body.topology_options.model_dump(exclude_none=True), mesh)
     try:
+        check_plan_mesh(body.plan, mesh, "/mesh")  # as the CLI's estimate, emit and simulate do
         plan = plan_from_json(body.plan, graph, mesh)
     except InputError as error:
         raise under("/plan", error) from None
