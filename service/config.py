@@ -14,6 +14,8 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from autoshard.mesh import MAX_DEVICES
+
 
 def machine_cores() -> int:
     """The cores this process may run on (fewer than the machine has under a CPU affinity mask)."""
@@ -38,6 +40,8 @@ class Settings(BaseSettings):
                                                         "the best plan it has found (kept with its interrupted job)")
     max_wait_s: float = Field(60.0, ge=0, description="longest `?wait=` a request may hold its connection")
     max_body_bytes: int = Field(32 * 2 ** 20, gt=0)
+    max_devices: int = Field(MAX_DEVICES, gt=0, le=MAX_DEVICES,
+                             description="most devices a request's mesh may have (the library's limit at most)")
     max_ops: int = Field(20_000, gt=0)
     max_tensors: int = Field(50_000, gt=0)
     max_verify_bytes: int = Field(2 * 2 ** 30, gt=0,

@@ -155,6 +155,18 @@ def test_request_problems_point_at_the_field(http, body, where, words):
     assert any(p["where"] == where and words in p["message"] for p in problems), problems
 
 
+def test_the_service_device_limit_is_its_own_setting(tmp_path):
+    with TestClient(create_app(settings_for(tmp_path, max_devices=64))) as http:
+        for route, body in (("/v1/plans", {"graph": MLP, "mesh": "dp=128"}),
+                            ("/v1/validate", {"graph": MLP, "mesh": "dp=16,tp=8"}),
+                            ("/v1/estimate", {"graph": MLP, "mesh": "dp=128", "plan": {}})):
+            response = http.post(route, json=body)
+            assert response.status_code == 422
+            assert error_of(response)["problems"] == [
+                {"where": "/mesh", "message": "128 devices; this service accepts meshes of at most 64"}]
+        assert http.post("/v1/validate", json={"graph": MLP, "mesh": "dp=64"}).status_code == 200
+
+
 def test_wait_out_of_range_is_a_query_problem(http):
     response = http.post("/v1/plans?wait=-1", json={"graph": MLP, "mesh": "dp=2"})
     assert response.status_code == 422
@@ -166,7 +178,7 @@ def test_wait_out_of_range_is_a_query_problem(http):
 def test_a_body_that_is_not_json_is_400(http, body):
     """Cut short, nested too deeply or not UTF-8: a 400, never a server error."""
     response = http.post("/v1/plans", content=body, headers={"content-type": "application/json"})
-    assert response.status_code == 400
+    assert response.status_code == 400 and error_of(response)["kind"] == "malformed"
 
 
 def test_size_limits_are_413(http):

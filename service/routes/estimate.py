@@ -19,7 +19,7 @@ router = APIRouter(prefix="/v1/estimate", tags=["estimate"])
 @router.post("", response_model=Estimate, responses=INPUT_ERRORS)
 def estimate_plan(body: EstimateRequest, settings: Settings = Depends(deps.settings)) -> Estimate:
     """Per-op compute, every resharding with its collectives, per-axis traffic and per-device peak memory."""
-    mesh = parse_mesh(body.model_dump(mode="json")["mesh"])
+    mesh = parse_mesh(body.model_dump(mode="json")["mesh"], settings.max_devices)
     graph = parse_graph(body.graph, mesh, settings)
     hardware = bind_topology(body.topology, body.topology_options.model_dump(exclude_none=True), mesh)
     try:

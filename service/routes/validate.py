@@ -22,7 +22,7 @@ def validate(body: ValidateRequest, settings: Settings = Depends(deps.settings))
     mesh_value = body.model_dump(mode="json")["mesh"]
     if body.plan is not None and mesh_value is None:
         raise InputError("checking a plan needs the mesh it is for", "/mesh")
-    mesh = parse_mesh(mesh_value) if mesh_value is not None else None
+    mesh = parse_mesh(mesh_value, settings.max_devices) if mesh_value is not None else None
     graph = parse_graph(body.graph, mesh, settings)
     if body.plan is not None and mesh is not None:
         try:
