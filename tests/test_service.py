@@ -305,3 +305,6 @@ def test_the_openapi_schema_states_the_graph_document_and_that_a_plan_needs_a_me
         assert "matmul" in graph["properties"]["ops"]["items"]["properties"]["kind"]["enum"]
         assert "$ref" not in json.dumps(graph)
     assert schemas["ValidateRequest"]["dependentRequired"] == {"plan": ["mesh"]}
+    # the route holds to it, even for a plan of null
+    response = http.post("/v1/validate", json={"graph": MLP, "plan": None})
+    assert response.status_code == 422 and error_of(response)["problems"][0]["where"] == "/mesh"

@@ -20,7 +20,7 @@ router = APIRouter(prefix="/v1/validate", tags=["validate"])
 def validate(body: ValidateRequest, settings: Settings = Depends(deps.settings)) -> Validation:
     """200 with a summary when valid; 422 with every problem (the CLI's `validate` messages) otherwise."""
     mesh_value = body.model_dump(mode="json")["mesh"]
-    if body.plan is not None and mesh_value is None:
+    if "plan" in body.model_fields_set and mesh_value is None:  # as the schema's dependentRequired says
         raise InputError("checking a plan needs the mesh it is for", "/mesh")
     mesh = parse_mesh(mesh_value, settings.max_devices) if mesh_value is not None else None
     graph = parse_graph(body.graph, mesh, settings)
