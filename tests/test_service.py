@@ -137,6 +137,8 @@ def test_graph_problems_are_the_cli_problems_under_graph(http):
     ({"graph": MLP, "mesh": "dp=2,tp"}, "/mesh", "NAME=SIZE"),
     ({"graph": MLP, "mesh": "dp=65536,tp=65536"}, "/mesh", "over the limit of 1048576"),
     ({"graph": MLP, "mesh": "dp=2", "options": {"seed": 2 ** 64}}, "/options/seed", ""),
+    ({"graph": MLP | {"tensors": MLP["tensors"] | {"x": {"shape": [10 ** 30, 16], "dtype": "f32", "role": "input"}}},
+      "mesh": "dp=2"}, "/graph/tensors/x/shape", "over the limit of 2**50"),
     ({"graph": MLP, "mesh": {"axes": [{"name": "dp", "size": 0}]}}, "/mesh/axes/0/size", "greater than or equal to 1"),
     ({"graph": MLP, "mesh": "dp=2", "topology": "/etc/passwd"}, "/topology", "unknown topology"),
     ({"graph": MLP, "mesh": "dp=2", "topology": {"name": "mine"}}, "/topology/kind", ""),
