@@ -1,6 +1,6 @@
 """`autoshard serve [--host 127.0.0.1] [--port 8000] [--workers N] [--db PATH]`: run the plan service.
 
-Unset flags fall back to the `AUTOSHARD_*` environment variables (see `service/README.md`).
+Unset flags fall back to the `AUTOSHARD_*` environment variables (`service/config.py` lists them with their defaults).
 `--workers` is the number of solves run at once (one process each); the HTTP server itself is
 one process, as the job runner and the plan store live in it.
 """
