@@ -10,6 +10,7 @@ import re
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -17,7 +18,11 @@ transformers = pytest.importorskip("transformers")
 
 from support.dtensor import CollectiveLog, planned_collectives, sharded_plan, simulated_ranks, traffic  # noqa: E402
 
+from torch.distributed.tensor import Shard  # noqa: E402
+
+from autoshard.errors import InputError  # noqa: E402
 from autoshard.frontends.torch import import_program, parallelize  # noqa: E402
+from autoshard.graph.evaluate import evaluate_graph  # noqa: E402
 
 README = (Path(__file__).parent.parent / "README.md").read_text()
 SMALL = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
@@ -47,6 +52,8 @@ ARCHITECTURES = {
 
 # a module inside a stack of layers: `model.layers.0.mlp`, `transformer.h.1.attn`, `encoder.layer.0`
 IN_LAYERS = re.compile(r"(^|\.)(layers|layer|h|blocks)\.\d+(\.|$)")
+# architecture -> its experts' weights, which the plan must shard (a replicated MoE proves little)
+EXPERT_WEIGHTS = {"Mixtral": re.compile(r"\.experts\.(gate_up_proj|down_proj)$")}
 
 
 def readme_table() -> dict[str, str]:
@@ -68,6 +75,8 @@ def test_architecture_runs_under_dtensor_as_planned(name):
     inside = sorted({n.target.split(".")[0] for n in imported.opaque if IN_LAYERS.search(n.module)})
     cell = readme_table()[name]
     assert cell == ("none" if not inside else ", ".join(f"`{op}`" for op in inside)), name
+    if name in EXPERT_WEIGHTS:
+        assert inside == [], f"the routed experts of {name} are planned, not opaque"
 
     result = sharded_plan(imported.document, "dp=2,tp=2", memory_s_per_byte=1e-9)
     expected = model(*args, **kwargs)[0]
@@ -79,6 +88,12 @@ def test_architecture_runs_under_dtensor_as_planned(name):
         full = first.full_tensor()._local_tensors[0]
     torch.testing.assert_close(full, expected, rtol=1e-4, atol=1e-5)
     assert program_on_mesh.mismatches == []
+    if name in EXPERT_WEIGHTS:
+        experts = [t for t in imported.parameters if EXPERT_WEIGHTS[name].search(t)]
+        assert len(experts) == 2 * 2  # two layers
+        for tensor in experts:
+            assert any(isinstance(p, Shard) for p in program_on_mesh.stored(tensor).placements), tensor
+        assert log.collectives
     issued, planned = traffic(log.collectives), traffic(planned_collectives(result))
     assert {k: n for k, (n, _) in issued.items()} == {k: n for k, (n, _) in planned.items()}
     assert {k: b for k, (_, b) in issued.items()} == pytest.approx({k: b for k, (_, b) in planned.items()}, rel=0.1)
@@ -86,3 +101,46 @@ def test_architecture_runs_under_dtensor_as_planned(name):
 
 def test_the_readme_table_lists_every_architecture_tried():
     assert sorted(readme_table()) == sorted(ARCHITECTURES)
+
+
+def moe_block():
+    """The MoE block of a Mixtral model's first layer (the model sets up its experts'
+    implementation and weights), exported alone on tokens [2, 16, 64]."""
+    torch.manual_seed(0)
+    model, _, _ = ARCHITECTURES["Mixtral"]()
+    block = model.model.layers[0].mlp.eval()
+    x = torch.randn(2, 16, 64, generator=torch.Generator().manual_seed(1))
+    return block, x, torch.export.export(block, (x,)).run_decompositions({})
+
+
+def test_routed_experts_import_as_a_dense_dispatch_equal_to_the_routed_one():
+    block, x, program = moe_block()
+    imported = import_program(program, strict=True)  # nothing opaque
+    kinds = {op.kind for op in imported.graph.ops}
+    assert {"top_k_values", "top_k_indices", "one_hot"} <= kinds
+    consumers = {t: [op for op in imported.graph.ops if t in op.inputs] for t in imported.parameters}
+    # the experts' weights reach dense contractions (through a transpose) with the expert loop in them
+    for name in ("experts.gate_up_proj", "experts.down_proj"):
+        (transpose,) = consumers[name]
+        (contraction,) = [op for op in imported.graph.ops if transpose.outputs[0] in op.inputs]
+        assert contraction.kind == "dot_general"
+    values = {name: program.state_dict[target].detach().numpy() for name, target in imported.parameters.items()}
+    values |= {imported.user_inputs[0]: x.numpy()}
+    (out,) = imported.outputs
+    computed = evaluate_graph(imported.graph, values)[out]
+    np.testing.assert_allclose(computed, block(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_routing_chain_of_another_form_stays_opaque():
+    """Counting slots into other bins than the experts is not the routed form: nothing is rewritten."""
+    _, _, program = moe_block()
+    (histc,) = [n for n in program.graph.nodes if n.op == "call_function" and "histc" in str(n.target)]
+    histc.args = (histc.args[0], histc.args[1], histc.args[2], histc.args[3] + 1)
+    with pytest.warns(UserWarning, match="kept opaque") as caught:
+        imported = import_program(program)
+    message = str(caught[0].message)
+    assert "grouped_mm_fallback" in message and "sort" in message and "histc" in message
+    assert "one_hot" not in {op.kind for op in imported.graph.ops}
+    assert "top_k_values" in {op.kind for op in imported.graph.ops}  # the router's topk is a row of its own
+    with pytest.raises(InputError, match="grouped_mm_fallback"):
+        import_program(program, strict=True)

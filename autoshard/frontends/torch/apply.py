@@ -112,7 +112,7 @@ def _forward_plan(plan: Any, imported: ImportedProgram, mesh: Mesh) -> Plan:
 
 
 TORCH_DTYPES = {ours: getattr(torch, name) for name, ours in DTYPES.items()}
-BLOCKWISE = ("reshape", "broadcast_in_dim", "dot_general", "matmul", "batch_matmul", "conv2d")
+BLOCKWISE = ("reshape", "broadcast_in_dim", "dot_general", "matmul", "batch_matmul", "conv2d", "one_hot")
 
 
 class ShardedProgram(torch.nn.Module):
@@ -229,8 +229,9 @@ class ShardedProgram(torch.nn.Module):
         contraction or a convolution (a split reduction leaves the partial sum the plan says;
         a convolution's windows are never split), attention while its queries stay whole (the
         causal mask needs global query positions). A broadcast goes by blocks too: DTensor keeps a broadcast
-        dim replicated where the plan may split it. The other ops go through DTensor, which
-        checks the plan.
+        dim replicated where the plan may split it. A one-hot goes by blocks too (DTensor has
+        no rule for it; its class loop is never split, so a block's ids give the block's rows).
+        The other ops go through DTensor, which checks the plan.
         """
         if op.kind in BLOCKWISE:
             return True
