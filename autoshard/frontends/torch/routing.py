@@ -179,8 +179,8 @@ def _match(anchor: Any, order: dict[str, int]) -> RoutedExperts:
     if _shape(expert_ids) != (t, k) or _is_float(expert_ids):
         raise NoMatch
     # both grouped matmuls run on the same offsets, cumsum(histc(sorted ids, E, 0, E - 1))
-    first = _grouped_input(second)
-    covered.append(first)
+    first, activation = _activation(second)
+    covered += [first, *activation]
     up, down = _grouped_weight(first), _grouped_weight(second)
     experts = _shape(up)[0]
     if _offsets(first) is not _offsets(second) or _shape(down)[0] != experts or _shape(up)[1] != h or _shape(down)[2] != h:
@@ -209,49 +209,36 @@ def _match(anchor: Any, order: dict[str, int]) -> RoutedExperts:
     take(slot_token, "floor_divide.default")
     if slot_token.args != (perm, k) or _shape(tokens) != (t, h):
         raise NoMatch
-    activation = _activation(first, second)
-    covered += activation
     _check_closed(covered, anchor)
     by_order = lambda nodes: tuple(sorted(dict.fromkeys(nodes), key=lambda n: order[n.name]))  # noqa: E731
     return RoutedExperts(anchor, by_order(covered), tokens, expert_ids, weights, up, down, first, second,
                          by_order(activation))
 
 
-def _grouped_input(second: Any) -> Any:
-    """The first grouped matmul: the one the second's input is computed from."""
-    seen, stack = set(), [second.args[0]]
-    while stack:
-        node = stack.pop()
-        if node.name in seen:
-            continue
-        seen.add(node.name)
-        if _key(node) in GROUPED_MM:
-            return node
-        if _key(node) not in ACTIVATION:
-            raise NoMatch
-        stack += list(node.all_input_nodes)
-    raise NoMatch
-
-
-def _activation(first: Any, second: Any) -> list[Any]:
-    """The nodes from the first grouped matmul's value to the second's input: elementwise over
-    the slots (every tensor they make is [S, F]), reading nothing else (numbers aside)."""
-    slots = _shape(first)[0]
-    chain, stack = [], [second.args[0]]
+def _activation(second: Any) -> tuple[Any, list[Any]]:
+    """The first grouped matmul, and the nodes from its value to the second's input: elementwise
+    over the slots (every tensor they make is [S, F]), reading nothing else (numbers aside)."""
+    first, chain, stack = None, [], [second.args[0]]
     while stack:
         node = stack.pop()
         if node is first or node in chain:
             continue
         key = _key(node)
+        if key in GROUPED_MM and first is None:
+            first = node
+            continue
         if key not in ACTIVATION:
             raise NoMatch
         if key in ("split.Tensor", "split_with_sizes.default") and arg(node, 2, "dim", 0) >= 0:
             raise NoMatch  # counted from the end, the split dim is the same in the dense values
-        if isinstance(node.meta.get("val"), torch.Tensor) and (len(_shape(node)) != 2 or _shape(node)[0] != slots):
-            raise NoMatch
         chain.append(node)
         stack += list(node.all_input_nodes)
-    return chain
+    if first is None:
+        raise NoMatch
+    slots = _shape(first)[0]
+    if any(isinstance(n.meta.get("val"), torch.Tensor) and (len(_shape(n)) != 2 or _shape(n)[0] != slots) for n in chain):
+        raise NoMatch
+    return first, chain
 
 
 def _grouped_weight(node: Any) -> Any:
