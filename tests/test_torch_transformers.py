@@ -23,6 +23,7 @@ from torch.distributed.tensor import Shard  # noqa: E402
 from autoshard.errors import InputError  # noqa: E402
 from autoshard.frontends.torch import import_program, parallelize  # noqa: E402
 from autoshard.graph.evaluate import evaluate_graph  # noqa: E402
+from autoshard.sim.program import verify_plan  # noqa: E402
 
 README = (Path(__file__).parent.parent / "README.md").read_text()
 SMALL = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
@@ -129,6 +130,11 @@ def test_routed_experts_import_as_a_dense_dispatch_equal_to_the_routed_one():
     (out,) = imported.outputs
     computed = evaluate_graph(imported.graph, values)[out]
     np.testing.assert_allclose(computed, block(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+    # planned with the experts split over the mesh, every device's share computes the same (the simulator)
+    result = sharded_plan(imported.document, "dp=2,tp=2", memory_s_per_byte=1e-9)
+    for name in ("experts.gate_up_proj", "experts.down_proj"):
+        assert result.plan.storage[name].used_axes(), name
+    assert verify_plan(result.plan).passed
 
 
 def test_a_routing_chain_of_another_form_stays_opaque():
@@ -144,3 +150,37 @@ def test_a_routing_chain_of_another_form_stays_opaque():
     assert "top_k_values" in {op.kind for op in imported.graph.ops}  # the router's topk is a row of its own
     with pytest.raises(InputError, match="grouped_mm_fallback"):
         import_program(program, strict=True)
+
+
+def test_a_training_step_through_the_routed_experts_gives_the_unsharded_gradients():
+    """Autograd runs back through the dense dispatch as planned: the router's and the experts'
+    gradients are the routed block's."""
+    block, x, program = moe_block()
+    result = sharded_plan(import_program(program).document, "dp=2,tp=2", memory_s_per_byte=1e-9)
+    labels = torch.randn(x.shape, generator=torch.Generator().manual_seed(2))
+    block.zero_grad()
+    loss = (block(x) * labels).sum()
+    loss.backward()
+    with simulated_ranks("dp=2,tp=2") as mesh:
+        program_on_mesh = parallelize(program, result, mesh)
+        out = program_on_mesh(x)
+        sharded_loss = (out * torch.distributed.tensor.distribute_tensor(labels, mesh, out.placements, src_data_rank=None)).sum()
+        sharded_loss.backward()
+        got_loss = sharded_loss.full_tensor()._local_tensors[0]
+        grads = {n: p.grad.full_tensor()._local_tensors[0] for n, p in program_on_mesh.named_parameters()}
+    torch.testing.assert_close(got_loss, loss.detach(), rtol=1e-5, atol=1e-5)
+    assert sorted(grads) == ["experts.down_proj", "experts.gate_up_proj", "gate.weight"]
+    for name, parameter in block.named_parameters():
+        torch.testing.assert_close(grads[name], parameter.grad, rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_the_imported_training_step_differentiates_the_router_through_top_k():
+    """autoshard's own backward: the router's gradient goes through the top-k values (the picked
+    indices, integers, carry none), and the sharded training plan computes what the whole one does."""
+    _, _, program = moe_block()
+    training = import_program(program, training=True)
+    grads_of = {op.attrs.get("of") for op in training.graph.ops if op.kind == "grad"}
+    assert "top_k_values" in grads_of
+    assert {"gate.weight.new", "experts.gate_up_proj.new", "experts.down_proj.new"} <= set(training.graph.outputs)
+    result = sharded_plan(training.document, "dp=2,tp=2", memory_s_per_byte=1e-9)
+    assert verify_plan(result.plan).passed
