@@ -6,6 +6,9 @@ names its helpers `<node>.<role>` and its value `<node>`). Each op keeps the mod
 called in. The names only depend on the module and the example inputs, so a program exported
 again imports to the same graph.
 
+The routed experts of a mixture-of-experts layer (tokens sorted by expert, a grouped matmul) are
+a chain no single row lowers; `routing` finds it and writes its dense dispatch in its place.
+
 Nodes no row lowers (mask and position bookkeeping, anything new) stay opaque: their values
 enter the graph as inputs of their true shapes, pinned replicated, and are computed by PyTorch
 itself when a plan runs; the values they read are pinned replicated too. A warning names them;
