@@ -50,6 +50,9 @@ ARCHITECTURES = {
                                                                                        moe_intermediate_size=32,
                                                                                        shared_expert_intermediate_size=64)),
                           TOKENS, {"use_cache": False}),
+    "OLMoE": lambda: (transformers.OlmoeForCausalLM(transformers.OlmoeConfig(**SMALL, num_key_value_heads=2, num_experts=4,
+                                                                             num_experts_per_tok=2)),
+                      TOKENS, {"use_cache": False}),
     "BERT": lambda: (transformers.BertModel(transformers.BertConfig(**SMALL, max_position_embeddings=32)), TOKENS, {}),
     "ViT": lambda: (transformers.ViTModel(transformers.ViTConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                                                  num_attention_heads=4, image_size=32, patch_size=8)),
@@ -59,7 +62,7 @@ ARCHITECTURES = {
 # a module inside a stack of layers: `model.layers.0.mlp`, `transformer.h.1.attn`, `encoder.layer.0`
 IN_LAYERS = re.compile(r"(^|\.)(layers|layer|h|blocks)\.\d+(\.|$)")
 # architecture -> its experts' weights, which the plan must shard (a replicated MoE proves little)
-EXPERT_WEIGHTS = {name: re.compile(r"\.experts\.(gate_up_proj|down_proj)$") for name in ("Mixtral", "Qwen2-MoE")}
+EXPERT_WEIGHTS = {name: re.compile(r"\.experts\.(gate_up_proj|down_proj)$") for name in ("Mixtral", "OLMoE", "Qwen2-MoE")}
 
 
 def readme_table() -> dict[str, str]:
