@@ -166,7 +166,7 @@ def _match(anchor: Any, order: dict[str, int]) -> RoutedExperts:
     flat_w, (perm_w,) = picked.args
     take(flat_w, *RESHAPES)
     weights = flat_w.args[0]
-    if perm_w is not perm or _shape(weights) != (t, k) or not _is_float(weights):
+    if perm_w is not perm or _shape(flat_w) != (t * k,) or _shape(weights) != (t, k) or not _is_float(weights):
         raise NoMatch
     # perm: the slots sorted by expert, ascending
     sort = take(perm, "getitem").args[0]
@@ -176,7 +176,7 @@ def _match(anchor: Any, order: dict[str, int]) -> RoutedExperts:
         raise NoMatch
     flat_ids = take(sort.args[0], *RESHAPES)
     expert_ids = flat_ids.args[0]
-    if _shape(expert_ids) != (t, k) or _is_float(expert_ids):
+    if _shape(flat_ids) != (t * k,) or _shape(expert_ids) != (t, k) or _is_float(expert_ids):
         raise NoMatch
     # both grouped matmuls run on the same offsets, cumsum(histc(sorted ids, E, 0, E - 1))
     first, activation = _activation(second)
