@@ -121,6 +121,7 @@ def test_every_op_is_a_real_mlir_op_with_a_comment_naming_its_graph_op():
                 "attention": ["linalg.softmax dimension(3)", "arith.cmpi ule"],
                 "conv": ["tensor.pad", "linalg.conv_2d_nhwc_hwcf", "strides = dense<[2, 2]>"],
                 "embedding": ["arith.index_cast", "linalg.index 3"],
+                "routing": ["arith.cmpf ogt", "arith.extui", "linalg.index 2"],
                 "structural": ["tensor.concat dim(1)", "tensor.extract_slice %c_sharded[0, 1] [4, 3] [1, 2]"],
                 "contractions": ["linalg.batch_matmul", '"reduction"']}
     for name, doc in ZOO.items():

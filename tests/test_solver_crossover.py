@@ -12,6 +12,7 @@ from autoshard.solver.crossover import cross
 from autoshard.solver.flat import FORBIDDEN, flatten
 from autoshard.solver.problem import FORBIDDEN_COST, Problem
 from autoshard.solver.search import Search, forbidden_nodes
+from autoshard.solver.solve import solve
 
 BAN = FORBIDDEN_COST
 
@@ -92,3 +93,14 @@ def test_repair_removes_forbidden_pairs_that_tree_moves_cannot_turn():
     repaired = Search(fp, np.zeros(6, dtype=np.int64), seed=0).repair(x, ball_size=6, time_limit_s=5.0)
     assert len(forbidden_nodes(fp, repaired)) == 0
     assert repaired.tolist() == [0] * 6  # the cheaper way to agree
+
+
+def test_the_stats_say_when_the_first_feasible_plan_was_found():
+    # Smallest usage picks strategy 0 everywhere, which breaks the forbidden pair (2, 3): the first
+    # plan that fits and chooses nothing forbidden comes later, and the stats say when.
+    must_differ = [[BAN, 0], [0, BAN]]
+    problem = chain([[0, 1]] * 4, [AGREE, AGREE, must_differ], usages=[[0, 1]] * 4, limit=4)
+    result = solve(problem, time_limit_s=5.0, deterministic=True)
+    assert result.feasible and result.cost < FORBIDDEN_COST
+    first = result.stats["heuristic"]["first_feasible_s"]
+    assert 0.0 < first <= result.stats["wall_s"]

@@ -28,6 +28,7 @@ from autoshard.graph.model import Op
 from autoshard.mlir.linalg import Operand, Spec, empty, generic, ins_outs, linalg_index, reduction_init
 from autoshard.mlir.lower_grad import lower_grad
 from autoshard.mlir.lower_window import lower_conv, lower_pool, pad_cells
+from autoshard.mlir.lower_selection import one_hot, top_k
 from autoshard.mlir.scalar import combine, constant, convert, payload
 from autoshard.mlir.text import Body, elem_type, int_list
 from autoshard.ops.loops import PARALLEL, REDUCTION
@@ -456,6 +457,9 @@ LOWERINGS: dict[str, Lowering] = {
     "compare": _compare,
     "select": _select,
     "opaque": _opaque,
+    "one_hot": one_hot,
+    "top_k_values": top_k,
+    "top_k_indices": top_k,
     "grad": lower_grad,
 }
 

@@ -14,6 +14,7 @@ from autoshard.affine import AffineMap
 from autoshard.errors import InputError
 from autoshard.mlir.lower_window import conv_filter_grad, pool_grad
 from autoshard.mlir.linalg import Operand, Spec, empty, generic, ins_outs, linalg_index, reduction_init
+from autoshard.mlir.lower_selection import top_k_values_grad
 from autoshard.mlir.scalar import combine, constant, payload
 from autoshard.mlir.text import Body, elem_type
 from autoshard.ops.loops import REDUCTION
@@ -253,6 +254,7 @@ GRAD_LOWERINGS: dict[str, Callable[[Body, "LoweringContext", str, int], list[Ope
     "embedding": _embedding_grad,
     **{f"conv{rank}d": conv_filter_grad for rank in (1, 2, 3)},
     "max_pool2d": pool_grad, "avg_pool2d": pool_grad,
+    "top_k_values": top_k_values_grad,
 }
 
 

@@ -40,6 +40,7 @@ from autoshard.solver.schedule import SCHEDULE, Schedule
 from autoshard.solver.search import BALL_STRATEGIES, Search
 
 Progress = Callable[[str, float, float, float], None]  # (phase, cost, bound, elapsed_s)
+Incumbent = Callable[[np.ndarray], None]  # a better solution that fits, in the caller's strategy indices
 # Edge costs above this count as this much when drawing an expensive edge (forbidden pairs would
 # take every draw).
 EXPENSIVE_EDGE_CAP = 1e15
@@ -93,11 +94,14 @@ def compile_kernels() -> None:
 
 def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: np.ndarray | None = None,
                   progress: Progress | None = None, deterministic: bool = False,
-                  gap_limit: float = 0.0, workers: int = 1, schedule: Schedule = SCHEDULE) -> HeuristicResult:
+                  gap_limit: float = 0.0, workers: int = 1, schedule: Schedule = SCHEDULE,
+                  incumbent: Incumbent | None = None) -> HeuristicResult:
     """The best solution the phases find in `time_limit_s` (in the schedule's fixed work when
-    `deterministic`), with the certified bound of the relaxation and CP-SAT."""
+    `deterministic`), with the certified bound of the relaxation and CP-SAT. `incumbent(x)` gets
+    the best fitting solution (kept-strategy indices) whenever a progress report finds a better one."""
     run = HeuristicRun(fp, time_limit_s=time_limit_s, seed=seed, hint=hint, progress=progress,
-                       deterministic=deterministic, gap_limit=gap_limit, workers=workers, schedule=schedule)
+                       deterministic=deterministic, gap_limit=gap_limit, workers=workers, schedule=schedule,
+                       incumbent=incumbent)
     run.relax()
     run.solve_on_binding_rows()
     run.relink_waiting()
@@ -115,7 +119,7 @@ class HeuristicRun:
 
     def __init__(self, fp: FlatProblem, *, time_limit_s: float, seed: int, hint: np.ndarray | None,
                  progress: Progress | None, deterministic: bool, gap_limit: float, workers: int,
-                 schedule: Schedule):
+                 schedule: Schedule, incumbent: Incumbent | None = None):
         self.fp = fp
         self.schedule = schedule
         self.start = time.monotonic()
@@ -123,6 +127,8 @@ class HeuristicRun:
         self.deadline = self.start + time_limit_s
         self.seed = seed
         self.progress = progress
+        self.incumbent = incumbent
+        self.offered = math.inf  # objective of the last solution handed to `incumbent`
         self.deterministic = deterministic
         self.gap_limit = gap_limit
         self.workers = workers
@@ -148,11 +154,15 @@ class HeuristicRun:
     def report(self, phase: str) -> None:
         """Progress with the best plan that fits in memory and chooses nothing forbidden (inf while
         none does: the search starts from the smallest-memory choices, which may not be one), and
-        the time the first such plan was found (`first_feasible_s` in the stats)."""
+        the time the first such plan was found (`first_feasible_s` in the stats); a better such
+        plan goes to `incumbent`."""
         feasible = self.note_feasible()
         if self.progress is not None:
             self.progress(phase, self.search.best_obj if feasible else math.inf, self.bound,
                           time.monotonic() - self.start)
+        if self.incumbent is not None and feasible and self.search.best_obj < self.offered:
+            self.offered = self.search.best_obj
+            self.incumbent(self.search.best_x.copy())
 
     def note_feasible(self) -> bool:
         """Whether the best plan fits and chooses nothing forbidden; the first time it does, when."""
