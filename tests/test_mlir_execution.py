@@ -40,7 +40,7 @@ def test_the_module_computes_what_the_graph_means(name):
     inputs = random_inputs(graph, seed=1)
     # Adam's constants and second moments as in training (random ones near zero would make
     # m / sqrt(v) amplify rounding without bound)
-    inputs.update({name: np.float32(value) for name, value in ADAM.items() if name in inputs})
+    inputs.update({key: np.float32(value) for key, value in ADAM.items() if key in inputs})
     for state in (n for n in inputs if n.startswith("adam.") and n.endswith(".v")):
         inputs[state] = np.abs(inputs[state]) + 0.5
     names, _, _ = signature(module, graph.name)
