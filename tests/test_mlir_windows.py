@@ -4,8 +4,10 @@ update_halo) run exactly in the simulator."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from autoshard.graph.evaluate import evaluate_graph, random_inputs
 from autoshard.graph.schema import graph_from_json
 from autoshard.mesh import Mesh
 from autoshard.mlir import emit_annotated, emit_partitioned
@@ -17,6 +19,7 @@ from autoshard.sharding import Sharding
 from autoshard.sim.program import verify_plan
 from autoshard.spmd.program import partition
 from support.graphs import graph_doc
+from support.mlir_run import libraries, run_module, signature
 
 F = "f32"
 MESH = Mesh.of(x=2)
@@ -85,3 +88,29 @@ def test_plans_splitting_windows_in_space_simulate_exactly_and_verify(doc):
     assert texts["shard"][1].count("shard.update_halo") == len(halos)
     verify_all(texts["shard"], "shard")
     verify_all(texts["mesh"], "mesh")
+
+
+@pytest.mark.skipif(libraries() is None, reason="mlir-runner-22 and its libraries are not installed")
+@pytest.mark.parametrize("doc", [WINDOWS, unet(UNetConfig(levels=1, batch=1, height=4, width=4, base=2, dtype=F),
+                                               training=True)], ids=["conv1d-conv3d-pools", "unet-training"])
+def test_the_window_modules_compute_what_the_graph_means(doc):
+    """Executed by mlir-runner-22 on one device: padding, the lowest value at max pooling's edges,
+    the filter and pooling gradients."""
+    one = Mesh.of(x=1)
+    graph = graph_from_json(doc, one)
+    plan = Plan(graph, one, {op.name: enumerate_options(op.nest, one)[0] for op in graph.ops},
+                {t.name: Sharding() for t in graph.tensors.values() if t.role != "intermediate"})
+    module = emit_partitioned(partition(plan), "shard")
+    inputs = random_inputs(graph, seed=1)
+    for name in inputs:
+        if name.startswith("adam."):  # Adam's scalars and second moments as in training
+            inputs[name] = np.abs(inputs[name]) * 1e-2 + (0.5 if name.endswith(".v") else 0.0)
+    inputs = {n: v.astype(np.float32) if v.dtype == np.float64 else v for n, v in inputs.items()}
+    if "img" in inputs:
+        inputs["img"] = -np.abs(inputs["img"]) - 0.5  # every window's maximum is negative: zero padding would win
+    names, _, _ = signature(module, graph.name)
+    results = run_module(module, graph.name, [inputs[n] for n in names])
+    expected = evaluate_graph(graph, inputs)
+    for output, got in zip(graph.outputs, results):
+        want = expected[output].astype(np.float32)
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * float(np.abs(want).max(initial=1.0)), err_msg=output)
