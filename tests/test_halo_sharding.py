@@ -13,6 +13,7 @@ from autoshard.mlir.dialect import DIALECTS
 from autoshard.mlir.module import sharding_attrs
 from autoshard.mlir.toolchain import verify
 from autoshard.sharding import Sharding
+from autoshard.spmd.program import canonical
 
 MESH4 = Mesh.of(x=4)
 
@@ -124,3 +125,9 @@ def test_annotations_with_halos_pass_the_tools_in_both_spellings(spelling):
             f"  %a = {d.shard_op} %x to %s : tensor<4x8xf32>\n"
             "  return %a : tensor<4x8xf32>\n}\n")
     assert "split_axes = [[0]] halo_sizes = [1, 2]" in verify(text, spelling)
+
+
+def test_the_canonical_spelling_of_a_partial_haloed_sharding_keeps_its_halos():
+    mesh = Mesh.of(x=2, y=2)
+    spelled = Sharding((("x",),), ("y",), "sum", (), ((1, 1),))
+    assert canonical(mesh, spelled).halo_sizes == ((1, 1),)

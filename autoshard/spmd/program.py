@@ -59,7 +59,7 @@ def canonical(mesh: Mesh, sharding: Sharding) -> Sharding:
     if not sharding.partial_axes:
         return sharding.without_partial()
     partial = tuple(sorted(sharding.partial_axes, key=mesh.axis_index))
-    return Sharding(sharding.split_axes, partial, sharding.partial_kind, sharding.dims_offsets)
+    return Sharding(sharding.split_axes, partial, sharding.partial_kind, sharding.dims_offsets, sharding.halo_sizes)
 
 
 @dataclass(frozen=True, slots=True)
