@@ -104,3 +104,11 @@ def test_the_stats_say_when_the_first_feasible_plan_was_found():
     assert result.feasible and result.cost < FORBIDDEN_COST
     first = result.stats["heuristic"]["first_feasible_s"]
     assert 0.0 < first <= result.stats["wall_s"]
+
+
+def test_an_answer_that_chooses_a_forbidden_pair_is_not_a_plan():
+    # Every assignment breaks the pair (0, 1): memory fits, yet there is no plan.
+    problem = chain([[0, 1], [0, 1]], [[[BAN, BAN], [BAN, BAN]]], usages=[[0, 0], [0, 0]], limit=1)
+    result = solve(problem, time_limit_s=2.0, deterministic=True)
+    assert not result.feasible
+    assert result.status in ("infeasible", "unknown")

@@ -26,8 +26,9 @@ from autoshard.solver.problem import Problem, certified_lower, check_solution, s
 class Result:
     """A solver's answer. `solution` holds one original strategy index per node; `cost` is its
     exact contest cost; `lower_bound` is certified (no solution costs less); `gap` is
-    (cost - lower_bound) / cost. `status`: "optimal", "feasible", "infeasible" (proved: nothing
-    fits in memory) or "unknown" (nothing found that fits; `solution` is the least-usage choice)."""
+    (cost - lower_bound) / cost. `feasible`: the solution fits in memory and chooses no forbidden
+    strategy or pair. `status`: "optimal", "feasible", "infeasible" (proved: no such solution
+    exists) or "unknown" (none found; `solution` is the answer that breaks the least)."""
 
     solution: tuple[int, ...]
     cost: int
@@ -94,11 +95,13 @@ def solve(problem: Problem, *, time_limit_s: float, workers: int = 1, seed: int 
 def _result(problem: Problem, fp: FlatProblem, candidates: list[np.ndarray], bound: float, optimal: bool,
             infeasible: bool, stats: dict, start: float) -> Result:
     scored = [(score(problem, fp.to_original(c)), fp.to_original(c)) for c in candidates]
-    fitting = [(s, x) for s, x in scored if s.feasible]
+    # A plan fits in memory and chooses nothing forbidden (the contest's score only adds a
+    # forbidden choice's cost); failing that, the answer breaking the least.
+    fitting = [(s, x) for s, x in scored if s.feasible and s.forbidden == 0]
     if fitting:
-        best_score, best = min(fitting, key=lambda item: (item[0].forbidden > 0, item[0].cost))
+        best_score, best = min(fitting, key=lambda item: item[0].cost)
     else:
-        best_score, best = scored[0]
+        best_score, best = min(scored, key=lambda item: (not item[0].feasible, item[0].forbidden, item[0].cost))
     cost = best_score.cost
     integral = certified_lower(bound) if math.isfinite(bound) else 0
     lower = min(integral, cost) if fitting else integral
