@@ -4,7 +4,7 @@ lines of `corpus_bench.py -o` runs (long runs of an earlier solver, never the ru
 Per instance it keeps the cheapest feasible cost with the commit and command of the run that
 found it, the best certified lower bound of all runs, and every run's cost and status.
 
-    python benchmarks/corpus_reference.py runs_a.jsonl [runs_b.jsonl ...] [-o benchmarks/corpus_reference.json]
+    python benchmarks/corpus_reference.py runs_a.jsonl [runs_b.jsonl ...] [-o benchmarks/corpus_reference.json] [--note TEXT]
 """
 
 from __future__ import annotations
@@ -44,12 +44,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", type=Path, nargs="+", help="JSON lines written by corpus_bench.py -o")
     parser.add_argument("-o", "--output", type=Path, default=REFERENCE)
+    parser.add_argument("--note", default="", help="how the runs were made (checkout, machine), kept in the file")
     args = parser.parse_args(argv)
     rows = [json.loads(line) for path in args.runs for line in path.read_text().splitlines() if line.strip()]
     document = {
         "about": "Best known cost per instance of the solver test bed: the cheapest feasible answer of the runs "
                  "below (long runs of the solver before the changes it judges; CP-SAT, method 'cp-sat', for "
                  "the instances small enough for the exact model, status 'optimal' where it proved it).",
+        "runs_made": args.note,
         "instances": reference(rows),
     }
     args.output.write_text(json.dumps(document, indent=1) + "\n")
