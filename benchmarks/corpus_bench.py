@@ -50,7 +50,8 @@ def run_one(spec: dict, path: Path, scale: float, workers: int, seed: int) -> di
     assert check.cost == result.cost and check.feasible == result.feasible
     feasible = result.feasible and check.forbidden == 0
     return {"name": spec["name"], "nodes": problem.num_nodes, "time_limit_s": limit_s, "workers": workers,
-            "seed": seed, "cost": result.cost, "feasible": feasible, "lower_bound": result.lower_bound,
+            "seed": seed, "cost": result.cost, "feasible": feasible, "forbidden": check.forbidden,
+            "over_memory": not check.feasible, "lower_bound": result.lower_bound,
             "gap": result.gap if feasible else None, "status": result.status,
             "method": result.stats.get("method"), "wall_s": round(wall_s, 3),
             "first_feasible_s": result.stats.get("heuristic", {}).get("first_feasible_s")}
@@ -60,11 +61,19 @@ def ratio(row: dict, best: int | None) -> float | None:
     return row["cost"] / best if row["feasible"] and best else None
 
 
+def failure(row: dict) -> str:
+    """Why an answer is not a plan: over the memory limit, or choosing forbidden strategies or pairs
+    (which the solver's status does not count against it)."""
+    reasons = (["over memory"] if row["over_memory"] else []) + (
+        [f"{row['forbidden']} forbidden"] if row["forbidden"] else [])
+    return "infeasible: " + ", ".join(reasons)
+
+
 def table_row(row: dict, best: int | None) -> str:
     first = row["first_feasible_s"]
     share = f"{first / row['time_limit_s']:.1%}" if first is not None else "-"
     found = ratio(row, best)
-    cells = [row["name"], row["nodes"], f"{row['time_limit_s']:g}", row["cost"] if row["feasible"] else "infeasible",
+    cells = [row["name"], row["nodes"], f"{row['time_limit_s']:g}", row["cost"] if row["feasible"] else failure(row),
              "-" if best is None else best, "-" if found is None else f"{found:.4f}",
              "-" if first is None else f"{first:.2f}", share, "-" if row["gap"] is None else f"{row['gap']:.2%}",
              row["status"]]
