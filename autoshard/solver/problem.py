@@ -315,12 +315,14 @@ def problem_to_json(problem: Problem) -> dict:
 
 
 def write_iopddl(problem: Problem, path: str | Path) -> None:
-    """Write `problem` in the contest's format; gzipped when `path` ends in `.gz`."""
+    """Write `problem` in the contest's format; gzipped when `path` ends in `.gz`. The same
+    problem always gives the same bytes (the gzip header carries no time stamp or file name), so
+    a generated instance can be checked against a recorded hash."""
     path = Path(path)
     text = json.dumps(problem_to_json(problem), separators=(",", ":"))
     if path.suffix == ".gz":
-        with gzip.open(path, "wt", encoding="utf-8") as handle:
-            handle.write(text)
+        with path.open("wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as handle:
+            handle.write(text.encode("utf-8"))
     else:
         path.write_text(text, encoding="utf-8")
 
