@@ -188,9 +188,11 @@ class HeuristicRun:
         rounds_without_better = 0
         round_no = 0
         memory_binds = False
-        while self._relaxing(round_no, memory_binds) and not self.proved_optimal():
+        rounds_without_gain = 0  # neither a better plan nor a bound closing the gap noticeably
+        while (self._relaxing(round_no, memory_binds) and not self.proved_optimal()
+               and (self.deterministic or rounds_without_gain < schedule.relax_patience)):
             round_no += 1
-            best_before = search.best_obj
+            best_before, bound_before = search.best_obj, self.bound
             x = relaxation.run(schedule.passes_stepping if stepping else schedule.passes)
             round_bound = relaxation.bound()
             self.bound = max(self.bound, round_bound)
@@ -210,6 +212,9 @@ class HeuristicRun:
             else:
                 relaxation.raise_on(slack, unit)
             rounds_without_better += 1
+            gap_closed = (self.bound - bound_before) / max(search.best_obj - self.bound, 1.0)
+            paid = search.best_obj < best_before or gap_closed > schedule.relax_gain
+            rounds_without_gain = 0 if paid or search.best_obj >= FORBIDDEN else rounds_without_gain + 1
             memory_binds = memory_binds or bool(relaxation.lam.any())
             self.report("relax")
 
@@ -226,9 +231,9 @@ class HeuristicRun:
         once memory binds: before, the clean-up's moves were these, on the same costs); one that is
         cheaper but does not fit is relinked with the best, or waits while relinking has had its share."""
         search, schedule = self.search, self.schedule
-        if np.all(slack <= 0):
-            x = search.repair(x, schedule.repair_ball, max(schedule.lns_min_s, schedule.repair_share * self.time_left()),
-                              deterministic_time=schedule.lns_work if self.deterministic else None)
+        x = search.repair(x, schedule.repair_ball, max(schedule.lns_min_s, schedule.repair_share * self.time_left()),
+                          deterministic_time=schedule.lns_work if self.deterministic else None,
+                          memory=bool(np.all(slack <= 0)))
         objective = self.fp.objective(x)
         self._cross_into_best(x)
         if np.all(slack <= 0):

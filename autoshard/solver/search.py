@@ -98,18 +98,19 @@ class Search:
                         break
         return np.array(sorted(frontier), dtype=np.int64)
 
-    def repair(self, x: np.ndarray, ball_size: int, time_limit_s: float,
-               deterministic_time: float | None = None) -> np.ndarray:
+    def repair(self, x: np.ndarray, ball_size: int, time_limit_s: float, deterministic_time: float | None = None,
+               memory: bool = True) -> np.ndarray:
         """x with the nodes around its forbidden choices re-solved by CP-SAT, where forbidden pairs
-        are hard constraints, every other node fixed; x itself when that finds nothing. A
-        relaxation's decode often breaks a few forbidden pairs in chains of nodes that must agree,
-        which tree moves cannot turn as one."""
+        are hard constraints, every other node fixed (and memory ignored unless `memory`); x itself
+        when that finds nothing. A relaxation's decode often breaks a few forbidden pairs in chains
+        of nodes that must agree, which tree moves cannot turn as one."""
         bad = forbidden_nodes(self.fp, x)
         if len(bad) == 0:
             return x
         budget = BALL_STRATEGIES // len(bad)
         nodes = np.unique(np.concatenate([self.ball(int(v), ball_size, max(budget, 1)) for v in bad] + [bad]))
-        result = solve_exact(restrict(self.fp, nodes, x), time_limit_s=time_limit_s, workers=1,
+        whole = self.fp if memory else only_rows(self.fp, np.zeros(self.fp.num_rows, dtype=bool))
+        result = solve_exact(restrict(whole, nodes, x), time_limit_s=time_limit_s, workers=1,
                              seed=int(self.rng.integers(1 << 31)), hint=x[nodes], deterministic_time=deterministic_time,
                              light_presolve=True)
         if result.x is None:
