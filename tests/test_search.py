@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -20,12 +21,13 @@ from autoshard.planning.formulation import formulate
 from autoshard.planning.make_plan import SolveSettings, make_plan
 from autoshard.planning.plan import plan_from_json
 from autoshard.search.bound import consumer_bound_ps, least_peak_bytes, objective_lower_bound_ps
-from autoshard.search.candidates import (Candidate, _placements, _signature, _dim_symmetries, enumerate_candidates,
+from autoshard.search.candidates import (Candidate, _dim_symmetries, _placements, _signature, enumerate_candidates,
                                          machines_for, ordered_factorizations)
 from autoshard.search.run import SearchOptions, search
 from autoshard.search.tasks import SearchInputs, bind_candidate
 from autoshard.sim.program import verify_plan
 from support.cli import MLP as BUDGET_MLP
+from support.service import MLP
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "mlp.json"
 SETTINGS = SolveSettings(time_limit_s=10, workers=1, deterministic=True)
@@ -251,3 +253,59 @@ def test_ray_gives_the_local_ranking_under_deterministic():
 
     assert ranking(on_ray) == ranking(local) and local.counts == on_ray.counts
     assert math.isfinite(local.certified_bound_ps) and local.best is not None
+
+
+def _poll(http, location: str, timeout_s: float = 120.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        body = http.get(location).json()
+        if body["status"] in ("done", "failed", "cancelled") or time.monotonic() > deadline:
+            return body
+        time.sleep(0.2)
+
+
+def test_the_service_searches_like_the_library(http):
+    request = {"graph": MLP, "devices": 8, "topology": "dgx-h100",
+               "options": {"deterministic": True, "time_limit_s": 10}}
+    response = http.post("/v1/searches", json=request)
+    assert response.status_code == 202 and response.json()["status"] in ("queued", "searching")
+    body = _poll(http, response.headers["Location"])
+    assert body["status"] == "done", body["error"]
+    ranking, plan = body["ranking"], body["plan"]
+    assert ranking["counts"]["candidates"] == 3 and ranking["counts"]["solved"] >= 1
+    assert plan["format"] == "autoshard.plan/v1" and plan["mesh"] == ranking["best"]["mesh"]
+    direct = search(MLP, SearchOptions(devices=8, topology="dgx-h100", jobs=1,
+                                       settings=SolveSettings(time_limit_s=10, workers=1, deterministic=True)))
+    assert ranking["best"]["objective_s"] * 1e12 == pytest.approx(direct.best.solved["objective_ps"])
+    assert body["progress"]["phase"] == "solve" and body["progress"]["done"] == body["progress"]["total"]
+    # a finished search cannot be cancelled
+    assert http.delete(response.headers["Location"]).status_code == 409
+    assert http.get("/v1/searches/nope").status_code == 404
+
+
+@pytest.mark.parametrize("change, where", [
+    ({"devices": 1}, "/devices"),
+    ({"devices": 12}, "/devices"),
+    ({"topology": "no-such"}, "/topology"),
+    ({"options": {"fix": {"tp": 3}}}, "/options/fix"),
+    ({"options": {"fix": {"tp": 1}}}, "/options/fix/tp"),
+    ({"options": {"max_axes": 5}}, "/options/max_axes"),
+    ({"options": {"time_limit_s": 1e6}}, "/options/time_limit_s"),
+    ({"options": {"time_budget_s": 1e6}}, "/options/time_budget_s"),
+    ({"graph": {"format": "autoshard.graph/v1", "tensors": {}, "ops": [{"name": "x"}]}}, "/graph/ops/0"),
+])
+def test_the_service_names_every_bad_field(http, change, where):
+    request = {"graph": MLP, "devices": 8, "topology": "dgx-h100"} | change
+    response = http.post("/v1/searches", json=request)
+    assert response.status_code == 422
+    problems = response.json()["error"]["problems"]
+    assert any(p["where"].startswith(where) for p in problems), problems
+
+
+def test_a_search_in_the_service_can_be_cancelled(http):
+    # 13 candidates on 64 GPUs: many seconds of work, of which the workers' start alone outlasts the cancel
+    response = http.post("/v1/searches", json={"graph": MLP, "devices": 64, "topology": "dgx-h100"})
+    assert response.status_code == 202
+    cancelled = http.delete(response.headers["Location"])
+    assert cancelled.status_code == 200
+    assert _poll(http, response.headers["Location"])["status"] == "cancelled"

@@ -28,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--topology", default="dgx-h100", help="profile name (see `autoshard topologies`) or a profile "
                                                                "JSON file; GPU nodes are devices / GPUs per node, TPU "
                                                                "candidates include every slice shape of the devices")
-    parser.add_argument("--max-axes", type=int, default=MAX_AXES, help="most mesh axes a candidate has (1-4, default 4)")
+    parser.add_argument("--max-axes", type=int, default=MAX_AXES,
+                        help="most mesh axes a candidate has (1-4, default 4)")
     parser.add_argument("--fix", default="", help="axes every candidate has, by name and size, e.g. tp=8 (the other "
                                                   "axes are named a0, a1, ... by mesh position)")
     parser.add_argument("--jobs", type=int, default=min(os.cpu_count() or 1, 4),
@@ -75,7 +76,8 @@ class SearchProgress:
         what = entry.outcome if phase == "solve" else "bounded"
         if entry.solved:
             what += f", step {entry.solved['step_s'] * 1e3:.4g} ms"
-        text = f"  {now:6.1f}s {'bounding' if phase == 'bound' else 'solving'} {done}/{total}: {entry.candidate.label} {what}"
+        doing = "bounding" if phase == "bound" else "solving"
+        text = f"  {now:6.1f}s {doing} {done}/{total}: {entry.candidate.label} {what}"
         if self.live:
             print("\r\033[K" + text[:160], end="", file=sys.stderr, flush=True)
             if phase == "solve" and done == total:

@@ -102,7 +102,8 @@ def machines_for(topology: str, devices: int) -> list[Machine]:
             found.setdefault((machine.nodes, *sorted(machine.slice_shape)), machine)
         return list(found.values())
     except cost_models.TopologyError as error:
-        raise InputError([Problem("topology" if f == "topology" else "devices", m) for f, m in error.problems]) from None
+        raise InputError([Problem("topology" if f == "topology" else "devices", m)
+                          for f, m in error.problems]) from None
 
 
 def ordered_factorizations(n: int, parts: int) -> list[tuple[int, ...]]:
@@ -164,7 +165,8 @@ def _placements(machine: Machine, names: tuple[str, ...], sizes: tuple[int, ...]
     dims = [d.name for d in machine.dims]
     subsets = [tuple(dims[i] for i in range(len(dims)) if mask >> i & 1) for mask in range(1, 2 ** len(dims))]
     for choice in itertools.product(subsets, repeat=len(names)):
-        if math.prod(math.prod(machine.dims[dims.index(d)].size for d in chosen) for chosen in choice) < math.prod(sizes):
+        held = math.prod(math.prod(machine.dims[dims.index(d)].size for d in chosen) for chosen in choice)
+        if held < math.prod(sizes):
             continue  # the dims taken cannot hold the axes
         mapping = dict(zip(names, choice))
         try:
@@ -184,7 +186,8 @@ def _dim_symmetries(machine: Machine) -> list[tuple[int, ...]]:
                    for i in range(len(dims)))]
 
 
-def _signature(machine: Machine, segments: Segments, names: tuple[str, ...], symmetries: list[tuple[int, ...]]) -> tuple:
+def _signature(machine: Machine, segments: Segments, names: tuple[str, ...],
+               symmetries: list[tuple[int, ...]]) -> tuple:
     """The placement up to renaming axes and the machine's symmetries: what every collective's price depends on."""
     shape = tuple((d.size, d.link, d.wraps) for d in machine.dims)
     # Only torus links slow down with the stride (a strided ring takes several hops per step); a

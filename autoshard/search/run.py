@@ -47,9 +47,11 @@ class SearchOptions:
         if not isinstance(self.jobs, int) or self.jobs < 1:
             problems.append(Problem("jobs", f"must be a positive integer, got {self.jobs!r}"))
         if self.time_budget_s is not None and not (math.isfinite(self.time_budget_s) and self.time_budget_s > 0):
-            problems.append(Problem("time_budget_s", f"must be a positive number of seconds, got {self.time_budget_s!r}"))
+            problems.append(Problem("time_budget_s",
+                                    f"must be a positive number of seconds, got {self.time_budget_s!r}"))
         if self.ray is not None and not (isinstance(self.ray, str) and self.ray.strip()):
-            problems.append(Problem("ray", f"expected 'auto' or a cluster address like ray://host:10001, got {self.ray!r}"))
+            problems.append(Problem("ray", f"expected 'auto' or a cluster address like ray://host:10001, "
+                                           f"got {self.ray!r}"))
         if problems:
             raise InputError(problems)
 
@@ -164,7 +166,8 @@ def _solve_best_first(pool: Pool, entries: list[Entry], running: dict[Any, Entry
             decided += 1
             if incumbent is not None and entry.bound_ps >= incumbent.solved["objective_ps"]:
                 entry.outcome = "pruned"
-                entry.reason = (f"bound {entry.bound_ps / PICOSECONDS:.6g} s >= the {incumbent.solved['objective_ps'] / PICOSECONDS:.6g} s "
+                best_s = incumbent.solved["objective_ps"] / PICOSECONDS
+                entry.reason = (f"bound {entry.bound_ps / PICOSECONDS:.6g} s >= the {best_s:.6g} s "
                                 f"plan of {incumbent.candidate.label}")
                 finished += 1
                 if progress:

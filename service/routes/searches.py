@@ -106,7 +106,8 @@ def checked_options(body: SearchRequest, request: Request) -> SearchOptions:
     weights = options.weights
     settings_ = SolveSettings(time_limit_s=time_limit_s, gap_limit=options.gap_limit, workers=1, seed=options.seed,
                               memory_budget_bytes=options.memory_budget_bytes,
-                              weights=ObjectiveWeights(weights.time, weights.comm_s_per_byte, weights.memory_s_per_byte),
+                              weights=ObjectiveWeights(weights.time, weights.comm_s_per_byte,
+                                                       weights.memory_s_per_byte),
                               deterministic=options.deterministic)
     try:
         searched = SearchOptions(devices=body.devices, topology=body.topology, settings=settings_,
