@@ -21,8 +21,15 @@ from autoshard.planning.formulation import formulate
 from autoshard.planning.make_plan import SolveSettings, make_plan
 from autoshard.planning.plan import plan_from_json
 from autoshard.search.bound import consumer_bound_ps, least_peak_bytes, objective_lower_bound_ps
-from autoshard.search.candidates import (Candidate, _dim_symmetries, _placements, _signature, enumerate_candidates,
-                                         machines_for, ordered_factorizations)
+from autoshard.search.candidates import (
+    Candidate,
+    dim_symmetries,
+    enumerate_candidates,
+    machines_for,
+    ordered_factorizations,
+    placement_signature,
+    placements_of,
+)
 from autoshard.search.run import SearchOptions, search
 from autoshard.search.tasks import SearchInputs, bind_candidate
 from autoshard.sim.program import verify_plan
@@ -94,13 +101,13 @@ def test_equivalent_placements_price_every_collective_alike(topology, devices):
     inputs = SearchInputs({}, topology, SETTINGS)
     classes: dict[tuple, list[list[float]]] = {}
     for machine in machines_for(topology, devices):
-        symmetries = _dim_symmetries(machine)
+        symmetries = dim_symmetries(machine)
         for sizes in [s for parts in (1, 2, 3) for s in ordered_factorizations(devices, parts)]:
             names = tuple(f"a{i}" for i in range(len(sizes)))
-            for segments, mapping in _placements(machine, names, sizes):
+            for segments, mapping in placements_of(machine, names, sizes):
                 candidate = Candidate(names, sizes, mapping, machine.nodes, machine.slice_shape or None)
                 prices = _collective_prices(bind_candidate(inputs, candidate), names)
-                classes.setdefault(_signature(machine, segments, names, symmetries), []).append(prices)
+                classes.setdefault(placement_signature(machine, segments, names, symmetries), []).append(prices)
     assert any(len(members) > 1 for members in classes.values())
     for members in classes.values():
         assert all(m == members[0] for m in members)

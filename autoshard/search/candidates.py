@@ -130,13 +130,13 @@ def enumerate_candidates(topology: str, devices: int, *, max_axes: int = MAX_AXE
     classes: dict[tuple, tuple[tuple, Candidate]] = {}
     placements = 0
     for machine in machines_for(topology, devices):
-        symmetries = _dim_symmetries(machine)
+        symmetries = dim_symmetries(machine)
         for parts in range(max(1, len(fixed)), max_axes + 1):
             for sizes in ordered_factorizations(devices, parts):
                 for names in _namings(sizes, fixed):
-                    for segments, mapping in _placements(machine, names, sizes):
+                    for segments, mapping in placements_of(machine, names, sizes):
                         placements += 1
-                        signature = _signature(machine, segments, names, symmetries)
+                        signature = placement_signature(machine, segments, names, symmetries)
                         candidate = Candidate(names, sizes, mapping, machine.nodes, machine.slice_shape or None)
                         preference = _preference(machine, names, sizes, segments)
                         if signature not in classes or preference < classes[signature][0]:
@@ -160,7 +160,7 @@ def _namings(sizes: tuple[int, ...], fixed: Mapping[str, int]) -> list[tuple[str
     return namings
 
 
-def _placements(machine: Machine, names: tuple[str, ...], sizes: tuple[int, ...]):
+def placements_of(machine: Machine, names: tuple[str, ...], sizes: tuple[int, ...]):
     """Every explicit mapping of the axes onto non-empty sets of physical dims that binds."""
     dims = [d.name for d in machine.dims]
     subsets = [tuple(dims[i] for i in range(len(dims)) if mask >> i & 1) for mask in range(1, 2 ** len(dims))]
@@ -178,7 +178,7 @@ def _placements(machine: Machine, names: tuple[str, ...], sizes: tuple[int, ...]
         yield segments, tuple(zip(names, choice))
 
 
-def _dim_symmetries(machine: Machine) -> list[tuple[int, ...]]:
+def dim_symmetries(machine: Machine) -> list[tuple[int, ...]]:
     """Permutations of the physical dims that map the machine onto itself (equal torus dims)."""
     dims = machine.dims
     return [p for p in itertools.permutations(range(len(dims)))
@@ -186,7 +186,7 @@ def _dim_symmetries(machine: Machine) -> list[tuple[int, ...]]:
                    for i in range(len(dims)))]
 
 
-def _signature(machine: Machine, segments: Segments, names: tuple[str, ...],
+def placement_signature(machine: Machine, segments: Segments, names: tuple[str, ...],
                symmetries: list[tuple[int, ...]]) -> tuple:
     """The placement up to renaming axes and the machine's symmetries: what every collective's price depends on."""
     shape = tuple((d.size, d.link, d.wraps) for d in machine.dims)
