@@ -316,3 +316,16 @@ def test_a_search_in_the_service_can_be_cancelled(http):
     cancelled = http.delete(response.headers["Location"])
     assert cancelled.status_code == 200
     assert _poll(http, response.headers["Location"])["status"] == "cancelled"
+
+
+def test_a_candidate_the_graphs_constraints_do_not_fit_is_infeasible_with_the_reason():
+    document = json.loads(EXAMPLE.read_text())
+    # the output pinned split over a fixed axis "tp": meshes without it cannot hold the pin
+    document["constraints"] = [{"tensor": "layer1.fc2", "split_axes": [["tp"], []], "required": True}]
+    result = search(document, SearchOptions(devices=8, topology="dgx-h100", settings=SETTINGS, jobs=1,
+                                            max_axes=2, fixed={"tp": 2}))
+    outcomes = {e.candidate.label: e.outcome for e in result.entries}
+    assert outcomes["a0=4,tp=2 [a0:gpu tp:gpu]"] == "solved"
+    unfit = search(document, SearchOptions(devices=8, topology="dgx-h100", settings=SETTINGS, jobs=1, max_axes=1))
+    assert unfit.best is None and [e.outcome for e in unfit.entries] == ["infeasible"]
+    assert "tp" in unfit.entries[0].reason

@@ -11,7 +11,7 @@ import multiprocessing
 from concurrent import futures
 from typing import Any, Protocol
 
-from autoshard.errors import InputError
+from autoshard.errors import AutoshardError, InputError
 from autoshard.search.tasks import SearchInputs, run_task
 
 _INPUTS: SearchInputs | None = None  # a local worker's copy of the search's shared inputs
@@ -61,7 +61,11 @@ class LocalPool:
         return [h for h in handles if h in done]
 
     def result(self, handle: futures.Future) -> dict[str, Any]:
-        return handle.result()
+        try:
+            return handle.result()
+        except futures.process.BrokenProcessPool:
+            raise AutoshardError("a worker process of the search died (out of memory, or killed); the search "
+                                 "stopped") from None
 
     def close(self, cancel: list[Any] | None = None) -> None:
         if cancel:

@@ -105,7 +105,7 @@ def search(graph_document: dict[str, Any], options: SearchOptions, *, progress: 
     for candidate in enumeration.candidates:
         hardware = bind_candidate(inputs, candidate)
         entries.append(Entry(candidate, {a: hardware.axis_link_class(a) for a in candidate.axis_names}))
-    load_graph(graph_document, entries[0].candidate.mesh)  # a bad graph is refused before any worker starts
+    load_graph(graph_document)  # a bad graph is refused before any worker starts (its constraints: per candidate)
     pool = open_pool(inputs, options.jobs, options.ray)
     running: dict[Any, Entry] = {}
     try:
@@ -138,9 +138,13 @@ def _bound_all(pool: Pool, entries: list[Entry], running: dict[Any, Entry], dead
             running[pool.submit("bound", entry.candidate, 0.0)] = entry
         for handle in _wait(pool, running, deadline, cancelled):
             entry = running.pop(handle)
-            entry.bound = pool.result(handle)
+            bound = pool.result(handle)
             finished += 1
-            if entry.bound["least_peak_bytes"] > entry.bound["memory_budget_bytes"]:
+            if "infeasible" in bound:
+                entry.outcome, entry.reason = "infeasible", bound["infeasible"]
+            else:
+                entry.bound = bound
+            if entry.bound and entry.bound["least_peak_bytes"] > entry.bound["memory_budget_bytes"]:
                 entry.outcome = "pruned"
                 entry.reason = (f"needs at least {entry.bound['least_peak_bytes']} bytes per device, over the memory "
                                 f"budget of {entry.bound['memory_budget_bytes']:.0f}")
@@ -175,6 +179,8 @@ def _solve_best_first(pool: Pool, entries: list[Entry], running: dict[Any, Entry
             elif remaining_s <= 0:
                 entry.outcome, entry.reason = "unsolved", "the search's time budget was spent"
                 finished += 1
+                if progress:
+                    progress("solve", finished, len(order), entry)
             else:
                 limit_s = min(options.settings.time_limit_s, remaining_s)
                 running[pool.submit("solve", entry.candidate, limit_s)] = entry

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from autoshard.errors import InfeasibleError
+from autoshard.errors import InfeasibleError, InputError
 from autoshard.graph.schema import load_graph
 from autoshard.planning.formulation import formulate
 from autoshard.planning.hardware import bind_hardware
@@ -41,10 +41,17 @@ def bound_candidate(inputs: SearchInputs, candidate: Candidate) -> dict[str, Any
     """The candidate's certified objective bound and least peak memory."""
     started = time.perf_counter()
     mesh = candidate.mesh
-    graph = load_graph(inputs.graph_document, mesh)
+    try:
+        graph = load_graph(inputs.graph_document, mesh)
+    except InputError as error:  # a constraint of the graph names an axis this mesh lacks, or does not fit it
+        return {"infeasible": f"the graph's constraints do not fit this mesh: {error}",
+                "bound_s": time.perf_counter() - started}
     hardware = bind_candidate(inputs, candidate)
-    formulation = formulate(graph, mesh, hardware, memory_budget_bytes=budget_bytes(inputs, hardware),
-                            weights=inputs.settings.weights, mesh_order=inputs.settings.mesh_order_splits)
+    try:
+        formulation = formulate(graph, mesh, hardware, memory_budget_bytes=budget_bytes(inputs, hardware),
+                                weights=inputs.settings.weights, mesh_order=inputs.settings.mesh_order_splits)
+    except InfeasibleError as error:  # a pin no option of this mesh produces
+        return {"infeasible": str(error), "bound_s": time.perf_counter() - started}
     return {"bound_ps": objective_lower_bound_ps(formulation.problem),
             "least_peak_bytes": least_peak_bytes(formulation.problem),
             "memory_budget_bytes": budget_bytes(inputs, hardware),
