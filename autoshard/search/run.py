@@ -154,7 +154,7 @@ def _bound_all(pool: Pool, entries: list[Entry], running: dict[Any, Entry], dead
 
 def _solve_best_first(pool: Pool, entries: list[Entry], running: dict[Any, Entry], options: SearchOptions,
                       deadline: float, cancelled: Callable[[], bool], progress: Progress | None) -> None:
-    order = sorted((e for e in entries if e.outcome == "waiting"), key=lambda e: (e.bound_ps, e.candidate.label))
+    order = sorted((e for e in entries if e.outcome == "waiting"), key=_bound_order)
     deterministic = options.settings.deterministic
     decided = 0  # candidates of `order` dispatched or pruned
     finished = 0
@@ -200,13 +200,22 @@ def _solve_best_first(pool: Pool, entries: list[Entry], running: dict[Any, Entry
 
 def _incumbent(entries: list[Entry]) -> Entry | None:
     solved = [e for e in entries if e.outcome == "solved"]
-    return min(solved, key=lambda e: (e.solved["objective_ps"], e.candidate.label)) if solved else None
+    return min(solved, key=_objective_order) if solved else None
+
+
+def _objective_order(entry: Entry) -> tuple:
+    """By objective; at equal objective the mesh with fewer axes (the simpler layout to run) first."""
+    return entry.solved["objective_ps"], len(entry.candidate.axis_sizes), entry.candidate.label
+
+
+def _bound_order(entry: Entry) -> tuple:
+    """Best bound first; at equal bounds fewer axes first, which also solve fastest (fewer options per op)."""
+    return entry.bound_ps, len(entry.candidate.axis_sizes), entry.candidate.label
 
 
 def _result(entries: list[Entry], placements: int, wall_s: float, where: str) -> SearchResult:
-    solved = sorted((e for e in entries if e.outcome == "solved"),
-                    key=lambda e: (e.solved["objective_ps"], e.candidate.label))
-    rest = sorted((e for e in entries if e.outcome != "solved"), key=lambda e: (e.bound_ps, e.candidate.label))
+    solved = sorted((e for e in entries if e.outcome == "solved"), key=_objective_order)
+    rest = sorted((e for e in entries if e.outcome != "solved"), key=_bound_order)
     # every candidate's plans cost at least: its solver's bound if solved, its own bound if pruned;
     # infeasible ones have none, an unsolved one its bound
     floors = [e.solved["lower_bound_ps"] for e in solved]
