@@ -216,10 +216,11 @@ def _bound_order(entry: Entry) -> tuple:
 def _result(entries: list[Entry], placements: int, wall_s: float, where: str) -> SearchResult:
     solved = sorted((e for e in entries if e.outcome == "solved"), key=_objective_order)
     rest = sorted((e for e in entries if e.outcome != "solved"), key=_bound_order)
-    # every candidate's plans cost at least: its solver's bound if solved, its own bound if pruned;
-    # infeasible ones have none, an unsolved one its bound
+    # every candidate's plans cost at least its solver's bound if solved, else its own bound; one
+    # whose least peak memory is over the budget, or with no formulation, has no plan at all (a
+    # solve that found none in its time limit may still have one: its bound counts)
     floors = [e.solved["lower_bound_ps"] for e in solved]
-    floors += [e.bound_ps for e in rest if e.outcome in ("pruned", "unsolved") and e.bound]
+    floors += [e.bound_ps for e in rest if e.bound and e.bound["least_peak_bytes"] <= e.bound["memory_budget_bytes"]]
     counts = {"placements": placements, "candidates": len(entries)}
     for outcome in ("pruned", "solved", "infeasible", "unsolved"):
         counts[outcome] = sum(e.outcome == outcome for e in entries)
