@@ -229,7 +229,8 @@ def test_a_spent_time_budget_leaves_candidates_unsolved():
                             settings=SolveSettings(time_limit_s=5, workers=1))
     result = search(document, options)
     assert result.counts["unsolved"] == result.counts["candidates"] - result.counts["pruned"]
-    assert all(e.reason == "the search's time budget was spent" for e in result.entries if e.outcome == "unsolved")
+    assert all(e.reason.startswith("the search's time budget was spent") for e in result.entries
+               if e.outcome == "unsolved")
 
 
 def test_cancelling_stops_the_search():

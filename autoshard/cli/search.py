@@ -80,10 +80,12 @@ class SearchProgress:
         text = f"  {now:6.1f}s {doing} {done}/{total}: {entry.candidate.label} {what}"
         if self.live:
             print("\r\033[K" + text[:160], end="", file=sys.stderr, flush=True)
-            if phase == "solve" and done == total:
-                print(file=sys.stderr)
         else:
             print(text, file=sys.stderr, flush=True)
+
+    def finish(self) -> None:
+        if self.live:
+            print(file=sys.stderr, flush=True)
 
 
 def _field(where: str) -> str:
@@ -96,12 +98,15 @@ def run(args: argparse.Namespace) -> int:
     options = checked_options(args)
     document = read_json(args.graph)
     stages = tuple(dict.fromkeys(part.strip() for part in args.emit.split(",") if part.strip()))
+    progress = SearchProgress()
     try:
-        result = search(document, options, progress=SearchProgress())
+        result = search(document, options, progress=progress)
     except InputError as error:
         raise InputError([Problem(_field(p.where), p.message) for p in error.problems]) from None
     except KeyboardInterrupt:
         raise SearchCancelled("interrupted; the workers were stopped") from None
+    finally:
+        progress.finish()
     ranking = ranking_document(result, options, str(document.get("name", Path(args.graph).stem)))
     print("\n".join(ranking_table(ranking)))
     counts = result.counts

@@ -118,7 +118,7 @@ def search(graph_document: dict[str, Any], options: SearchOptions, *, progress: 
     return _result(entries, enumeration.placements, time.perf_counter() - started, pool.where)
 
 
-def _wait(pool: Pool, running: dict[Any, Entry], deadline: float, cancelled: Callable[[], bool]) -> list[Any]:
+def _wait(pool: Pool, running: dict[Any, Entry], cancelled: Callable[[], bool]) -> list[Any]:
     """Handles that finished; raises SearchCancelled once asked to stop."""
     while True:
         if cancelled():
@@ -133,10 +133,16 @@ def _bound_all(pool: Pool, entries: list[Entry], running: dict[Any, Entry], dead
     queue = list(entries)
     finished = 0
     while queue or running:
+        if queue and time.perf_counter() >= deadline:
+            for entry in queue:
+                entry.outcome, entry.reason = "unsolved", "the search's time budget was spent before its bound"
+            queue.clear()
         while queue and len(running) < pool.slots:
             entry = queue.pop(0)
             running[pool.submit("bound", entry.candidate, 0.0)] = entry
-        for handle in _wait(pool, running, deadline, cancelled):
+        if not running:
+            break
+        for handle in _wait(pool, running, cancelled):
             entry = running.pop(handle)
             bound = pool.result(handle)
             finished += 1
@@ -186,7 +192,7 @@ def _solve_best_first(pool: Pool, entries: list[Entry], running: dict[Any, Entry
                 running[pool.submit("solve", entry.candidate, limit_s)] = entry
         if not running:
             continue
-        for handle in _wait(pool, running, deadline, cancelled):
+        for handle in _wait(pool, running, cancelled):
             entry = running.pop(handle)
             solved = pool.result(handle)
             finished += 1
