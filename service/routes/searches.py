@@ -109,15 +109,15 @@ def checked_options(body: SearchRequest, request: Request) -> SearchOptions:
                               weights=ObjectiveWeights(weights.time, weights.comm_s_per_byte,
                                                        weights.memory_s_per_byte),
                               deterministic=options.deterministic)
+    check_graph_size(body.graph, settings)
+    parse_graph(body.graph, None, settings)  # its constraints are checked per candidate mesh
     try:
         searched = SearchOptions(devices=body.devices, topology=body.topology, settings=settings_,
                                  max_axes=options.max_axes, fixed=dict(options.fix), jobs=settings.workers,
                                  ray="auto" if options.ray else None, time_budget_s=budget_s)
-        enumeration = enumerate_candidates(body.topology, body.devices, max_axes=options.max_axes, fixed=searched.fixed)
+        enumerate_candidates(body.topology, body.devices, max_axes=options.max_axes, fixed=searched.fixed)
     except InputError as error:
         raise search_problems(error) from None
-    check_graph_size(body.graph, settings)
-    parse_graph(body.graph, enumeration.candidates[0].mesh, settings)
     return searched
 
 
