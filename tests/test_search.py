@@ -209,6 +209,8 @@ def test_search_command_writes_the_ranking_and_the_winning_plan(tmp_path, capsys
     (["--devices", "8", "--jobs", "0"], "--jobs"),
     (["--devices", "8", "--time-budget", "-1"], "--time-budget"),
     (["--devices", "8", "--memory-budget", "lots"], "--memory-budget"),
+    (["--devices", "8", "--ray", "nonsense"], "--ray"),
+    (["--devices", "8", "--ray", "127.0.0.1:1"], "--ray"),  # nothing listens there: refused at once
 ])
 def test_every_bad_flag_is_named(flags, where, capsys):
     assert main(["search", str(EXAMPLE), *flags]) == 2

@@ -8,6 +8,7 @@ same things in the same order on either (see `autoshard.search.run`).
 from __future__ import annotations
 
 import multiprocessing
+import socket
 from concurrent import futures
 from typing import Any, Protocol
 
@@ -101,6 +102,7 @@ class RayPool:
                         ray.init(num_cpus=slots, include_dashboard=False, log_to_driver=False)
                         self._started = True
                 else:
+                    _check_reachable(address)
                     ray.init(address=address, log_to_driver=False)
             except ConnectionError as error:
                 raise InputError(f"cannot join the Ray cluster at {address!r}: {error}", "ray") from None
@@ -128,6 +130,21 @@ class RayPool:
             self._ray.cancel(handle, force=True)
         if self._started:
             self._ray.shutdown()
+
+
+REACH_TIMEOUT_S = 5.0
+
+
+def _check_reachable(address: str) -> None:
+    """Refuse an address nothing answers at: Ray itself retries it for minutes."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise InputError(f"expected 'auto' or a cluster address host:port (or ray://host:port), got {address!r}",
+                         "ray")
+    try:
+        socket.create_connection((host, int(port)), timeout=REACH_TIMEOUT_S).close()
+    except OSError as error:
+        raise InputError(f"nothing answers at {address!r} ({error.strerror or error})", "ray") from None
 
 
 def open_pool(inputs: SearchInputs, slots: int, ray_address: str | None) -> Pool:
