@@ -194,6 +194,8 @@ def test_search_command_writes_the_ranking_and_the_winning_plan(tmp_path, capsys
     mesh = Mesh(tuple(a["name"] for a in plan["mesh"]["axes"]), tuple(a["size"] for a in plan["mesh"]["axes"]))
     graph = load_graph(str(EXAMPLE), mesh)
     assert verify_plan(plan_from_json(plan, graph, mesh)).passed
+    # `simulate` places the mesh as the plan's topology_options say (the winner's mapping)
+    assert main(["simulate", str(EXAMPLE), "--plan", str(out / "plan.json")]) == 0
     printed = capsys.readouterr().out
     assert "3 candidates: 1 pruned, 2 solved" in printed and best["placement"]["mapping"] and "best: " in printed
 
