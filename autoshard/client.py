@@ -28,7 +28,7 @@ from autoshard.graph.model import Graph
 from autoshard.graph.schema import graph_to_json
 from autoshard.mesh import Mesh
 
-FINAL_STATUSES = ("done", "failed", "cancelled")
+FINAL_STATUSES = ("done", "failed", "cancelled", "interrupted")
 
 
 class ServiceError(AutoshardError):

@@ -6,6 +6,8 @@ one (nodes over NICs, or slices over DCN). Over two levels a collective runs hie
 inside; gathers cross the slow level first, while the data is smallest. On GPUs NCCL may
 instead run one flat ring through every node, each node boundary crossed on all of the group's
 NICs at once (B.4.1); the cheaper of the two is used, as NCCL's tuner picks the faster algorithm.
+A GPU ring collective that crosses nodes also pays its protocol's cost on every ring step, by size
+(LL/LL128 for small messages, Simple for large ones; the profile's `network.protocol_regimes`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from cost_models.levels import NetworkLevel, SwitchLevel, TorusLevel, ring_wire_
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_slice", "shift", "broadcast",
                     "reduce", "gather", "scatter", "send_recv")
 _FLAT_RING_KINDS = ("all_reduce", "all_gather", "reduce_scatter")
+# NCCL runs these as rings whose every step pays the protocol's handshake; its all-to-all, gathers and
+# point-to-point sends are direct transfers (their multi-node fixed cost is in the link latencies).
+_PROTOCOL_KINDS = _FLAT_RING_KINDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +53,17 @@ class Ramp:
 
 
 @dataclass(frozen=True, slots=True)
+class Protocols:
+    """Fixed cost per ring step of a collective that crosses nodes, by collective size (NCCL's protocol regimes)."""
+
+    until_bytes: tuple[float, ...] = ()  # largest size of every regime but the last
+    step_latency_s: tuple[float, ...] = (0.0,)
+
+    def step_s(self, size_bytes: float) -> float:
+        return self.step_latency_s[bisect.bisect_left(self.until_bytes, size_bytes)]
+
+
+@dataclass(frozen=True, slots=True)
 class GroupCost:
     """Everything needed to price one collective kind over one group; evaluated per byte count."""
 
@@ -58,20 +74,25 @@ class GroupCost:
     launch_s: float
     ramp: Ramp
     flat_ring: bool  # set only for GPU groups (inner level a SwitchLevel): NCCL may run one flat ring
+    protocols: Protocols = Protocols()  # set only for GPU groups that cross nodes
 
     def seconds(self, b: float) -> float:
         if self.n == 1 or self.kind == "all_slice":
             return 0.0
-        r = self.ramp.fraction(collective_size_bytes(self.kind, self.n, b))
+        size = collective_size_bytes(self.kind, self.n, b)
+        r = self.ramp.fraction(size)
         inner, outer = self.inner, self.outer
         if outer is None:
             return self.launch_s + inner.seconds(self.kind, b, r)
+        fixed = self.launch_s
+        if self.kind in _PROTOCOL_KINDS:  # one protocol step per ring step, counted once per collective
+            fixed += (self.n - 1) * self.protocols.step_s(size)
         if inner is None:
-            return self.launch_s + outer.seconds(self.kind, b, r)
+            return fixed + outer.seconds(self.kind, b, r)
         t = _hierarchical(self.kind, inner, outer, b, r)
         if self.flat_ring and self.kind in _FLAT_RING_KINDS:
             t = min(t, _flat_ring(self.kind, inner, outer, b, r))
-        return self.launch_s + t
+        return fixed + t
 
 
 def _hierarchical(kind: str, inner: SwitchLevel | TorusLevel, outer: NetworkLevel, b: float, r: float) -> float:

@@ -68,16 +68,35 @@ class NvlinkLevel(_Section):
         return self
 
 
+class ProtocolRegime(_Section):
+    """The collective sizes over which NCCL runs one protocol across nodes (LL/LL128 for small messages,
+    Simple for large ones) and the fixed cost that protocol adds to each ring step, on top of the links'
+    hop latencies (its flag handshakes and chunk pipeline)."""
+
+    until_bytes: PositiveFloat | None = None  # largest collective size (nccl-tests' size) in the regime; None: no limit
+    step_latency_s: NonNegativeFloat
+
+
 class NetworkLevel(_Section):
     name: str
     nic_bytes_per_s_oneway_peak: PositiveFloat
     nic_bytes_per_s_oneway_effective: PositiveFloat
     latency_per_node_s: NonNegativeFloat
+    # Regimes of ring collectives (all-reduce, all-gather, reduce-scatter) that cross nodes, smallest sizes first.
+    protocol_regimes: list[ProtocolRegime] = []
 
     @model_validator(mode="after")
     def _consistent(self) -> "NetworkLevel":
         if self.nic_bytes_per_s_oneway_effective > self.nic_bytes_per_s_oneway_peak:
             raise ValueError("nic_bytes_per_s_oneway_effective exceeds nic_bytes_per_s_oneway_peak")
+        regimes = self.protocol_regimes
+        limits = [regime.until_bytes for regime in regimes]
+        if regimes and (None in limits[:-1] or limits[-1] is not None or limits[:-1] != sorted(set(limits[:-1]))):
+            raise ValueError("protocol_regimes must have increasing until_bytes and leave it out on the last regime")
+        steps = [regime.step_latency_s for regime in regimes]
+        if steps != sorted(steps):
+            # A collective one byte past a regime's limit would otherwise be cheaper than one at the limit.
+            raise ValueError("protocol_regimes must have non-decreasing step_latency_s")
         return self
 
 

@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 
 from cost_models.bandwidth import algbw_bytes_per_s, busbw_bytes_per_s
 from cost_models.binding import Segment, Segments, default_segments, mapped_segments, unsplit_count
-from cost_models.collectives import COLLECTIVE_KINDS, GroupCost, Ramp
+from cost_models.collectives import COLLECTIVE_KINDS, GroupCost, Protocols, Ramp
 from cost_models.errors import BindingError, TopologyError
 from cost_models.levels import NetworkLevel, SwitchLevel, TorusDim, TorusLevel
 from cost_models.machine import Machine, gpu_machine, tpu_machines
@@ -130,9 +130,14 @@ class BoundTopology:
         inner, outer = self._levels(merged)
         profile = self.profile
         gpu = isinstance(profile, GpuProfile)
+        protocols = Protocols()
+        if gpu and outer is not None:
+            regimes = profile.network.protocol_regimes
+            protocols = Protocols(tuple(r.until_bytes for r in regimes[:-1]),
+                                  tuple(r.step_latency_s for r in regimes) or (0.0,))
         return GroupCost(kind=kind, n=self.group_size(axes), inner=inner, outer=outer,
                          launch_s=profile.launch_latency_s if gpu else 0.0, ramp=Ramp.of(profile.bandwidth_ramp),
-                         flat_ring=gpu and isinstance(inner, SwitchLevel))
+                         flat_ring=gpu and isinstance(inner, SwitchLevel), protocols=protocols)
 
     def _levels(self, merged: dict[int, Segment]) -> tuple[SwitchLevel | TorusLevel | None, NetworkLevel | None]:
         profile, dims = self.profile, self.machine.dims

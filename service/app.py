@@ -6,12 +6,12 @@ import logging
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from autoshard import __version__
 from service.config import Settings, get_settings
 from service.errors import add_error_handlers
-from service.limits import BodyLimit, JsonBodies
+from service.limits import BodyLimit, JsonBodies, distinct_keys_in_body
 from service.routes import estimate, health, plans, searches, topologies, validate
 from service.runner import Runner
 from service.searches import Searches
@@ -32,9 +32,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = Store(settings.db)
-        interrupted = store.fail_interrupted()
+        interrupted = store.mark_interrupted()
         if interrupted:
-            log.warning("%d job(s) left solving by a previous run are marked failed (interrupted)", interrupted)
+            log.warning("%d job(s) left solving by a previous run are marked interrupted", interrupted)
         runner = Runner(store, settings)
         waiting = store.queued()
         if waiting:
@@ -49,7 +49,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             runner.shutdown()
             store.close()
 
-    app = FastAPI(title="autoshard", version=__version__, description=DESCRIPTION, lifespan=lifespan)
+    app = FastAPI(title="autoshard", version=__version__, description=DESCRIPTION, lifespan=lifespan,
+                  dependencies=[Depends(distinct_keys_in_body)])
     app.state.settings = settings
     add_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)

@@ -1,6 +1,6 @@
 """`autoshard serve [--host 127.0.0.1] [--port 8000] [--workers N] [--db PATH]`: run the plan service.
 
-Unset flags fall back to the `AUTOSHARD_*` environment variables (see `service/README.md`).
+Unset flags fall back to the `AUTOSHARD_*` environment variables (`service/config.py` lists them with their defaults).
 `--workers` is the number of solves run at once (one process each); the HTTP server itself is
 one process, as the job runner and the plan store live in it.
 """
@@ -16,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("serve", help="run the REST plan service")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
-    parser.add_argument("--workers", type=int, help="solves run at once, one process each (default 1)")
+    parser.add_argument("--workers", type=int, help="solves run at once, one process each (default: the machine's cores)")
     parser.add_argument("--db", help="SQLite file for plans and job states (default autoshard-plans.sqlite3)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     parser.set_defaults(run=run)

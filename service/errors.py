@@ -76,7 +76,9 @@ def _where(loc: tuple[Any, ...]) -> str:
 
 def _http_error(_: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, HTTPException)
-    kind = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}.get(error.status_code, "http")
+    # 400: a body FastAPI could not parse at all (nested too deeply, not UTF-8)
+    kind = {400: "malformed", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}.get(error.status_code,
+                                                                                                 "http")
     message = error.detail if isinstance(error.detail, str) else json.dumps(error.detail)
     return JSONResponse(error_body(kind, message), status_code=error.status_code, headers=error.headers)
 

@@ -36,16 +36,21 @@ def under(prefix: str, error: InputError) -> InputError:
     return type(error)(moved)
 
 
-def parse_mesh(value: str | Mapping[str, Any]) -> Mesh:
-    """`"dp=2,tp=4"` or `{"axes": [{"name": "dp", "size": 2}, ...]}`."""
+def parse_mesh(value: str | Mapping[str, Any], max_devices: int | None = None) -> Mesh:
+    """`"dp=2,tp=4"` or `{"axes": [{"name": "dp", "size": 2}, ...]}`, of at most `max_devices`
+    devices (the service's setting) when given."""
     try:
         if isinstance(value, str):
-            return Mesh.parse(value)
-        axes = value["axes"]
-        return Mesh(tuple(a["name"] for a in axes), tuple(a["size"] for a in axes))
+            mesh = Mesh.parse(value)
+        else:
+            axes = value["axes"]
+            mesh = Mesh(tuple(a["name"] for a in axes), tuple(a["size"] for a in axes))
     except InputError as error:
         # the mesh's own problems say "mesh" or "mesh/<axis>"; the request field is /mesh
         raise InputError([Problem("/" + p.where if p.where else "/mesh", p.message) for p in error.problems]) from None
+    if max_devices is not None and mesh.num_devices > max_devices:
+        raise InputError(f"{mesh.num_devices} devices; this service accepts meshes of at most {max_devices}", "/mesh")
+    return mesh
 
 
 def mesh_text(mesh: Mesh) -> str:
@@ -124,7 +129,7 @@ def fill_options(options: Mapping[str, Any], settings: Settings) -> dict[str, An
 
 def canonical_plan_request(request: Mapping[str, Any], settings: Settings) -> dict[str, Any]:
     """Check a plan request (graph, mesh, topology, options); return its canonical form."""
-    mesh = parse_mesh(request["mesh"])
+    mesh = parse_mesh(request["mesh"], settings.max_devices)
     graph = parse_graph(request["graph"], mesh, settings)
     topology_options = {k: v for k, v in request.get("topology_options", {}).items() if v is not None}
     bind_topology(request["topology"], topology_options, mesh)

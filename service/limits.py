@@ -1,4 +1,5 @@
-"""Request body size limit, enforced before a large body is read into memory.
+"""What a request body must be before a route reads it: within the size limit, JSON, and free of
+repeated keys.
 
 A declared `Content-Length` over the limit is refused at once; a body without one (chunked) is
 counted as it arrives and refused once it passes the limit.
@@ -6,10 +7,15 @@ counted as it arrives and refused once it passes the limit.
 
 from __future__ import annotations
 
+import json
+
+from fastapi import Request
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from autoshard.errors import InputError
+from autoshard.graph.schema import RepeatedKey, distinct_keys
 from service.errors import error_body
 
 
@@ -64,3 +70,19 @@ class JsonBodies:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+async def distinct_keys_in_body(request: Request) -> None:
+    """A dependency of every route: a JSON body repeating a key in one object is refused (422)
+    naming the key, as a graph file is; JSON parsers keep the last value without a word. A body
+    that is not JSON at all is left to the route's parser (400)."""
+    body = await request.body()  # read once: the route's parser gets the same bytes
+    if not body:
+        return
+    try:
+        json.loads(body, object_pairs_hook=distinct_keys)
+    except RepeatedKey as error:
+        raise InputError(f"the key {error.args[0]!r} appears twice in one object; JSON would keep only the last",
+                         "") from None
+    except (ValueError, RecursionError):
+        return

@@ -87,7 +87,9 @@ class Runner:
             await asyncio.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
 
     def shutdown(self) -> None:
-        """Stop every solve; their jobs stay queued/solving and the next start marks them interrupted."""
+        """Stop every solve: a solving job is kept as interrupted with the best plan its solver
+        hands over within `stop_grace_s` (else the next start marks it interrupted); queued jobs
+        stay queued and run after the next start."""
         self._closing.set()
         self._pool.shutdown(wait=True, cancel_futures=True)
 
@@ -125,22 +127,54 @@ class Runner:
                 elif not process.is_alive() and not ours.poll():
                     self._died(job.id, process)
                     ended = True
+            if self._closing.is_set() and not (ended or cancel.is_set()):
+                ended = self._hand_over(job.id, ours, process)
         finally:
             _stop(process, _STOP_TIMEOUT_S if ended else 0.0)
             ours.close()
 
+    def _hand_over(self, job_id: str, conn: Connection, process: BaseProcess) -> bool:
+        """Ask a solve the service is leaving for its best plan so far; True once the job has an
+        outcome (that plan, or the solve's own outcome if it ended meanwhile)."""
+        try:
+            conn.send(("stop",))
+        except OSError:
+            return False
+        deadline = time.monotonic() + self.settings.stop_grace_s
+        while time.monotonic() < deadline:
+            if conn.poll(_POLL_S):
+                try:
+                    message = conn.recv()
+                except EOFError:
+                    return False
+                if self._take(job_id, message):
+                    return True
+            elif not process.is_alive():
+                return False
+        return False
+
     def _receive(self, job_id: str, conn: Connection, process: BaseProcess) -> bool:
         """Handle one message; True once the job has an outcome."""
         try:
-            kind, payload = conn.recv()
+            message = conn.recv()
         except EOFError:
             self._died(job_id, process)
             return True
+        return self._take(job_id, message)
+
+    def _take(self, job_id: str, message: tuple[str, dict[str, Any]]) -> bool:
+        """Store one message of a solve; True once the job has an outcome."""
+        kind, payload = message
         if kind == "progress":
             self.store.set_progress(job_id, payload)
             return False
         if kind == "done":
             self.store.finish(job_id, payload["plan"], payload["ir"])
+        elif kind == "interrupted":
+            gap = payload["plan"]["solver"]["gap"]
+            self.store.interrupt(job_id, payload["plan"], failure(
+                "interrupted", f"the service stopped during the solve; the plan is the best found by then "
+                               f"(within {gap:.2%} of the lower bound)"))
         else:
             self.store.fail(job_id, payload)
         return True

@@ -6,19 +6,24 @@ through `service.inputs`, so nothing past the HTTP boundary sees a pydantic mode
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from autoshard.graph.schema import graph_json_schema
 from autoshard.planning.formulation import WEIGHT_UNITS, weight_name_problem
 from autoshard.planning.formulation import Weights as ObjectiveWeights
 from autoshard.planning.make_plan import MAX_MEMORY_BUDGET_BYTES, MAX_SEED
 
-JobStatus = Literal["queued", "solving", "done", "failed", "cancelled"]
+JobStatus = Literal["queued", "solving", "done", "failed", "cancelled", "interrupted"]
 Stage = Literal["annotated", "partitioned"]
 Dialect = Literal["mesh", "shard"]
 VerifyPolicy = Literal["auto", "always", "never"]
+
+
+# Read as plain JSON: `graph_from_json` reports every problem with the CLI's own pointers.
+GraphDocument = Annotated[dict[str, Any], WithJsonSchema(graph_json_schema())]
 
 
 class _Wire(BaseModel):
@@ -98,7 +103,7 @@ class PlanOptions(_Wire):
 
 
 class PlanRequest(_Wire):
-    graph: dict[str, Any] = Field(description="a graph document, format autoshard.graph/v1")
+    graph: GraphDocument = Field(description="a graph document, format autoshard.graph/v1")
     mesh: str | MeshSpec = MeshField
     topology: str | dict[str, Any] = TopologyField
     topology_options: TopologyOptions = Field(default_factory=TopologyOptions)
@@ -106,7 +111,7 @@ class PlanRequest(_Wire):
 
 
 class EstimateRequest(_Wire):
-    graph: dict[str, Any]
+    graph: GraphDocument
     mesh: str | MeshSpec = MeshField
     topology: str | dict[str, Any] = TopologyField
     topology_options: TopologyOptions = Field(default_factory=TopologyOptions)
@@ -114,7 +119,10 @@ class EstimateRequest(_Wire):
 
 
 class ValidateRequest(_Wire):
-    graph: dict[str, Any]
+    # a plan is checked against a mesh: one without the other is a 422 at /mesh
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"dependentRequired": {"plan": ["mesh"]}})
+
+    graph: GraphDocument
     mesh: str | MeshSpec | None = Field(None, description="mesh to check constraints (and the plan) against")
     plan: dict[str, Any] | None = Field(None, description="a plan to check against the graph; needs `mesh`")
 
@@ -137,8 +145,11 @@ class ErrorResponse(BaseModel):
 class PlanJob(BaseModel):
     id: str
     status: JobStatus
-    progress: dict[str, Any] = Field(default_factory=dict, description="phase, incumbent objective, bound, elapsed")
-    plan: dict[str, Any] | None = Field(None, description="the plan document (autoshard.plan/v1) once done")
+    progress: dict[str, Any] = Field(default_factory=dict, description="phase, incumbent objective, bound, elapsed; "
+                                                                          "while queued, queue_position (1: starts next)")
+    plan: dict[str, Any] | None = Field(None, description="the plan document (autoshard.plan/v1) once done; "
+                                                                    "when interrupted, the best plan found by then "
+                                                                    "(solver.status: interrupted), if any")
     ir: dict[str, str] = Field(default_factory=dict, description="IR text per stage requested in options.emit")
     error: ErrorOut | None = None
     created_at: str

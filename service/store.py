@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 ACTIVE = ("queued", "solving")
-FINAL = ("done", "failed", "cancelled")
+FINAL = ("done", "failed", "cancelled", "interrupted")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -131,10 +131,15 @@ class Store:
         return self._transition(job_id, ACTIVE, "cancelled",
                                 error=json.dumps({"kind": "cancelled", "message": "cancelled by a DELETE request"}))
 
-    def fail_interrupted(self) -> int:
-        """Jobs a previous process left solving: their solve was lost with it."""
-        error = json.dumps({"kind": "interrupted", "message": "interrupted by a restart of the service"})
-        cursor = self._execute("UPDATE jobs SET status = 'failed', error = ?, updated_at = ? "
+    def interrupt(self, job_id: str, plan: dict[str, Any], error: dict[str, Any]) -> bool:
+        """A solve stopped by a shutdown, with the best plan it had found."""
+        return self._transition(job_id, ("solving",), "interrupted", plan=json.dumps(plan), error=json.dumps(error))
+
+    def mark_interrupted(self) -> int:
+        """Jobs a previous process left solving (it was killed): their solve was lost with it."""
+        error = json.dumps({"kind": "interrupted", "message": "interrupted by a restart of the service, before the "
+                                                              "solve could hand over a plan"})
+        cursor = self._execute("UPDATE jobs SET status = 'interrupted', error = ?, updated_at = ? "
                                "WHERE status = 'solving'", (error, time.time()))
         return cursor.rowcount
 
@@ -142,6 +147,14 @@ class Store:
         """Ids of the jobs waiting to be solved, oldest first (a restart runs them)."""
         rows = self._execute("SELECT id FROM jobs WHERE status = 'queued' ORDER BY created_at, rowid").fetchall()
         return [row["id"] for row in rows]
+
+    def queue_position(self, job_id: str) -> int | None:
+        """1 for the next job to start, 2 for the one after it, ...; None unless the job is queued.
+        Jobs start in the order they came (`created_at`, then insertion), as `queued()` lists them."""
+        row = self._execute("SELECT COUNT(*) AS ahead FROM jobs AS other, jobs AS job WHERE job.id = ? "
+                            "AND job.status = 'queued' AND other.status = 'queued' AND (other.created_at, other.rowid) "
+                            "<= (job.created_at, job.rowid)", (job_id,)).fetchone()
+        return row["ahead"] or None
 
     def _transition(self, job_id: str, sources: tuple[str, ...], target: str, **columns: str) -> bool:
         sets = "".join(f", {name} = ?" for name in columns)

@@ -113,3 +113,18 @@ def test_a_memory_budget_beyond_an_exbibyte_is_refused_by_its_own_name(capsys):
     assert error.value.problems[0].where == "memory_budget_bytes"
     with pytest.raises(ValidationError):
         PlanOptions(memory_budget_bytes=1e30)
+
+
+def test_a_mesh_of_a_million_devices_is_planned_without_walking_its_devices(tmp_path, capsys):
+    """Sizing, pricing and the verification-size estimate follow from shapes and axis sizes:
+    dp=1000000 plans as a small mesh does (it spent 45 s walking devices), and the plan is not
+    simulated (it would need hundreds of GiB)."""
+    assert main(["plan", "examples/mlp.json", "--mesh", "dp=1000000", "--time-limit", "5",
+                 "-o", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    assert "simulator: not run" in printed and "GiB of host memory" in printed
+
+
+def test_validate_refuses_an_empty_mesh_as_plan_does(tmp_path, capsys):
+    assert main(["validate", "examples/mlp.json", "--mesh="]) == 2
+    assert "--mesh: expected NAME=SIZE" in capsys.readouterr().err

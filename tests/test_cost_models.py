@@ -238,11 +238,40 @@ def test_nvls_only_speeds_up_large_enough_all_reduce_groups():
 def test_data_parallel_across_nodes_runs_on_the_nics():
     topo = bind("dgx-h100", ["dp", "tp"], [4, 8])
     size = 2**34  # the ramp is at 1.0
-    expected = 4.5e-6 + 3 * 7.4e-6 + seconds_from_busbw("all_reduce", 4, size, 47e9)
+    # launch, then per ring step the hop latency and the Simple protocol's cost (3 steps over 4 nodes)
+    expected = 4.5e-6 + 3 * (7.4e-6 + 2.4e-6) + seconds_from_busbw("all_reduce", 4, size, 47e9)
     assert topo.collective_seconds("all_reduce", ["dp"], size) == pytest.approx(expected)
     # Flattened over both levels, the ring is bound by the node's 8 NICs, not one (8 x 24 GB/s HDR).
     a100 = bind("dgx-a100", ["dp", "tp"], [4, 8])
     assert a100.busbw_bytes_per_s("all_reduce", ["dp", "tp"], size) == pytest.approx(8 * 24e9, rel=0.01)
+
+
+def test_ring_collectives_across_nodes_pay_the_protocol_cost_of_their_size():
+    profile = load_profile("dgx-h100")
+    plain = profile.model_copy(update={"network": profile.network.model_copy(update={"protocol_regimes": []})})
+    topo, without = bind(profile, ["dp", "tp"], [4, 8]), bind(plain, ["dp", "tp"], [4, 8])
+
+    def extra(kind, axes, size):
+        bytes_per_device = size / 32 if kind == "all_gather" and len(axes) == 2 else size
+        return topo.collective_seconds(kind, axes, bytes_per_device) - without.collective_seconds(kind, axes,
+                                                                                                 bytes_per_device)
+
+    # 31 ring steps over all 32 GPUs: LL/LL128 up to 2 MiB (the size nccl-tests prints), Simple above.
+    for kind in ("all_reduce", "all_gather", "reduce_scatter"):
+        assert extra(kind, ["dp", "tp"], 2**21) == pytest.approx(31 * 0.9e-6)
+        assert extra(kind, ["dp", "tp"], 2**22) == pytest.approx(31 * 2.4e-6)
+    assert extra("all_reduce", ["dp"], 2**22) == pytest.approx(3 * 2.4e-6)  # one GPU per node: 3 steps
+    assert extra("all_reduce", ["tp"], 2**22) == 0  # inside a node
+    assert extra("all_to_all", ["dp", "tp"], 2**22) == 0  # direct sends, not a ring
+    assert extra("send_recv", ["dp"], 2**22) == 0
+    data = raw("dgx-h100")
+    data["network"]["protocol_regimes"] = [{"until_bytes": 2**21, "step_latency_s": 3e-6}, {"step_latency_s": 1e-6}]
+    with pytest.raises(ProfileError, match="non-decreasing step_latency_s") as error:
+        load_profile(data)
+    assert error.value.field == "network"
+    data["network"]["protocol_regimes"] = [{"step_latency_s": 1e-6}, {"until_bytes": 2**21, "step_latency_s": 3e-6}]
+    with pytest.raises(ProfileError, match="increasing until_bytes"):
+        load_profile(data)
 
 
 def test_multislice_all_reduce_is_hierarchical():

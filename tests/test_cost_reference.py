@@ -37,6 +37,8 @@ V5E_8x4 = Setup("tpu-v5e", {"X": 8, "Y": 4}, ("Y",), slice_shape=(8, 4))
 V4_CUBE = dict(profile="tpu-v4", mesh={"X": 4, "Y": 4, "Z": 4}, slice_shape=(4, 4, 4))
 H100_8 = Setup("dgx-h100", {"tp": 8}, ("tp",))
 H200_8 = Setup("dgx-h200", {"tp": 8}, ("tp",))
+H100_4x8 = Setup("dgx-h100", {"dp": 4, "tp": 8}, ("dp", "tp"))
+B200_4x8 = Setup("dgx-b200", {"dp": 4, "tp": 8}, ("dp", "tp"))
 
 SETUPS = {
     "tpu-v5e-ag-ring16": Setup("tpu-v5e", {"x": 8, "y": 16}, ("y",), slice_shape=(8, 16)),
@@ -65,6 +67,8 @@ SETUPS = {
     "h100-8-ag-tiny": H100_8,
     "h100-8-ar-tiny": H100_8,
     "gb200-nvl72-ar": Setup("gb200-nvl72", {"tp": 72}, ("tp",)),
+    **{f"h100-32-{kind}-{mib}m": H100_4x8 for kind in ("ar", "ag") for mib in (1, 4, 16, 64)},
+    **{f"b200-32-ar-{mib}m": B200_4x8 for mib in (1, 4, 16, 64)},
 }
 
 UNMET = {

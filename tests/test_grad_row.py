@@ -25,6 +25,8 @@ CASES = [(name, [(3, 4)], {}, 0) for name in sorted(SLOPES)] + [
     *[("attention", [(1, 2, 4, 3), (1, 2, 5, 3), (1, 2, 5, 2)], {}, wrt) for wrt in (0, 1, 2)],
     *[("attention", [(2, 1, 4, 3), (2, 1, 4, 3), (2, 1, 4, 2)], {"causal": True, "scale": 0.7}, wrt) for wrt in (0, 1, 2)],
     ("embedding", [(2, 3), (7, 4)], {}, 1),
+    ("top_k_values", [(3, 6)], {"k": 2}, 0),
+    ("top_k_values", [(2, 3, 5)], {"k": 5}, 0),
     # an additive mask broadcast over batch and heads
     *[("attention", [(2, 2, 4, 3), (2, 2, 5, 3), (2, 2, 5, 2), (1, 1, 4, 5)], {}, wrt) for wrt in (0, 1, 2)],
 ]

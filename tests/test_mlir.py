@@ -121,6 +121,7 @@ def test_every_op_is_a_real_mlir_op_with_a_comment_naming_its_graph_op():
                 "attention": ["linalg.softmax dimension(3)", "arith.cmpi ule"],
                 "conv": ["tensor.pad", "linalg.conv_2d_nhwc_hwcf", "strides = dense<[2, 2]>"],
                 "embedding": ["arith.index_cast", "linalg.index 3"],
+                "routing": ["arith.cmpf ogt", "arith.extui", "linalg.index 2"],
                 "structural": ["tensor.concat dim(1)", "tensor.extract_slice %c_sharded[0, 1] [4, 3] [1, 2]"],
                 "contractions": ["linalg.batch_matmul", '"reduction"']}
     for name, doc in ZOO.items():
@@ -274,9 +275,9 @@ def test_golden_programs_keep_their_collectives():
     assert isinstance(program.body[0], LocalOp) and program.body[0].outputs[0].sharding.partial_axes == ("y",)
 
 
-def test_a_kind_without_a_lowering_is_refused_naming_it():
-    graph = graph_from_json(graph_doc("cmp", {"a": ((4,), "f32", "input"), "b": ((4,), "f32", "input"), "c": ((4,), "bool")},
-                                      [("lt", "compare", ["a", "b"], ["c"], {"direction": "lt"})]))
-    plan = Plan(graph, Mesh.of(x=2), {"lt": ShardingOption(((),))}, {"a": Sharding(), "b": Sharding()})
-    with pytest.raises(InputError, match="op kind 'compare' has no MLIR lowering yet"):
+def test_an_opaque_op_is_refused_naming_its_primitive():
+    graph = graph_from_json(graph_doc("opaque", {"a": ((4,), "f32", "input"), "c": ((4,), "f32")},
+                                      [("sorted", "opaque", ["a"], ["c"], {"shape": [4], "dtype": "f32", "primitive": "sort"})]))
+    plan = Plan(graph, Mesh.of(x=2), {"sorted": ShardingOption(((),) * 2)}, {"a": Sharding()})
+    with pytest.raises(InputError, match="op 'sorted' is opaque \\(framework primitive 'sort'\\)"):
         emit_partitioned(partition(plan))

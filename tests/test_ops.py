@@ -101,6 +101,9 @@ CASES = [
     ("concat", [(2, 3), (2, 5)], {"axis": 1}, lambda a, b: np.concatenate([a, b], 1)),
     ("slice", [(6, 5)], {"starts": [1, 0], "limits": [6, 5], "strides": [2, 1]}, lambda x: x[1:6:2, :]),
     ("embedding", [(2, 3), (7, 4)], {}, lambda ids, t: t[ids]),
+    ("top_k_values", [(3, 4, 6)], {"k": 2}, lambda x: -np.sort(-x, axis=-1)[..., :2]),
+    ("top_k_indices", [(3, 6)], {"k": 3}, lambda x: np.argsort(-x, axis=-1)[..., :3]),
+    ("one_hot", [(2, 3)], {"num_classes": 5, "dtype": "f32"}, lambda ids: np.eye(5, dtype=np.float32)[ids]),
     ("attention", [(1, 2, 4, 3), (1, 2, 5, 3), (1, 2, 5, 2)], {}, lambda q, k, v: attention(q, k, v, False)),
     ("attention", [(1, 2, 4, 3), (1, 2, 4, 3), (1, 2, 4, 2)], {"causal": True}, lambda q, k, v: attention(q, k, v, True)),
     ("pad", [(3, 4)], {"low": [1, 0], "high": [2, 0]}, lambda x: np.pad(x, ((1, 2), (0, 0)))),
@@ -130,6 +133,8 @@ def nest_of(case):
 def make_inputs(kind: str, shapes):
     if kind == "embedding":
         return [rng.integers(0, shapes[1][0], shapes[0]), rng.uniform(-1, 1, shapes[1])]
+    if kind == "one_hot":
+        return [rng.integers(0, 5, shapes[0])]
     if kind == "select":
         return [rng.integers(0, 2, shapes[0]).astype(bool)] + [rng.uniform(-1, 1, s) for s in shapes[1:]]
     if kind == "div":
@@ -214,6 +219,7 @@ def test_split_loops_reassemble_the_result(case):
     ("softmax", [(3, 6)], {}, 1),
     ("layer_norm", [(3, 8)], {}, 1),
     ("rms_norm", [(3, 8)], {}, 1),
+    ("top_k_values", [(3, 6)], {"k": 2}, 2),  # the row the k largest are picked from
     ("attention", [(1, 2, 4, 3), (1, 2, 6, 3), (1, 2, 6, 2)], {}, 4),  # keys
     ("attention", [(1, 2, 4, 4), (1, 2, 6, 4), (1, 2, 6, 2)], {}, 5),  # query features
 ])

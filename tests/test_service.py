@@ -83,11 +83,11 @@ def test_plans_survive_a_restart_and_unfinished_jobs_are_marked_interrupted(tmp_
         client = Client(http=http)
         assert client.get(done.id).plan == done.plan
         interrupted = client.get(orphan.id)
-        assert interrupted.status == "failed"
+        assert interrupted.status == "interrupted" and interrupted.plan is None
         assert interrupted.error["kind"] == "interrupted" and "restart" in interrupted.error["message"]
         with pytest.raises(ServiceError) as no_ir:
             client.ir(orphan.id)
-        assert no_ir.value.status == 409 and "failed" in str(no_ir.value)
+        assert no_ir.value.status == 409 and "interrupted" in str(no_ir.value)
 
 
 def test_jobs_left_queued_by_a_stopped_service_run_after_its_restart(tmp_path):
@@ -135,6 +135,10 @@ def test_graph_problems_are_the_cli_problems_under_graph(http):
 
 @pytest.mark.parametrize("body, where, words", [
     ({"graph": MLP, "mesh": "dp=2,tp"}, "/mesh", "NAME=SIZE"),
+    ({"graph": MLP, "mesh": "dp=65536,tp=65536"}, "/mesh", "over the limit of 1048576"),
+    ({"graph": MLP, "mesh": "dp=2", "options": {"seed": 2 ** 64}}, "/options/seed", ""),
+    ({"graph": MLP | {"tensors": MLP["tensors"] | {"x": {"shape": [10 ** 30, 16], "dtype": "f32", "role": "input"}}},
+      "mesh": "dp=2"}, "/graph/tensors/x/shape", "over the limit of 2**50"),
     ({"graph": MLP, "mesh": {"axes": [{"name": "dp", "size": 0}]}}, "/mesh/axes/0/size", "greater than or equal to 1"),
     ({"graph": MLP, "mesh": "dp=2", "topology": "/etc/passwd"}, "/topology", "unknown topology"),
     ({"graph": MLP, "mesh": "dp=2", "topology": {"name": "mine"}}, "/topology/kind", ""),
@@ -153,16 +157,30 @@ def test_request_problems_point_at_the_field(http, body, where, words):
     assert any(p["where"] == where and words in p["message"] for p in problems), problems
 
 
+def test_the_service_device_limit_is_its_own_setting(tmp_path):
+    with TestClient(create_app(settings_for(tmp_path, max_devices=64))) as http:
+        for route, body in (("/v1/plans", {"graph": MLP, "mesh": "dp=128"}),
+                            ("/v1/validate", {"graph": MLP, "mesh": "dp=16,tp=8"}),
+                            ("/v1/estimate", {"graph": MLP, "mesh": "dp=128", "plan": {}})):
+            response = http.post(route, json=body)
+            assert response.status_code == 422
+            assert error_of(response)["problems"] == [
+                {"where": "/mesh", "message": "128 devices; this service accepts meshes of at most 64"}]
+        assert http.post("/v1/validate", json={"graph": MLP, "mesh": "dp=64"}).status_code == 200
+
+
 def test_wait_out_of_range_is_a_query_problem(http):
     response = http.post("/v1/plans?wait=-1", json={"graph": MLP, "mesh": "dp=2"})
     assert response.status_code == 422
     assert error_of(response)["problems"][0]["where"] == "?wait"
 
 
-def test_malformed_json_is_400(http):
-    response = http.post("/v1/plans", content=b'{"graph": ', headers={"content-type": "application/json"})
-    assert response.status_code == 400
-    assert error_of(response)["kind"] == "malformed"
+@pytest.mark.parametrize("body", [b'{"graph": ', b'{"graph": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+                                  b'{"graph": "\xff"}'])
+def test_a_body_that_is_not_json_is_400(http, body):
+    """Cut short, nested too deeply or not UTF-8: a 400, never a server error."""
+    response = http.post("/v1/plans", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 400 and error_of(response)["kind"] == "malformed"
 
 
 def test_size_limits_are_413(http):
@@ -257,3 +275,38 @@ def test_a_body_that_is_not_declared_json_is_refused_with_415(http, content_type
     assert body["error"]["kind"] == "unsupported_media_type" and (content_type or "no content type") in \
         body["error"]["message"]
     assert http.post("/v1/validate", json={"graph": {}}).status_code == 422  # JSON reaches the validators
+
+
+def test_a_body_repeating_a_key_is_refused_naming_the_key(http):
+    body = b'{"graph": {"format": "autoshard.graph/v1", "tensors": {}, "ops": [], "name": "a", "name": "b"}}'
+    for route in ("/v1/validate", "/v1/plans", "/v1/estimate"):
+        response = http.post(route, content=body, headers={"content-type": "application/json"})
+        assert response.status_code == 422, route
+        assert "'name' appears twice" in error_of(response)["message"]
+
+
+def test_estimate_and_validate_refuse_a_plan_made_for_another_mesh(client):
+    job = client.submit(MLP, "dp=2,tp=2", options=OPTIONS, wait_s=60)
+    assert client.estimate(MLP, "dp=2,tp=2", job.plan)["totals"] == job.plan["totals"]
+    for call in (client.estimate, client.validate):
+        with pytest.raises(ServiceError) as other:
+            call(MLP, "dp=4", job.plan)
+        assert other.value.status == 422
+        assert [(p.where, p.message) for p in other.value.problems] == [
+            ("/plan/mesh", "the plan was made for mesh dp=2,tp=2, not dp=4")]
+
+
+def test_the_openapi_schema_states_the_graph_document_and_that_a_plan_needs_a_mesh(http):
+    schemas = http.get("/openapi.json").json()["components"]["schemas"]
+    for request in ("PlanRequest", "EstimateRequest", "ValidateRequest"):
+        graph = schemas[request]["properties"]["graph"]
+        assert graph["properties"]["format"]["const"] == "autoshard.graph/v1"
+        assert set(graph["required"]) == {"format", "tensors", "ops"}
+        tensor = graph["properties"]["tensors"]["additionalProperties"]
+        assert "bf16" in tensor["properties"]["dtype"]["enum"] and tensor["additionalProperties"] is False
+        assert "matmul" in graph["properties"]["ops"]["items"]["properties"]["kind"]["enum"]
+        assert "$ref" not in json.dumps(graph)
+    assert schemas["ValidateRequest"]["dependentRequired"] == {"plan": ["mesh"]}
+    # the route holds to it, even for a plan of null
+    response = http.post("/v1/validate", json={"graph": MLP, "plan": None})
+    assert response.status_code == 422 and error_of(response)["problems"][0]["where"] == "/mesh"

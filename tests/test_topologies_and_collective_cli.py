@@ -40,7 +40,8 @@ def test_collective_prints_time_and_bandwidths(capsys):
                        "--mesh", "dp=4,tp=8", "--axes", "dp", "--bytes", "1GiB")
     assert code == 0
     assert "dp: node(4) [network]" in out and "tp: gpu(8) [nvlink]" in out
-    assert "busbw: 45.6 GB/s" in out  # one NDR NIC per GPU: 47 GB/s effective x 0.97 ramp at 1 GiB
+    # one NDR NIC per GPU: 47 GB/s effective x 0.97 ramp at 1 GiB, less 3 ring steps of the Simple protocol
+    assert "busbw: 45.5 GB/s" in out
 
 
 def test_collective_json_matches_the_library(capsys):

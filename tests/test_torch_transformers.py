@@ -10,6 +10,7 @@ import re
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -17,7 +18,12 @@ transformers = pytest.importorskip("transformers")
 
 from support.dtensor import CollectiveLog, planned_collectives, sharded_plan, simulated_ranks, traffic  # noqa: E402
 
+from torch.distributed.tensor import Shard  # noqa: E402
+
+from autoshard.errors import InputError  # noqa: E402
 from autoshard.frontends.torch import import_program, parallelize  # noqa: E402
+from autoshard.graph.evaluate import evaluate_graph  # noqa: E402
+from autoshard.sim.program import verify_plan  # noqa: E402
 
 README = (Path(__file__).parent.parent / "README.md").read_text()
 SMALL = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
@@ -39,6 +45,14 @@ ARCHITECTURES = {
                                                                                    num_local_experts=4,
                                                                                    num_experts_per_tok=2)),
                         TOKENS, {"use_cache": False}),
+    "Qwen2-MoE": lambda: (transformers.Qwen2MoeForCausalLM(transformers.Qwen2MoeConfig(**SMALL, num_key_value_heads=2,
+                                                                                       num_experts=4, num_experts_per_tok=2,
+                                                                                       moe_intermediate_size=32,
+                                                                                       shared_expert_intermediate_size=64)),
+                          TOKENS, {"use_cache": False}),
+    "OLMoE": lambda: (transformers.OlmoeForCausalLM(transformers.OlmoeConfig(**SMALL, num_key_value_heads=2, num_experts=4,
+                                                                             num_experts_per_tok=2)),
+                      TOKENS, {"use_cache": False}),
     "BERT": lambda: (transformers.BertModel(transformers.BertConfig(**SMALL, max_position_embeddings=32)), TOKENS, {}),
     "ViT": lambda: (transformers.ViTModel(transformers.ViTConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                                                  num_attention_heads=4, image_size=32, patch_size=8)),
@@ -47,6 +61,8 @@ ARCHITECTURES = {
 
 # a module inside a stack of layers: `model.layers.0.mlp`, `transformer.h.1.attn`, `encoder.layer.0`
 IN_LAYERS = re.compile(r"(^|\.)(layers|layer|h|blocks)\.\d+(\.|$)")
+# architecture -> its experts' weights, which the plan must shard (a replicated MoE proves little)
+EXPERT_WEIGHTS = {name: re.compile(r"\.experts\.(gate_up_proj|down_proj)$") for name in ("Mixtral", "OLMoE", "Qwen2-MoE")}
 
 
 def readme_table() -> dict[str, str]:
@@ -68,6 +84,8 @@ def test_architecture_runs_under_dtensor_as_planned(name):
     inside = sorted({n.target.split(".")[0] for n in imported.opaque if IN_LAYERS.search(n.module)})
     cell = readme_table()[name]
     assert cell == ("none" if not inside else ", ".join(f"`{op}`" for op in inside)), name
+    if name in EXPERT_WEIGHTS:
+        assert inside == [], f"the routed experts of {name} are planned, not opaque"
 
     result = sharded_plan(imported.document, "dp=2,tp=2", memory_s_per_byte=1e-9)
     expected = model(*args, **kwargs)[0]
@@ -79,6 +97,12 @@ def test_architecture_runs_under_dtensor_as_planned(name):
         full = first.full_tensor()._local_tensors[0]
     torch.testing.assert_close(full, expected, rtol=1e-4, atol=1e-5)
     assert program_on_mesh.mismatches == []
+    if name in EXPERT_WEIGHTS:
+        experts = [t for t in imported.parameters if EXPERT_WEIGHTS[name].search(t)]
+        assert len(experts) == 2 * 2  # two layers
+        for tensor in experts:
+            assert any(isinstance(p, Shard) for p in program_on_mesh.stored(tensor).placements), tensor
+        assert log.collectives
     issued, planned = traffic(log.collectives), traffic(planned_collectives(result))
     assert {k: n for k, (n, _) in issued.items()} == {k: n for k, (n, _) in planned.items()}
     assert {k: b for k, (_, b) in issued.items()} == pytest.approx({k: b for k, (_, b) in planned.items()}, rel=0.1)
@@ -86,3 +110,85 @@ def test_architecture_runs_under_dtensor_as_planned(name):
 
 def test_the_readme_table_lists_every_architecture_tried():
     assert sorted(readme_table()) == sorted(ARCHITECTURES)
+
+
+def moe_block():
+    """The MoE block of a Mixtral model's first layer (the model sets up its experts'
+    implementation and weights), exported alone on tokens [2, 16, 64]."""
+    torch.manual_seed(0)
+    model, _, _ = ARCHITECTURES["Mixtral"]()
+    block = model.model.layers[0].mlp.eval()
+    x = torch.randn(2, 16, 64, generator=torch.Generator().manual_seed(1))
+    return block, x, torch.export.export(block, (x,)).run_decompositions({})
+
+
+def test_routed_experts_import_as_a_dense_dispatch_equal_to_the_routed_one():
+    block, x, program = moe_block()
+    imported = import_program(program, strict=True)  # nothing opaque
+    kinds = {op.kind for op in imported.graph.ops}
+    assert {"top_k_values", "top_k_indices", "one_hot"} <= kinds
+    consumers = {t: [op for op in imported.graph.ops if t in op.inputs] for t in imported.parameters}
+    # the experts' weights reach dense contractions (through a transpose) with the expert loop in them
+    for name in ("experts.gate_up_proj", "experts.down_proj"):
+        (transpose,) = consumers[name]
+        (contraction,) = [op for op in imported.graph.ops if transpose.outputs[0] in op.inputs]
+        assert contraction.kind == "dot_general"
+    values = {name: program.state_dict[target].detach().numpy() for name, target in imported.parameters.items()}
+    values |= {imported.user_inputs[0]: x.numpy()}
+    (out,) = imported.outputs
+    computed = evaluate_graph(imported.graph, values)[out]
+    np.testing.assert_allclose(computed, block(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+    # planned with the experts split over the mesh, every device's share computes the same (the simulator)
+    result = sharded_plan(imported.document, "dp=2,tp=2", memory_s_per_byte=1e-9)
+    for name in ("experts.gate_up_proj", "experts.down_proj"):
+        assert result.plan.storage[name].used_axes(), name
+    assert verify_plan(result.plan).passed
+
+
+def test_a_routing_chain_of_another_form_stays_opaque():
+    """Counting slots into other bins than the experts is not the routed form: nothing is rewritten."""
+    _, _, program = moe_block()
+    (histc,) = [n for n in program.graph.nodes if n.op == "call_function" and "histc" in str(n.target)]
+    histc.args = (histc.args[0], histc.args[1], histc.args[2], histc.args[3] + 1)
+    with pytest.warns(UserWarning, match="kept opaque") as caught:
+        imported = import_program(program)
+    message = str(caught[0].message)
+    assert "grouped_mm_fallback" in message and "sort" in message and "histc" in message
+    assert "one_hot" not in {op.kind for op in imported.graph.ops}
+    assert "top_k_values" in {op.kind for op in imported.graph.ops}  # the router's topk is a row of its own
+    with pytest.raises(InputError, match="grouped_mm_fallback"):
+        import_program(program, strict=True)
+
+
+def test_a_training_step_through_the_routed_experts_gives_the_unsharded_gradients():
+    """Autograd runs back through the dense dispatch as planned: the router's and the experts'
+    gradients are the routed block's."""
+    block, x, program = moe_block()
+    result = sharded_plan(import_program(program).document, "dp=2,tp=2", memory_s_per_byte=1e-9)
+    labels = torch.randn(x.shape, generator=torch.Generator().manual_seed(2))
+    block.zero_grad()
+    loss = (block(x) * labels).sum()
+    loss.backward()
+    with simulated_ranks("dp=2,tp=2") as mesh:
+        program_on_mesh = parallelize(program, result, mesh)
+        out = program_on_mesh(x)
+        sharded_loss = (out * torch.distributed.tensor.distribute_tensor(labels, mesh, out.placements, src_data_rank=None)).sum()
+        sharded_loss.backward()
+        got_loss = sharded_loss.full_tensor()._local_tensors[0]
+        grads = {n: p.grad.full_tensor()._local_tensors[0] for n, p in program_on_mesh.named_parameters()}
+    torch.testing.assert_close(got_loss, loss.detach(), rtol=1e-5, atol=1e-5)
+    assert sorted(grads) == ["experts.down_proj", "experts.gate_up_proj", "gate.weight"]
+    for name, parameter in block.named_parameters():
+        torch.testing.assert_close(grads[name], parameter.grad, rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_the_imported_training_step_differentiates_the_router_through_top_k():
+    """autoshard's own backward: the router's gradient goes through the top-k values (the picked
+    indices, integers, carry none), and the sharded training plan computes what the whole one does."""
+    _, _, program = moe_block()
+    training = import_program(program, training=True)
+    grads_of = {op.attrs.get("of") for op in training.graph.ops if op.kind == "grad"}
+    assert "top_k_values" in grads_of
+    assert {"gate.weight.new", "experts.gate_up_proj.new", "experts.down_proj.new"} <= set(training.graph.outputs)
+    result = sharded_plan(training.document, "dp=2,tp=2", memory_s_per_byte=1e-9)
+    assert verify_plan(result.plan).passed

@@ -30,8 +30,8 @@ from autoshard.spmd.program import resharding_program
 
 VERIFY_MAX_BYTES = 2 * 2 ** 30  # host memory a --verify run may hold: the tensor and two layouts of it
 T = TypeVar("T")
-SHARDING_FORM = ('{"split_axes": [["x"], ["y"]], "partial": {"kind": "sum", "axes": ["x"]}} '
-                 '(partial optional) or the short form [[x],[y]]')
+SHARDING_FORM = ('{"split_axes": [["x"], ["y"]], "partial": {"kind": "sum", "axes": ["x"]}, "halo_sizes": [1, 1, 0, 0]} '
+                 '(partial and halo_sizes optional) or the short form [[x],[y]]')
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -143,7 +143,7 @@ def describe_step(step: CollectiveStep) -> str:
     if step.kind == "permute":
         detail = f"{len(step.pairs)} point-to-point transfers"
     else:
-        detail = ", ".join(f"{k}={v}" for k, v in step.dims.items())
+        detail = ", ".join(f"{k}={list(v) if isinstance(v, tuple) else v}" for k, v in step.dims.items())
     return (f"{step.kind} over [{', '.join(step.mesh_axes)}] ({detail}): {step.before} -> {step.after}; "
             f"{size(step.bytes_per_device)} per device, {step.seconds * 1e6:.4g} us")
 

@@ -13,7 +13,7 @@ from autoshard.errors import InputError, Problem
 from autoshard.graph.schema import load_graph, read_json
 from autoshard.mesh import Mesh
 from autoshard.planning.hardware import bind_hardware
-from autoshard.planning.plan import plan_from_json
+from autoshard.planning.plan import check_plan_mesh, plan_from_json, stated_mesh
 from autoshard.resharding import Price, bytes_moved_price
 from autoshard.sim.program import simulate_program
 
@@ -48,18 +48,13 @@ def add_program_args(parser: argparse.ArgumentParser) -> None:
 
 def plan_mesh(document: object, given: str | None) -> Mesh:
     """The mesh to simulate on: `--mesh` if given (it must match the plan's), else the plan's."""
-    mesh_doc = document.get("mesh") if isinstance(document, dict) else None
-    axes = mesh_doc.get("axes") if isinstance(mesh_doc, dict) else None
-    stated = None
-    if isinstance(axes, list) and all(isinstance(a, dict) and "name" in a and "size" in a for a in axes):
-        stated = Mesh(tuple(a["name"] for a in axes), tuple(a["size"] for a in axes))
     if given is None:
+        stated = stated_mesh(document)
         if stated is None:
             raise InputError("the plan states no mesh (mesh.axes); give --mesh", "--mesh")
         return stated
     mesh = Mesh.parse(given)
-    if stated is not None and stated != mesh:
-        raise InputError(f"the plan was made for mesh {stated}, not {mesh}", "--mesh")
+    check_plan_mesh(document, mesh, "--mesh")
     return mesh
 
 

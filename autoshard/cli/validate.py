@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from autoshard.cli.args import mesh_from_args
 from autoshard.graph.schema import load_graph
 from autoshard.graph.summary import graph_summary
-from autoshard.mesh import Mesh
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    mesh = Mesh.parse(args.mesh) if args.mesh else None
+    mesh = mesh_from_args(args) if args.mesh is not None else None  # an empty --mesh is a bad mesh, as in plan
     graph = load_graph(args.graph, mesh)
     print(f"ok: {graph_summary(graph)}")
     return 0

@@ -50,6 +50,9 @@ def placement_specs(sharding: Sharding, mesh: Mesh, tensor: str) -> tuple[Placem
     if sharding.dims_offsets:
         raise InputError(f"tensor {tensor!r} has explicit uneven shard offsets {list(sharding.dims_offsets)}, "
                          "which DTensor cannot express (its shards follow torch.chunk)", f"/tensors/{tensor}")
+    if sharding.has_halo:
+        raise InputError(f"tensor {tensor!r} has halo_sizes {sharding.flat_halo_sizes()}, which DTensor cannot express "
+                         "(its shards hold no neighbours' cells)", f"/tensors/{tensor}")
     dim_of = {a: d for d, axes in enumerate(sharding.split_axes) for a in axes}
     for d, axes in enumerate(sharding.split_axes):
         order = [mesh.axis_names.index(a) for a in axes]

@@ -32,6 +32,8 @@ def spec_problem(sharding: Sharding, mesh: Mesh, shape: tuple[int, ...], boundar
                 "XLA reduces it where a consumer's spec asks")
     if sharding.dims_offsets:
         return "explicit sharded_dims_offsets: a PartitionSpec only splits evenly (ceildiv)"
+    if sharding.has_halo:
+        return f"halo_sizes {sharding.flat_halo_sizes()}: a PartitionSpec's shards hold no neighbours' cells"
     if boundary:
         uneven = [f"dim {d} of size {shape[d]} over {sharding.shard_count(mesh, d)}" for d in range(len(shape))
                   if shape[d] % sharding.shard_count(mesh, d)]

@@ -68,6 +68,32 @@ class GraphModel(BaseModel):
     mesh: str | None = None
 
 
+def graph_json_schema() -> dict[str, Any]:
+    """The document's JSON Schema, self-contained (no `$ref`), with what the validator requires of
+    the values too: the format, positive dims, a known dtype and op kind. Names, shapes against
+    each op's maps and cycles are checked by `graph_from_json` alone."""
+    schema = GraphModel.model_json_schema()
+    definitions = schema.pop("$defs")
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return inline(definitions[node["$ref"].rsplit("/", 1)[1]])
+            return {key: inline(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [inline(value) for value in node]
+        return node
+
+    schema = inline(schema)
+    schema["properties"]["format"] = {"const": FORMAT, "title": "Format", "type": "string"}
+    tensor = schema["properties"]["tensors"]["additionalProperties"]
+    tensor["properties"]["shape"]["items"]["minimum"] = 1
+    tensor["properties"]["dtype"]["enum"] = sorted(DTYPES)
+    schema["properties"]["ops"]["items"]["properties"]["kind"]["enum"] = sorted(OP_KINDS)
+    schema["title"] = "Graph document (autoshard.graph/v1)"
+    return schema
+
+
 def pointer(loc: tuple[Any, ...]) -> str:
     return "/" + "/".join(str(part).replace("~", "~0").replace("/", "~1") for part in loc)
 
@@ -87,25 +113,26 @@ def parse_json(text: str, where: str) -> Any:
     """`text` as JSON, refusing a key repeated in one object (JSON keeps the last silently) and
     nesting too deep to walk."""
     try:
-        return json.loads(text, object_pairs_hook=_distinct_keys)
+        return json.loads(text, object_pairs_hook=distinct_keys)
     except json.JSONDecodeError as error:
         raise InputError(f"not JSON: {error.msg} at line {error.lineno} column {error.colno}", where) from None
     except RecursionError:
         raise InputError("not a document autoshard reads: JSON nested too deeply", where) from None
-    except _RepeatedKey as error:
+    except RepeatedKey as error:
         raise InputError(f"the key {error.args[0]!r} appears twice in one object; JSON would keep only the last",
                          where) from None
 
 
-class _RepeatedKey(Exception):
-    pass
+class RepeatedKey(Exception):
+    """A JSON object names one key twice; `args[0]` is the key."""
 
 
-def _distinct_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def distinct_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """`json.loads`'s `object_pairs_hook` that raises `RepeatedKey` instead of keeping the last value."""
     found = dict(pairs)
     if len(found) != len(pairs):
         seen: set[str] = set()
-        raise _RepeatedKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
+        raise RepeatedKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
     return found
 
 

@@ -6,6 +6,12 @@ device a fixed offset away along one mesh axis; otherwise it is printed as round
 (a device sends at most one tile and receives at most one tile per round) whose peers and tile
 boxes come from a per-device table indexed by the process's linear index. Idle devices exchange
 an empty tile with themselves. Every transfer of the step appears exactly once.
+
+An `update_halo` fills a zeroed buffer of the new halo shape (zeros: the padding the simulator
+holds outside the tensor). The `mesh` spelling is the reference's `mesh.update_halo %src into %dst`
+with both halo sizes; upstream's `shard.update_halo` works in place on its destination, so the
+block is first copied into the buffer there. A step that only shrinks halos sends nothing and is
+a local `tensor.extract_slice` in both spellings.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from typing import Callable, Sequence
 from autoshard.mesh import Device, Mesh
 from autoshard.mlir.device import DeviceIndex
 from autoshard.mlir.dialect import Dialect
-from autoshard.mlir.linalg import Operand, Spec, empty
+from autoshard.mlir.linalg import Operand, Spec, empty, filled
 from autoshard.mlir.module import MESH_SYMBOL, axes_list
 from autoshard.mlir.text import Body, int_list, tensor_type
 from autoshard.resharding import CollectiveStep, Transfer, step_kind
@@ -181,6 +187,47 @@ def _insert(b: Body, buffer: Operand, piece: str, offsets: list[str], sizes: lis
     return Operand(name, buffer.spec)
 
 
+def _halo_block(step: CollectiveStep, x: Operand, out: Spec, dim: int) -> tuple[int, int, int | str]:
+    """Along `dim`: where the block starts in the old and in the new buffer, and its length (the
+    smaller side's; a short last shard without a halo is dynamic)."""
+    old, new = step.before.halo(dim), step.after.halo(dim)
+    if old != (0, 0) and new != (0, 0):
+        return old[0], new[0], x.shape[dim] - sum(old)
+    return old[0], new[0], (x.sizes if new != (0, 0) else out.sizes)[dim]
+
+
+def _update_halo(b: Body, dialect: Dialect, mesh: Mesh, step: CollectiveStep, x: Operand, out: Spec,
+                 device: DeviceIndex, hint: str) -> Operand:
+    rank = len(x.shape)
+    blocks = [_halo_block(step, x, out, d) for d in range(rank)]
+    ones = int_list([1] * rank)
+    shrinks = all(step.after.halo(d)[i] <= step.before.halo(d)[i] for d in range(rank) for i in (0, 1))
+    name = b.name(hint)
+    if shrinks:  # every cell of the new buffer is already held: no exchange
+        offsets = ", ".join(str(old - new) for old, new, _ in blocks)
+        b.emit(f"{name} = tensor.extract_slice {x.name}[{offsets}] [{', '.join(str(s) for s in out.sizes)}] {ones} "
+               f": {x.type} to {out.type}")
+        return Operand(name, out)
+    zeros = filled(b, out, 0.0, "halo_buffer")
+    split = ", ".join(axes_list(mesh, axes) for axes in step.after.split_axes)
+    source_halos, destination_halos = (int_list(step.dims[k]) for k in step_kind(step.kind).attrs)
+    if dialect.name == "mesh":
+        b.emit(f"{name} = {dialect.op('update_halo')} {x.name} into {zeros.name} on {MESH_SYMBOL} split_axes = [{split}] "
+               f"source_halo_sizes = {source_halos} destination_halo_sizes = {destination_halos} : {x.type} -> {out.type}")
+        return Operand(name, out)
+    tile = tensor_type([size if isinstance(size, int) else "?" for *_, size in blocks], x.dtype)
+    sizes = ", ".join(str(size) for *_, size in blocks)
+    block = b.name("block")
+    b.emit(f"{block} = tensor.extract_slice {x.name}[{', '.join(str(old) for old, _, _ in blocks)}] [{sizes}] {ones} "
+           f": {x.type} to {tile}")
+    placed = b.name("placed")
+    b.emit(f"{placed} = tensor.insert_slice {block} into {zeros.name}[{', '.join(str(new) for _, new, _ in blocks)}] "
+           f"[{sizes}] {ones} : {tile} into {out.type}")
+    b.emit(f"{name} = {dialect.op('update_halo')} {placed} on {MESH_SYMBOL} split_axes = [{split}] "
+           f"halo_sizes = {destination_halos} : {out.type}")
+    return Operand(name, out)
+
+
 # How each kind of `autoshard.resharding.STEP_KINDS` is printed.
 STEP_PRINTERS: dict[str, Printer] = {
     "all_gather": _collective,
@@ -189,4 +236,5 @@ STEP_PRINTERS: dict[str, Printer] = {
     "all_reduce": _collective,
     "reduce_scatter": _collective,
     "permute": _permute,
+    "update_halo": _update_halo,
 }

@@ -26,6 +26,7 @@ from autoshard.errors import InputError
 from autoshard.graph.model import Op
 from autoshard.mlir.linalg import Operand, Spec, empty, generic, ins_outs, linalg_index, reduction_init
 from autoshard.mlir.lower_grad import lower_grad
+from autoshard.mlir.lower_selection import one_hot, top_k
 from autoshard.mlir.scalar import combine, constant, convert, payload
 from autoshard.mlir.text import Body, elem_type, int_list
 from autoshard.ops.loops import PARALLEL, REDUCTION
@@ -77,7 +78,7 @@ def _payload_nest(b: Body, ctx: LoweringContext, name: str | None = None) -> lis
     converted to the result's dtype and folded with the reduction kind over reduction loops."""
     op, nest, out = ctx.op, ctx.op.nest, ctx.out
     name = name or op.attrs.get("payload") or op.op_kind.payload
-    if name is None:  # compare, select, iota, opaque: rows without an MLIR lowering yet
+    if name is None:
         raise InputError(f"op kind {op.kind!r} has no MLIR lowering yet", ctx.where)
     reductions = bool(nest.reduction_loops)
     fold = reductions and PAYLOADS[name].arity == len(ctx.inputs) + 1  # the payload is the combiner
@@ -186,9 +187,8 @@ def _attention(b: Body, ctx: LoweringContext) -> list[Operand]:
     """scores = q k^T (generic), scaled and causally masked (generic), linalg.softmax over the
     keys, then weights v (generic). Loops of the op: b0 h1 s2 e3 t4 d5."""
     ctx.require_float()
-    if len(ctx.inputs) != 3:
-        raise InputError(f"op {ctx.op.name!r} (attention) with a mask input is not lowered to MLIR yet", ctx.where)
-    q, k, v = ctx.inputs
+    q, k, v = ctx.inputs[:3]
+    mask = ctx.inputs[3] if len(ctx.inputs) == 4 else None
     dtype = q.dtype
     scale = ctx.op.attrs.get("scale", 1.0 / math.sqrt(ctx.op.nest.extents[5]))
     causal = bool(ctx.op.attrs.get("causal", False))
@@ -203,21 +203,58 @@ def _attention(b: Body, ctx: LoweringContext) -> list[Operand]:
 
     def scaled(b: Body, args: list[str]) -> str:
         value = payload(b, "mul", [args[0], constant(b, scale, dtype, "scale")], dtype, "")
+        if mask is not None:
+            value = _apply_mask(b, value, args[1], mask.dtype, dtype)
         if not causal:
             return value
         query = linalg_index(b, 2, query_offset)
         key = linalg_index(b, 3, None)
         seen = b.name("seen")
         b.emit(f"{seen} = arith.cmpi ule, {key}, {query} : index")
-        masked = b.name("masked")
-        b.emit(f"{masked} = arith.select {seen}, {value}, {constant(b, float('-inf'), dtype, 'ninf')} : {elem_type(dtype)}")
-        return masked
-    logits = _elementwise(b, [scores], scores_spec, scaled, "logits")
+        return _keep_or_ninf(b, seen, value, dtype)
+    identity = AffineMap.identity(4)
+    masks = [] if mask is None else [_scores_map(ctx.op.nest.maps[3])]
+    logits = _elementwise(b, [scores] + ([mask] if mask is not None else []), scores_spec, scaled, "logits",
+                          maps=[identity] + masks)
     weights = Operand(b.name("weights"), scores_spec)
     out = empty(b, scores_spec)
     b.emit(f"{weights.name} = linalg.softmax dimension(3) {ins_outs([logits], [out])} -> {out.type}")
     return [generic(b, [_loops(5, 0, 1, 2, 4), _loops(5, 0, 1, 4, 3), _loops(5, 0, 1, 2, 3)], contraction, [weights, v],
                     reduction_init(b, ctx.out, "sum"), dot, hint=ctx.op.outputs[0])]
+
+
+def _keep_or_ninf(b: Body, keep: str, value: str, dtype: str) -> str:
+    masked = b.name("masked")
+    b.emit(f"{masked} = arith.select {keep}, {value}, {constant(b, float('-inf'), dtype, 'ninf')} : {elem_type(dtype)}")
+    return masked
+
+
+def _apply_mask(b: Body, value: str, mask: str, mask_dtype: str, dtype: str) -> str:
+    """As the op table's attention: a bool mask keeps the scores where true, any other is added."""
+    if mask_dtype == "bool":
+        return _keep_or_ninf(b, mask, value, dtype)
+    return payload(b, "add", [value, convert(b, mask, mask_dtype, dtype)], dtype, "")
+
+
+def _scores_map(mask_map: AffineMap) -> AffineMap:
+    """The attention mask's map over the op's loops b0 h1 s2 e3 t4 d5, as a map over the scores'
+    loops b h s t."""
+    position = {0: 0, 1: 1, 2: 2, 4: 3}
+    return AffineMap(4, tuple(AffineExpr.loop(position[e.loops[0]]) if e.loops else e for e in mask_map.results))
+
+
+def _zero_pad(b: Body, x: Operand, low: Sequence[int], high: Sequence[int], hint: str) -> Operand:
+    """`x` with zeros added before (`low`) and after (`high`) each dim; padded dims are static."""
+    grow = [lo + hi for lo, hi in zip(low, high)]
+    spec = Spec(tuple(s + g for s, g in zip(x.shape, grow)), x.dtype,
+                tuple(s if isinstance(s, str) else s + g for s, g in zip(x.sizes, grow)))
+    padded = Operand(b.name(hint), spec)
+    zero = constant(b, 0, x.dtype, "zero")
+    b.emit(f"{padded.name} = tensor.pad {x.name} low{int_list(low)} high{int_list(high)} {{")
+    b.emit(f"^bb0({', '.join(b.name('p') + ': index' for _ in x.shape)}):")
+    b.emit(f"  tensor.yield {zero} : {elem_type(x.dtype)}")
+    b.emit(f"}} : {x.type} to {padded.type}")
+    return padded
 
 
 def _conv2d(b: Body, ctx: LoweringContext) -> list[Operand]:
@@ -226,16 +263,7 @@ def _conv2d(b: Body, ctx: LoweringContext) -> list[Operand]:
     (pt, pb), (pl, pr) = ctx.op.attrs.get("padding", [[0, 0], [0, 0]])
     if pt or pb or pl or pr:
         # Spatial dims are never split, so they are static.
-        grow = (0, pt + pb, pl + pr, 0)
-        spec = Spec(tuple(s + g for s, g in zip(x.shape, grow)), x.dtype,
-                    tuple(s if isinstance(s, str) else s + g for s, g in zip(x.sizes, grow)))
-        padded = Operand(b.name("padded"), spec)
-        zero = constant(b, 0, x.dtype, "zero")
-        b.emit(f"{padded.name} = tensor.pad {x.name} low[0, {pt}, {pl}, 0] high[0, {pb}, {pr}, 0] {{")
-        b.emit(f"^bb0({', '.join(b.name('p') + ': index' for _ in range(4))}):")
-        b.emit(f"  tensor.yield {zero} : {elem_type(x.dtype)}")
-        b.emit(f"}} : {x.type} to {padded.type}")
-        x = padded
+        x = _zero_pad(b, x, (0, pt, pl, 0), (0, pb, pr, 0), "padded")
     init = reduction_init(b, ctx.out, "sum")
     result = b.name(ctx.op.outputs[0])
     b.emit(f"{result} = linalg.conv_2d_nhwc_hwcf {{dilations = dense<1> : tensor<2xi64>, "
@@ -352,7 +380,75 @@ def _slice(b: Body, ctx: LoweringContext) -> list[Operand]:
 
 
 def _pad(b: Body, ctx: LoweringContext) -> list[Operand]:
-    raise InputError(f"op {ctx.op.name!r} (pad) is not lowered to MLIR yet", ctx.where)
+    rank = len(ctx.inputs[0].shape)
+    return [_zero_pad(b, ctx.inputs[0], ctx.op.attrs.get("low", [0] * rank), ctx.op.attrs.get("high", [0] * rank),
+                      ctx.op.outputs[0])]
+
+
+def _iota(b: Body, ctx: LoweringContext) -> list[Operand]:
+    """Each element is its global index along `dimension`: the block's offset plus the local index."""
+    out = ctx.out
+    dim = ctx.op.attrs.get("dimension", 0) % len(out.shape)
+    offset = ctx.offset(dim)  # outside the region: it is a top-level value
+
+    def region(b: Body, args: list[str], acc: str) -> str:
+        index = b.name("index")
+        b.emit(f"{index} = arith.index_cast {linalg_index(b, dim, offset)} : index to i64")
+        return convert(b, index, "i64", out.dtype)
+    return [generic(b, [AffineMap.identity(len(out.shape))], ["parallel"] * len(out.shape), [], empty(b, out), region,
+                    hint=ctx.op.outputs[0])]
+
+
+# Predicates per comparison direction: ordered float comparisons except `ne` (numpy: nan != x);
+# signed integers; bool compares as 0 < 1.
+_PREDICATES = {"eq": ("oeq", "eq", "eq"), "ne": ("une", "ne", "ne"), "lt": ("olt", "slt", "ult"),
+               "le": ("ole", "sle", "ule"), "gt": ("ogt", "sgt", "ugt"), "ge": ("oge", "sge", "uge")}
+
+
+def _compare(b: Body, ctx: LoweringContext) -> list[Operand]:
+    dtype = ctx.inputs[0].dtype
+    float_predicate, int_predicate, bool_predicate = _PREDICATES[ctx.op.attrs["direction"]]
+
+    def region(b: Body, args: list[str], acc: str) -> str:
+        values = [convert(b, a, o.dtype, dtype) for a, o in zip(args, ctx.inputs)]
+        result = b.name("cmp")
+        if DTYPES[dtype].is_float:
+            b.emit(f"{result} = arith.cmpf {float_predicate}, {values[0]}, {values[1]} : {elem_type(dtype)}")
+        else:
+            predicate = bool_predicate if dtype == "bool" else int_predicate
+            b.emit(f"{result} = arith.cmpi {predicate}, {values[0]}, {values[1]} : {elem_type(dtype)}")
+        return result
+    return [generic(b, ctx.op.nest.maps, _linalg_iterators(ctx.op), ctx.inputs, empty(b, ctx.out), region,
+                    hint=ctx.op.outputs[0])]
+
+
+def _select(b: Body, ctx: LoweringContext) -> list[Operand]:
+    """A bool selector picks the second case where true; an integer one picks the case it numbers."""
+    which, cases = ctx.inputs[0], ctx.inputs[1:]
+    dtype = ctx.out.dtype
+
+    def region(b: Body, args: list[str], acc: str) -> str:
+        values = [convert(b, a, o.dtype, dtype) for a, o in zip(args[1:], cases)]
+        picked = values[0]
+        for number, value in enumerate(values[1:], start=1):
+            if which.dtype == "bool":
+                hit = args[0]
+            else:
+                hit = b.name("hit")
+                b.emit(f"{hit} = arith.cmpi eq, {args[0]}, {constant(b, number, which.dtype, 'case')} : "
+                       f"{elem_type(which.dtype)}")
+            chosen = b.name("picked")
+            b.emit(f"{chosen} = arith.select {hit}, {value}, {picked} : {elem_type(dtype)}")
+            picked = chosen
+        return picked
+    return [generic(b, ctx.op.nest.maps, _linalg_iterators(ctx.op), ctx.inputs, empty(b, ctx.out), region,
+                    hint=ctx.op.outputs[0])]
+
+
+def _opaque(b: Body, ctx: LoweringContext) -> list[Operand]:
+    primitive = ctx.op.attrs.get("primitive", "unnamed")
+    raise InputError(f"op {ctx.op.name!r} is opaque (framework primitive {primitive!r}): its meaning is unknown, "
+                     "so it has no MLIR lowering", ctx.where)
 
 
 LOWERINGS: dict[str, Lowering] = {
@@ -371,6 +467,13 @@ LOWERINGS: dict[str, Lowering] = {
     "concat": _concat,
     "slice": _slice,
     "pad": _pad,
+    "iota": _iota,
+    "compare": _compare,
+    "select": _select,
+    "opaque": _opaque,
+    "one_hot": one_hot,
+    "top_k_values": top_k,
+    "top_k_indices": top_k,
     "grad": lower_grad,
 }
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Callable
 from autoshard.affine import AffineMap
 from autoshard.errors import InputError
 from autoshard.mlir.linalg import Operand, Spec, empty, generic, ins_outs, linalg_index, reduction_init
+from autoshard.mlir.lower_selection import top_k_values_grad
 from autoshard.mlir.scalar import combine, constant, payload
 from autoshard.mlir.text import Body, elem_type
 from autoshard.ops.loops import REDUCTION
@@ -250,6 +251,7 @@ GRAD_LOWERINGS: dict[str, Callable[[Body, "LoweringContext", str, int], list[Ope
     "rms_norm": _norm_grad(False),
     "attention": _attention_grad,
     "embedding": _embedding_grad,
+    "top_k_values": top_k_values_grad,
 }
 
 

@@ -20,11 +20,14 @@ def axes_list(mesh: Mesh, axes: Sequence[str]) -> str:
 
 
 def sharding_attrs(mesh: Mesh, sharding: Sharding, shape: Sequence[int], with_partial: bool) -> str:
-    """`split_axes = [[0], []] partial = sum[1] sharded_dims_offsets = [...]` (mesh axes by index)."""
+    """`split_axes = [[0], []] partial = sum[1] halo_sizes = [..] sharded_dims_offsets = [...]` (mesh axes by
+    index; halos and offsets are exclusive)."""
     split = ", ".join(axes_list(mesh, axes) for axes in sharding.split_axes) or "[]"
     text = f"split_axes = [{split}]"
     if with_partial and sharding.partial_axes:
         text += f" partial = {sharding.partial_kind}{axes_list(mesh, sharding.partial_axes)}"
+    if sharding.halo_sizes:
+        text += f" halo_sizes = {int_list(sharding.flat_halo_sizes())}"
     if sharding.dims_offsets:
         # The reference wants offsets for every split dim, in dim order.
         flat = []

@@ -8,7 +8,8 @@ dialect's collective. Arguments follow one of the two conventions of the design:
 - `local`: the function receives every argument already partitioned (its local shard);
 - `global`: it receives the full tensors and cuts its shard, one split dim at a time: with
   `all_slice` (the reference's in-group pieces, exactly the sharding's shards) where the dim
-  splits evenly, else with `tensor.extract_slice` at the start the process index gives.
+  splits evenly, else with `tensor.extract_slice` at the start the process index gives; a halo
+  sharding's halos then come from one `update_halo`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from autoshard.mlir.module import MESH_SYMBOL, axes_list, function_name, mesh_co
 from autoshard.mlir.text import Body
 from autoshard.planning.options import local_extents
 from autoshard.planning.plan import Plan
-from autoshard.resharding import Price
+from autoshard.resharding import Price, halo_step
 from autoshard.sharding import Sharding
 from autoshard.spmd.program import Communicate, LocalOp, SpmdProgram, Value, partition
 
@@ -31,12 +32,13 @@ ARGUMENT_CONVENTIONS = ("local", "global")
 
 
 def _spec(device: DeviceIndex, sharding: Sharding, shape: tuple[int, ...], dtype: str) -> Spec:
-    """Local type of a value: static where every device's shard has the same size."""
+    """Local type of a value: static where every device's shard has the same size (always on a
+    haloed dim, padded to the largest block)."""
     mesh = device.mesh
     largest = sharding.max_local_shape(mesh, shape)
     dims: list[int | str] = []
     for d, size in enumerate(shape):
-        even = len({stop - start for start, stop in sharding.dim_bounds(mesh, size, d)}) == 1
+        even = sharding.halo(d) != (0, 0) or len({stop - start for start, stop in sharding.dim_bounds(mesh, size, d)}) == 1
         dims.append(largest[d] if even else device.shard_size(sharding, shape, d))
     return Spec(largest, dtype, tuple(dims))
 
@@ -105,6 +107,11 @@ def _slice_argument(b: Body, device: DeviceIndex, value: Value, arg: Operand) ->
             b.emit(f"{name} = tensor.extract_slice {current.name}[{starts}] [{sizes}] [{', '.join(['1'] * len(value.shape))}] "
                    f": {current.type} to {spec.type}")
         current = Operand(name, spec)
+    if sharding.has_halo:
+        cut = Sharding(sharding.split_axes)
+        step = halo_step(mesh, value.shape, 1.0, cut, cut.with_halo(sharding.halo_sizes), lambda *_: 0.0)
+        current = emit_step(b, device.dialect, mesh, step, current, _spec(device, step.after, value.shape, value.dtype),
+                            device, f"{value.tensor}_local")
     return current
 
 

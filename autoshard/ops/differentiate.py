@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol, Sequence
 
+from autoshard.dtypes import DTYPES
 from autoshard.ops.grads import GRAD_RULES
 from autoshard.ops.table import OpDecl, normalize_dim
 
@@ -50,9 +51,11 @@ def add_backward(b: GraphBuilder, seeds: dict[str, str], wrt: Sequence[str]) -> 
 
 
 def _depends_on(b: GraphBuilder, sources: set[str]) -> set[str]:
+    """The float tensors computed from `sources`: integers and bools carry no gradient (the
+    indices a top-k picks, a comparison), so the ops reading only them need no rule."""
     reached = set(sources)
     for op in b.ops:
-        if any(t in reached for t in op.inputs):
+        if any(t in reached for t in op.inputs) and DTYPES[b.dtype_of(op.output)].is_float:
             reached.add(op.output)
     return reached
 

@@ -9,7 +9,7 @@ contribution from every point of it); a forward `invalid` loop stays invalid.
 
 The row exists for backward passes the rest of the table cannot express: derivatives that need
 constants (gelu, silu, tanh, the norms' eps, a mean's 1/n), the causal mask of attention, and
-the scatter-add of an embedding lookup. Contractions, reshapes and sums differentiate into
+the scatter-add of an embedding lookup, the scatter of a top-k selection. Contractions, reshapes and sums differentiate into
 ordinary table ops and have no rule here.
 """
 
@@ -24,6 +24,7 @@ from autoshard.affine import AffineMap
 from autoshard.ops.loops import INVALID, PARALLEL, REDUCTION, LoopNest, map_extent
 from autoshard.ops.nn import attention_weights
 from autoshard.ops.payloads import PAYLOADS
+from autoshard.ops.selection import top_k_order
 from autoshard.ops.table import OP_KINDS, Attrs, Context, OpError, OpKind, Shape, normalize_dim, register
 
 # compute(forward inputs, output gradient, forward context, wrt) -> gradient block of input `wrt`
@@ -165,6 +166,17 @@ def _embedding_grad(inputs: list[np.ndarray], dy: np.ndarray, ctx: Context, wrt:
 
 
 GRAD_RULES["embedding"] = GradRule(_embedding_grad, (1,), lambda nest, wrt: float(np.prod(nest.extents[:-1])))
+
+
+# --- top k values: the output gradient back at the picked positions ------------------------
+def _top_k_values_grad(inputs: list[np.ndarray], dy: np.ndarray, ctx: Context, wrt: int) -> np.ndarray:
+    (x,) = inputs  # whole rows: the selection loops are never split
+    dx = np.zeros(x.shape, dtype=dy.dtype)
+    np.put_along_axis(dx, top_k_order(x, ctx.attrs["k"]), dy, axis=-1)
+    return dx
+
+
+GRAD_RULES["top_k_values"] = GradRule(_top_k_values_grad, (0,), lambda nest, wrt: float(nest.points() // nest.extents[-2]))
 
 
 # --- the row -----------------------------------------------------------------------------

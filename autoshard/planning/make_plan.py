@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -18,7 +19,8 @@ from autoshard.planning.costs import Hardware
 from autoshard.planning.formulation import PICOSECONDS, Formulation, Weights, formulate
 from autoshard.planning.plan import Plan
 from autoshard.planning.report import Report, estimate
-from autoshard.solver import Problem, solve
+from autoshard.solver import Problem, score, solve
+from autoshard.solver.problem import certified_lower
 
 
 MAX_SEED = 2 ** 63 - 1  # the solver's kernels take the seed as a 64-bit integer
@@ -65,11 +67,55 @@ class PlanResult:
     phases: PhaseTimes  # formulate, solve and pricing so far; `deliver` adds its own
 
 
+class BestSoFar:
+    """The best plan a running `make_plan` has found, for a caller that may have to stop it early
+    (a service shutting down keeps it with the job). The solver's thread offers each better
+    solution; `result()`, from any thread, decodes and prices the last one."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._formulation: Formulation | None = None
+        self._hw: Hardware | None = None
+        self._budget_bytes = 0.0
+        self._started = self._built = 0.0
+        self._solution: np.ndarray | None = None
+        self._bound_ps = -math.inf
+
+    def start(self, formulation: Formulation, hw: Hardware, budget_bytes: float, started: float, built: float) -> None:
+        with self._lock:
+            self._formulation, self._hw, self._budget_bytes = formulation, hw, budget_bytes
+            self._started, self._built = started, built
+
+    def offer(self, solution: np.ndarray) -> None:
+        with self._lock:
+            self._solution = np.array(solution, dtype=np.int64)
+
+    def bound(self, bound_ps: float) -> None:
+        with self._lock:
+            self._bound_ps = max(self._bound_ps, bound_ps)
+
+    def result(self) -> PlanResult | None:
+        """The last offered plan, priced, its solver status "interrupted"; None before any."""
+        with self._lock:
+            formulation, hw, solution = self._formulation, self._hw, self._solution
+            bound_ps, budget_bytes, started, built = self._bound_ps, self._budget_bytes, self._started, self._built
+        if formulation is None or hw is None or solution is None:
+            return None
+        cost = score(formulation.problem, solution).cost
+        lower = min(certified_lower(bound_ps), cost) if math.isfinite(bound_ps) else 0
+        gap = (cost - lower) / cost if cost > 0 else 0.0
+        plan = formulation.plan(tuple(int(s) for s in solution))
+        solver = _solver_summary(formulation.problem, "interrupted", cost, lower, gap, built - started,
+                                 time.perf_counter() - built, budget_bytes)
+        return PlanResult(plan, estimate(plan, hw), solver, PhaseTimes())
+
+
 def make_plan(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = SolveSettings(),
               progress: Callable[[str, float, float, float], None] | None = None,
-              phases: PhaseTimes | None = None) -> PlanResult:
+              phases: PhaseTimes | None = None, best_so_far: BestSoFar | None = None) -> PlanResult:
     """`progress(phase, incumbent_ps, bound_ps, elapsed_s)` is called as the solver improves;
-    `phases` (a new one if None) records the time and memory of formulating, solving and pricing."""
+    `phases` (a new one if None) records the time and memory of formulating, solving and pricing;
+    `best_so_far` is kept up to date with the best plan found while solving."""
     phases = PhaseTimes() if phases is None else phases
     started = time.perf_counter()
     budget_bytes = settings.memory_budget_bytes if settings.memory_budget_bytes is not None else hw.hbm_bytes
@@ -77,30 +123,51 @@ def make_plan(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = 
         formulation = formulate(graph, mesh, hw, memory_budget_bytes=budget_bytes, weights=settings.weights,
                                 mesh_order=settings.mesh_order_splits)
     built = time.perf_counter()
+    incumbent = None
+    if best_so_far is not None:
+        best_so_far.start(formulation, hw, budget_bytes, started, built)
+        incumbent = best_so_far.offer
+        progress = _recording_bound(best_so_far, progress)
     with phases.phase("solve", reports_itself=True):
         hint = _whole_hint(formulation.problem, formulation.hint)
         result = solve(formulation.problem, time_limit_s=settings.time_limit_s, workers=settings.workers,
                        seed=settings.seed, hint=hint, progress=progress, deterministic=settings.deterministic,
-                       gap_limit=settings.gap_limit)
+                       gap_limit=settings.gap_limit, incumbent=incumbent)
     if not result.feasible:
         raise InfeasibleError(explain_infeasible(formulation, budget_bytes))
     with phases.phase("pricing"):  # decoding the solution into a plan and pricing it
         plan = formulation.plan(result.solution)
         report = estimate(plan, hw)
-    problem = formulation.problem
-    solver = {
-        "status": result.status,
-        "objective_ps": int(result.cost),
-        "objective_s": result.cost / PICOSECONDS,
-        "lower_bound_ps": int(result.lower_bound),
-        "gap": result.gap,
-        "formulate_s": built - started,
-        "solve_s": time.perf_counter() - built,
+    solver = _solver_summary(formulation.problem, result.status, int(result.cost), int(result.lower_bound), result.gap,
+                             built - started, time.perf_counter() - built, budget_bytes)
+    return PlanResult(plan, report, solver, phases)
+
+
+def _recording_bound(best_so_far: BestSoFar, progress: Callable[[str, float, float, float], None] | None
+                     ) -> Callable[[str, float, float, float], None]:
+    def report(phase: str, cost: float, bound: float, elapsed_s: float) -> None:
+        best_so_far.bound(bound)
+        if progress is not None:
+            progress(phase, cost, bound, elapsed_s)
+
+    return report
+
+
+def _solver_summary(problem: Problem, status: str, cost_ps: int, lower_bound_ps: int, gap: float,
+                    formulate_s: float, solve_s: float, budget_bytes: float) -> dict[str, Any]:
+    """The plan document's `solver` section."""
+    return {
+        "status": status,
+        "objective_ps": cost_ps,
+        "objective_s": cost_ps / PICOSECONDS,
+        "lower_bound_ps": lower_bound_ps,
+        "gap": gap,
+        "formulate_s": formulate_s,
+        "solve_s": solve_s,
         "problem": {"nodes": problem.num_nodes, "edges": problem.num_edges,
                     "strategies": int(np.sum(problem.num_strategies()))},
         "memory_budget_bytes": budget_bytes,
     }
-    return PlanResult(plan, report, solver, phases)
 
 
 def _whole_hint(problem: Problem, hinted: list[int]) -> np.ndarray | None:

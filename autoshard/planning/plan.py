@@ -103,6 +103,23 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
     }
 
 
+def stated_mesh(document: Any) -> Mesh | None:
+    """The mesh a plan document says it was made for (`mesh.axes`), None if it states none."""
+    mesh_doc = document.get("mesh") if isinstance(document, dict) else None
+    axes = mesh_doc.get("axes") if isinstance(mesh_doc, dict) else None
+    if isinstance(axes, list) and all(isinstance(a, dict) and "name" in a and "size" in a for a in axes):
+        return Mesh(tuple(a["name"] for a in axes), tuple(a["size"] for a in axes))
+    return None
+
+
+def check_plan_mesh(document: Any, mesh: Mesh, where: str) -> None:
+    """Refuse a plan made for another mesh than `mesh` (its options would be priced or run on
+    axes of other sizes); `where` names the mesh given."""
+    stated = stated_mesh(document)
+    if stated is not None and stated != mesh:
+        raise InputError(f"the plan was made for mesh {stated}, not {mesh}", where)
+
+
 def plan_from_json(document: Any, graph: Graph, mesh: Mesh) -> Plan:
     """Read a plan: `ops.<name>.option` (mesh axes per loop) and/or `tensors.<name>` shardings.
 

@@ -11,9 +11,9 @@ Dijkstra, `plan_resharding`, `resharding_cost`).
 May import: the vocabulary (`errors`, `reductions`, `mesh`, `sharding`).
 """
 
-from autoshard.resharding.search import PricedMoves, plan_resharding, resharding_cost
+from autoshard.resharding.search import PricedMoves, halo_step, plan_resharding, resharding_cost
 from autoshard.resharding.steps import (STEP_KINDS, BytesMovedPrice, CollectiveStep, Price, Resharding, StepKind,
                                         Transfer, bytes_moved_price, step_kind)
 
 __all__ = ["STEP_KINDS", "BytesMovedPrice", "CollectiveStep", "Price", "PricedMoves", "Resharding", "StepKind",
-           "Transfer", "bytes_moved_price", "plan_resharding", "resharding_cost", "step_kind"]
+           "Transfer", "bytes_moved_price", "halo_step", "plan_resharding", "resharding_cost", "step_kind"]

@@ -157,10 +157,28 @@ def device_transfers(mesh: Mesh, shape: tuple[int, ...], before: Sharding, after
     return tuple(transfers)
 
 
+def _inside(box: Box, shape: tuple[int, ...]) -> Box:
+    return tuple((max(a, 0), min(b, size)) for (a, b), size in zip(box, shape))
+
+
+def halo_received_elements(mesh: Mesh, shape: tuple[int, ...], before: Sharding, after: Sharding) -> np.ndarray:
+    """Per device (linear order): the cells of its `after` box inside the tensor that its `before`
+    box lacks, which an update_halo brings from the neighbours (padding is never sent)."""
+    received = []
+    for device in mesh.devices():
+        new = _inside(after.device_box(mesh, shape, device), shape)
+        old = before.device_box(mesh, shape, device)
+        kept = tuple((max(a, c), min(b, d)) for (a, b), (c, d) in zip(new, old))
+        received.append(_volume(tuple((a, max(a, b)) for a, b in new)) - _volume(tuple((a, max(a, b)) for a, b in kept)))
+    return np.array(received, np.int64)
+
+
 def received_elements(mesh: Mesh, shape: tuple[int, ...], step: CollectiveStep) -> dict[Device, float]:
     """Elements each device receives in `step`: the part of its new shard it did not hold, or
     for reductions the ring volume."""
     kind = step_kind(step.kind)
+    if kind.name == "update_halo":
+        return dict(zip(mesh.devices(), halo_received_elements(mesh, shape, step.before, step.after).astype(float)))
     if kind.reduces:
         factor = kind.ring_factor(mesh.group_size(step.mesh_axes))
         boxes = _boxes(mesh, shape, step.before)

@@ -7,7 +7,9 @@ reference's ceildiv rule, uneven shards included):
 - `all_to_all` moves a suffix of one dim's axes to the end of another dim's;
 - `permute` is a direct point-to-point exchange into the target (or an axis-order swap): each
   device receives only the part of its new shard it does not already hold, from a device that
-  holds it (see README.md).
+  holds it (see README.md);
+- `update_halo` changes only the halos (`halo_move`): into a halo sharding, each device receives
+  the halo cells it lacks from its neighbours; out of one, it drops them locally.
 
 Also how a move is priced and how it becomes a `CollectiveStep`.
 """
@@ -22,8 +24,8 @@ from types import MappingProxyType
 from typing import Any, Iterator, Sequence
 
 from autoshard.mesh import Mesh
-from autoshard.resharding.geometry import (device_transfers, dim_offsets, exchange_axes, fan_in, missing_elements,
-                                           pieces)
+from autoshard.resharding.geometry import (device_transfers, dim_offsets, exchange_axes, fan_in,
+                                           halo_received_elements, missing_elements, pieces)
 from autoshard.resharding.steps import STEP_KINDS, CollectiveStep, Price
 from autoshard.sharding import Sharding, ceildiv
 
@@ -164,6 +166,16 @@ def permute_move(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, state: 
     return Move("permute", exchange_axes(mesh, len(shape), state, after), (), after, moved)
 
 
+def halo_move(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, state: Sharding, after: Sharding) -> Move:
+    """The update_halo from `state` to `after` (the same split, other halos), exchanging along the
+    axes of the dims that have a halo on either side; priced on the most any device receives."""
+    haloed = [d for d in range(len(shape)) if state.halo(d) != (0, 0) or after.halo(d) != (0, 0)]
+    axes = tuple(a for a in mesh.axis_names if any(a in after.dim_axes(d) for d in haloed))
+    dims = (("source_halo_sizes", tuple(state.flat_halo_sizes())), ("destination_halo_sizes", tuple(after.flat_halo_sizes())))
+    received = int(halo_received_elements(mesh, shape, state, after).max())
+    return Move("update_halo", axes, dims, after, received * dtype_bytes)
+
+
 def build_step(mesh: Mesh, shape: tuple[int, ...], before: Sharding, move: Move, seconds: float) -> CollectiveStep:
     dims = dict(move.dims)
     if move.kind == "permute":
@@ -177,6 +189,9 @@ def price_move(mesh: Mesh, shape: tuple[int, ...], state: Sharding, move: Move, 
     other device is point-to-point traffic (send_recv of the most any device receives), while
     one that gathers from several peers is an all-to-all exchange and is priced as one, so that
     it pays the same fixed costs as the collectives it replaces."""
+    if move.kind == "update_halo":
+        # Dropping halos is local; anything else is point-to-point traffic with the neighbours.
+        return price(STEP_KINDS["update_halo"].price_kind, move.mesh_axes, move.bytes_per_device) if move.bytes_per_device else 0.0
     if move.kind != "permute":
         return price(move.kind, move.mesh_axes, move.bytes_per_device)
     if fan_in(mesh, shape, state, move.after) <= 1:

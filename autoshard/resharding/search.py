@@ -3,7 +3,10 @@
 States are shardings, edges the moves of `autoshard.resharding.moves`. Dijkstra over the
 states, priced by the caller's `price(kind, mesh_axes, bytes_per_device)`, returns the cheapest
 sequence (ties: fewer permutes, then fewer steps). Intermediate shardings use only the mesh
-axes and dims that the source or the target uses. `PricedMoves` keeps the priced moves of every
+axes and dims that the source or the target uses. Halos live only at the ends (`_with_halos`):
+the search runs between the halo-free shardings, a haloed source first drops its halos locally
+and a haloed target's halos come last from one update_halo (one update_halo alone when the
+split does not change). `PricedMoves` keeps the priced moves of every
 state across searches; `_PathTree` keeps one Dijkstra tree per start for every goal.
 """
 
@@ -19,9 +22,9 @@ from autoshard.errors import ShardingError
 from autoshard.mesh import Mesh
 from autoshard.reductions import REDUCTIONS
 from autoshard.resharding.geometry import received_elements
-from autoshard.resharding.moves import (Context, Move, build_step, canonical_state, goal_after, offered_moves,
-                                        permute_move, price_move)
-from autoshard.resharding.steps import STEP_KINDS, Price, Resharding
+from autoshard.resharding.moves import (Context, Move, build_step, canonical_state, goal_after, halo_move,
+                                        offered_moves, permute_move, price_move)
+from autoshard.resharding.steps import STEP_KINDS, CollectiveStep, Price, Resharding
 from autoshard.sharding import Sharding
 
 def _effective_target(mesh: Mesh, source: Sharding, target: Sharding) -> Sharding:
@@ -285,11 +288,39 @@ def _search(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, source: Shar
     return path[::-1]
 
 
+def _with_halos(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, source: Sharding, target: Sharding,
+                moves: PricedMoves) -> list[tuple[Sharding, Move, float]]:
+    """The path between halo-free shardings with the halo steps around it."""
+    source.check(mesh, shape, "source")
+    target.check(mesh, shape, "target")
+    core = _search(mesh, shape, dtype_bytes, source.without_halo(), target.without_halo(), moves)
+    state = canonical_state(mesh, source.split_axes, source.partial_axes, source.partial_kind, source.dims_offsets)
+    state = state.with_halo(source.halo_sizes)
+    path = []
+
+    def halo_step(after: Sharding) -> None:
+        move = halo_move(mesh, shape, dtype_bytes, state, after)
+        path.append((state, move, price_move(mesh, shape, state, move, moves.price)))
+
+    if core and state.has_halo:
+        halo_step(state.without_halo())
+        state = state.without_halo()
+    for before, move, seconds in core:
+        path.append((before, move, seconds))
+        state = move.after
+    if state.halo_sizes != target.halo_sizes:
+        halo_step(state.with_halo(target.halo_sizes))
+    return path
+
+
 def resharding_cost(mesh: Mesh, shape: Sequence[int], dtype_bytes: float, source: Sharding, target: Sharding,
                     moves: PricedMoves) -> tuple[float, float]:
     """`plan_resharding(...)`'s seconds and the bytes per device its steps are priced on (steps
     that move nothing, all_slice, left out), without building the steps."""
     shape = tuple(shape)
+    if source.has_halo or target.has_halo:
+        path = _with_halos(mesh, shape, dtype_bytes, source, target, moves)
+        return sum(seconds for _, _, seconds in path), float(sum(m.bytes_per_device for _, m, _ in path if STEP_KINDS[m.kind].moves_data))
     if not source.partial_axes:
         space, first, last = _space(mesh, shape, dtype_bytes, source, target, moves)
         return space.tree(first).cost(last)
@@ -297,12 +328,26 @@ def resharding_cost(mesh: Mesh, shape: Sequence[int], dtype_bytes: float, source
     return sum(seconds for _, _, seconds in path), float(sum(m.bytes_per_device for _, m, _ in path if STEP_KINDS[m.kind].moves_data))
 
 
+def halo_step(mesh: Mesh, shape: Sequence[int], dtype_bytes: float, before: Sharding, after: Sharding,
+              price: Price) -> CollectiveStep:
+    """The one update_halo from `before` to `after`, which differ only in their halos."""
+    if before.without_halo() != after.without_halo():
+        raise ValueError(f"an update_halo keeps the split: {before} and {after} differ beyond their halos")
+    shape = tuple(shape)
+    move = halo_move(mesh, shape, dtype_bytes, before, after)
+    return build_step(mesh, shape, before, move, price_move(mesh, shape, before, move, price))
+
+
 def plan_resharding(mesh: Mesh, shape: Sequence[int], dtype_bytes: float, source: Sharding, target: Sharding,
                     price: Price, moves: PricedMoves | None = None) -> Resharding:
     """The cheapest sequence of collectives under `price` that turns `source` into `target`
     (`moves`, if given, must have been made with the same `price`)."""
     shape = tuple(shape)
-    path = _search(mesh, shape, dtype_bytes, source, target, moves if moves is not None else PricedMoves(price))
+    moves = moves if moves is not None else PricedMoves(price)
+    if source.has_halo or target.has_halo:
+        path = _with_halos(mesh, shape, dtype_bytes, source, target, moves)
+    else:
+        path = _search(mesh, shape, dtype_bytes, source, target, moves)
     steps = tuple(build_step(mesh, shape, before, move, seconds) for before, move, seconds in path)
     totals = {d: 0.0 for d in mesh.devices()}
     for step in steps:

@@ -49,7 +49,11 @@ STEP_KINDS: dict[str, StepKind] = {k.name: k for k in (
     StepKind("reduce_scatter", ("reduction", "scatter_axis"), "scatter_axis", True, True, "reduce_scatter",
              lambda g: (g - 1) / g),
     StepKind("permute", ("transfers",), None, False, True, "send_recv", lambda g: 1.0),
+    # Each device receives its halo cells from its neighbours: point-to-point traffic, as a permute.
+    StepKind("update_halo", ("source_halo_sizes", "destination_halo_sizes"), None, False, True, "send_recv",
+             lambda g: 1.0),
 )}
+# permute and update_halo share the send_recv row (and its ring factor).
 _BY_PRICE_KIND = {k.price_kind: k for k in STEP_KINDS.values()}
 
 
@@ -81,7 +85,8 @@ class CollectiveStep:
     buffer, self copies included). Local shapes are the largest shard (the
     buffer every device allocates); `bytes_per_device` is what `price` was given: the input
     buffer (for all_to_all and reduce_scatter padded to equal chunks per peer along the cut dim),
-    or for permute the most any device receives."""
+    or for permute and update_halo the most any device receives. An update_halo keeps the split and
+    changes the halos, `before` to `after`, both halo sizes spelled flat as in the IR."""
 
     kind: str
     mesh_axes: tuple[str, ...]

@@ -17,6 +17,7 @@ from autoshard.mesh import Device, Mesh
 from autoshard.reductions import REDUCTIONS
 from autoshard.sharding import Sharding
 from autoshard.sim.collectives import Shards
+from autoshard.sim.halo import local_slices
 from autoshard.sim.local_op import ProgramError
 
 # Relative tolerance per evaluation type (bf16 and f8 are evaluated in f32).
@@ -84,19 +85,24 @@ def reduce_partial(shards: Shards, mesh: Mesh, sharding: Sharding, what: str) ->
 
 def compare_shards(shards: Shards, mesh: Mesh, sharding: Sharding, reference: np.ndarray, dtype: str,
                    what: str) -> Comparison:
-    """Each device's shard (partial groups reduced) against its slice of `reference`."""
+    """Each device's shard (partial groups reduced) against its slice of `reference`; a halo shard's
+    halos too, but not its padding outside the tensor."""
     values = reduce_partial(shards, mesh, sharding, what)
     limit = tolerance(dtype, reference)
     worst, mismatch = 0.0, None
     for device in mesh.devices():
-        slices = sharding.device_slices(mesh, reference.shape, device)
+        box = sharding.device_box(mesh, reference.shape, device)
+        inside = tuple((max(a, 0), max(min(b, size), a)) for (a, b), size in zip(box, reference.shape))
+        slices = tuple(slice(a, b) for a, b in inside)
         expected = reference[slices]
         actual = values.get(device)
         if actual is None:
             raise ProgramError(f"{what}: device {list(device)} holds no value", device=device)
-        if actual.shape != expected.shape:
+        box_shape = tuple(b - a for a, b in box)
+        if actual.shape != box_shape:
             raise ProgramError(f"{what}: device {list(device)} holds shape {list(actual.shape)}; sharding {sharding} "
-                               f"of {list(reference.shape)} gives {list(expected.shape)}", device=device)
+                               f"of {list(reference.shape)} gives {list(box_shape)}", device=device)
+        actual = actual[local_slices(inside, box)]
         err = errors(actual, expected)
         if err.size:
             worst = max(worst, float(err.max()))

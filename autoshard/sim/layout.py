@@ -5,6 +5,9 @@ the array back: for `sum` the in-group device 0 holds `array - sum(others)` and 
 small random integers (so a plan that forgets a reduction, or reads one device only, is caught);
 for `max`/`min` the others hold values no larger/smaller than the array; for `product` ones.
 The decomposition is exact for integer dtypes and for floats holding integers.
+
+A halo sharding's shards are boxes (`autoshard.sim.halo`): halos hold the neighbours' cells and
+cells outside the tensor hold zeros (padding).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from autoshard.mesh import Device, Mesh
 from autoshard.reductions import REDUCTIONS
 from autoshard.sharding import Sharding
 from autoshard.sim.collectives import Shards
+from autoshard.sim.halo import local_slices, stale_halo_devices, update_halo
 
 
 class LayoutError(AutoshardError):
@@ -59,6 +63,8 @@ def distribute(array: np.ndarray, mesh: Mesh, sharding: Sharding, shape: Sequenc
     for device in mesh.devices():
         part = parts[mesh.in_group_linear(device, sharding.partial_axes)]
         shards[device] = part[sharding.device_slices(mesh, array.shape, device)].copy()
+    if sharding.has_halo:
+        return update_halo(shards, mesh, array.shape, sharding.without_halo(), sharding)
     return shards
 
 
@@ -76,6 +82,26 @@ def _reduce_partial(shards: Shards, mesh: Mesh, sharding: Sharding) -> Shards:
     return reduced
 
 
+def _blocks_of_halo_shards(shards: Shards, mesh: Mesh, sharding: Sharding, shape: Sequence[int]) -> Shards:
+    """Each device's block out of its box, once every box has its shape and halos that agree with the
+    blocks they copy (a halo is a replica of its neighbour's cells)."""
+    for device in mesh.devices():
+        expected = sharding.local_shape(mesh, shape, device)
+        if shards[device].shape != expected:
+            raise LayoutError(f"device {device} holds shape {shards[device].shape}; sharding {sharding} of "
+                              f"{tuple(shape)} expects {expected}")
+    stale = stale_halo_devices(shards, mesh, shape, sharding)
+    if stale:
+        raise LayoutError(f"devices {stale} hold halo cells that differ from their neighbours' blocks "
+                          f"(sharding {sharding}); an update_halo is missing")
+    blocks: Shards = {}
+    for device in mesh.devices():
+        box = sharding.device_box(mesh, shape, device)
+        block = tuple((s.start, s.stop) for s in sharding.device_slices(mesh, shape, device))
+        blocks[device] = shards[device][local_slices(block, box)]
+    return blocks
+
+
 def assemble(shards: Shards, mesh: Mesh, sharding: Sharding, shape: Sequence[int]) -> np.ndarray:
     """The global tensor the device contents stand for; raises LayoutError naming the device
     whose shard has the wrong shape or disagrees with a replica."""
@@ -83,6 +109,9 @@ def assemble(shards: Shards, mesh: Mesh, sharding: Sharding, shape: Sequence[int
     missing = [d for d in mesh.devices() if d not in shards]
     if missing:
         raise LayoutError(f"devices {missing} hold no value (an undefined result was used)")
+    if sharding.has_halo:
+        shards = _blocks_of_halo_shards(shards, mesh, sharding, shape)
+        sharding = sharding.without_halo()
     values = _reduce_partial(shards, mesh, sharding)
     first = values[next(mesh.devices())]
     out = np.empty(tuple(shape), dtype=first.dtype)

@@ -9,6 +9,7 @@ from autoshard.mesh import Mesh
 from autoshard.resharding import CollectiveStep, Resharding, step_kind
 from autoshard.sim import collectives as c
 from autoshard.sim.collectives import Shards
+from autoshard.sim.halo import update_halo
 
 
 def _collective(fn: Callable[..., Shards]) -> Callable[[Shards, Mesh, tuple[int, ...], CollectiveStep], Shards]:
@@ -21,6 +22,10 @@ def _permute(shards: Shards, mesh: Mesh, shape: tuple[int, ...], step: Collectiv
     return c.permute(shards, step.dims["transfers"], out_shapes)
 
 
+def _update_halo(shards: Shards, mesh: Mesh, shape: tuple[int, ...], step: CollectiveStep) -> Shards:
+    return update_halo(shards, mesh, shape, step.before, step.after)
+
+
 # How each kind of `autoshard.resharding.STEP_KINDS` runs.
 STEP_RUNNERS: dict[str, Callable[[Shards, Mesh, tuple[int, ...], CollectiveStep], Shards]] = {
     "all_gather": _collective(c.all_gather),
@@ -29,6 +34,7 @@ STEP_RUNNERS: dict[str, Callable[[Shards, Mesh, tuple[int, ...], CollectiveStep]
     "all_reduce": _collective(c.all_reduce),
     "reduce_scatter": _collective(c.reduce_scatter),
     "permute": _permute,
+    "update_halo": _update_halo,
 }
 
 

@@ -220,23 +220,28 @@ def _add_memory_rows(model: cp_model.CpModel, fp: FlatProblem, var_of: np.ndarra
 
 
 class _Progress(cp_model.CpSolverSolutionCallback):
-    def __init__(self, scale: int, callback: Callable[[float, float, float], None] | None):
+    def __init__(self, scale: int, callback: Callable[[float, float, float], None] | None,
+                 solution: Callable[[np.ndarray], None] | None, decode: Callable[[np.ndarray], np.ndarray]):
         super().__init__()
         self._scale, self._callback = scale, callback
+        self._solution, self._decode = solution, decode
         self._start = time.monotonic()
 
     def on_solution_callback(self) -> None:
         if self._callback is not None:
             self._callback(self.objective_value * self._scale, self.best_objective_bound * self._scale,
                            time.monotonic() - self._start)
+        if self._solution is not None:
+            self._solution(self._decode(np.asarray(self.response_proto.solution, dtype=np.int64)))
 
 
 def solve_exact(fp: FlatProblem, *, time_limit_s: float, workers: int = 1, seed: int = 0,
                 hint: np.ndarray | None = None, deterministic_time: float | None = None,
                 progress: Callable[[float, float, float], None] | None = None, gap_limit: float = 0.0,
-                light_presolve: bool = False) -> ExactResult:
+                light_presolve: bool = False, solution: Callable[[np.ndarray], None] | None = None) -> ExactResult:
     """Solve `fp` with CP-SAT; `deterministic_time` (CP-SAT's own units) replaces the wall limit
-    for reproducible runs. `progress(cost, bound, elapsed_s)` is called on each new solution.
+    for reproducible runs. `progress(cost, bound, elapsed_s)` is called on each new solution, and
+    `solution(x)` with it (kept-strategy indices).
     The search stops once (cost - bound) / cost <= `gap_limit`; `optimal` only on a proof.
     `light_presolve` (for neighbourhoods that only need to improve on their hint): one presolve
     pass, no probing, no symmetry detection: a large relink otherwise spends most of its time in
@@ -271,15 +276,19 @@ def solve_exact(fp: FlatProblem, *, time_limit_s: float, workers: int = 1, seed:
         params.interleave_search = workers > 1
     else:
         params.max_time_in_seconds = remaining
-    status = solver.solve(built.model, _Progress(built.scale, progress))
-    wall = time.monotonic() - start
-    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        values = np.asarray(solver.response_proto.solution, dtype=np.int64)
+
+    def decode(values: np.ndarray) -> np.ndarray:
+        """The chosen strategy of each node from the values of CP-SAT's variables."""
         movable = built.x_var >= 0
         picked = np.zeros(len(fp.cost), dtype=bool)
         picked[movable] = values[built.x_var[movable]] > 0
         picked[fp.soff[:-1][fp.sizes() == 1]] = True
-        x = np.flatnonzero(picked) - fp.soff[:-1]
+        return np.flatnonzero(picked) - fp.soff[:-1]
+
+    status = solver.solve(built.model, _Progress(built.scale, progress, solution, decode))
+    wall = time.monotonic() - start
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        x = decode(np.asarray(solver.response_proto.solution, dtype=np.int64))
         bound = solver.best_objective_bound * built.scale
         # Stopping on the gap limit also reports OPTIMAL: only a bound that meets the cost proves it.
         proved = solver.best_objective_bound >= solver.objective_value

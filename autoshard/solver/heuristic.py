@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoshard.solver import kernels
+from autoshard.solver.crossover import cross
 from autoshard.solver.descent import descend
 from autoshard.solver.exact import model_fits
 from autoshard.solver.flat import FORBIDDEN, FlatProblem, flatten
@@ -39,6 +40,7 @@ from autoshard.solver.schedule import SCHEDULE, Schedule
 from autoshard.solver.search import BALL_STRATEGIES, Search
 
 Progress = Callable[[str, float, float, float], None]  # (phase, cost, bound, elapsed_s)
+Incumbent = Callable[[np.ndarray], None]  # a better solution that fits, in the caller's strategy indices
 # Edge costs above this count as this much when drawing an expensive edge (forbidden pairs would
 # take every draw).
 EXPENSIVE_EDGE_CAP = 1e15
@@ -92,11 +94,14 @@ def compile_kernels() -> None:
 
 def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: np.ndarray | None = None,
                   progress: Progress | None = None, deterministic: bool = False,
-                  gap_limit: float = 0.0, workers: int = 1, schedule: Schedule = SCHEDULE) -> HeuristicResult:
+                  gap_limit: float = 0.0, workers: int = 1, schedule: Schedule = SCHEDULE,
+                  incumbent: Incumbent | None = None) -> HeuristicResult:
     """The best solution the phases find in `time_limit_s` (in the schedule's fixed work when
-    `deterministic`), with the certified bound of the relaxation and CP-SAT."""
+    `deterministic`), with the certified bound of the relaxation and CP-SAT. `incumbent(x)` gets
+    the best fitting solution (kept-strategy indices) whenever a progress report finds a better one."""
     run = HeuristicRun(fp, time_limit_s=time_limit_s, seed=seed, hint=hint, progress=progress,
-                       deterministic=deterministic, gap_limit=gap_limit, workers=workers, schedule=schedule)
+                       deterministic=deterministic, gap_limit=gap_limit, workers=workers, schedule=schedule,
+                       incumbent=incumbent)
     run.relax()
     run.solve_on_binding_rows()
     run.relink_waiting()
@@ -104,6 +109,7 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
     run.search.reset(run.search.best_x)  # the neighbourhoods start from the best solution
     run.hub_neighbourhoods()
     run.random_neighbourhoods()
+    run.note_feasible()
     return HeuristicResult(run.search.best_x.copy(), run.search.best_obj, run.bound, run.stats)
 
 
@@ -113,7 +119,7 @@ class HeuristicRun:
 
     def __init__(self, fp: FlatProblem, *, time_limit_s: float, seed: int, hint: np.ndarray | None,
                  progress: Progress | None, deterministic: bool, gap_limit: float, workers: int,
-                 schedule: Schedule):
+                 schedule: Schedule, incumbent: Incumbent | None = None):
         self.fp = fp
         self.schedule = schedule
         self.start = time.monotonic()
@@ -121,16 +127,19 @@ class HeuristicRun:
         self.deadline = self.start + time_limit_s
         self.seed = seed
         self.progress = progress
+        self.incumbent = incumbent
+        self.offered = math.inf  # objective of the last solution handed to `incumbent`
         self.deterministic = deterministic
         self.gap_limit = gap_limit
         self.workers = workers
         self.stats: dict = {"relaxation_rounds": 0, "feasible_decodes": 0, "relinks": 0, "relinks_improving": 0,
                             "descents": 0, "descents_improving": 0, "binding_rows": "not run", "tree_moves": 0,
-                            "lns": 0, "lns_improving": 0}
+                            "lns": 0, "lns_improving": 0, "crossovers_improving": 0}
         x0 = smallest_usage(fp)
         if hint is not None and fp.fits(hint) and fp.objective(hint) < fp.objective(x0):
             x0 = np.asarray(hint, dtype=np.int64)
         self.search = Search(fp, x0, seed)
+        self.note_feasible()
         self.relaxation = Relaxation(fp)
         self.bound = -math.inf
         self.moves = max(schedule.tree_moves, schedule.tree_moves_per_node * fp.n)  # per sweep of tree moves
@@ -143,11 +152,24 @@ class HeuristicRun:
         return self.deadline - time.monotonic()
 
     def report(self, phase: str) -> None:
-        """Progress with the best plan that fits in memory (inf while none does: the search
-        starts from the smallest-memory decode, which may not fit either)."""
+        """Progress with the best plan that fits in memory and chooses nothing forbidden (inf while
+        none does: the search starts from the smallest-memory choices, which may not be one), and
+        the time the first such plan was found (`first_feasible_s` in the stats); a better such
+        plan goes to `incumbent`."""
+        feasible = self.note_feasible()
         if self.progress is not None:
-            fits = self.fp.fits(self.search.best_x)
-            self.progress(phase, self.search.best_obj if fits else math.inf, self.bound, time.monotonic() - self.start)
+            self.progress(phase, self.search.best_obj if feasible else math.inf, self.bound,
+                          time.monotonic() - self.start)
+        if self.incumbent is not None and feasible and self.search.best_obj < self.offered:
+            self.offered = self.search.best_obj
+            self.incumbent(self.search.best_x.copy())
+
+    def note_feasible(self) -> bool:
+        """Whether the best plan fits and chooses nothing forbidden; the first time it does, when."""
+        feasible = self.search.best_obj < FORBIDDEN and self.fp.fits(self.search.best_x)
+        if feasible and "first_feasible_s" not in self.stats:
+            self.stats["first_feasible_s"] = round(time.monotonic() - self.start, 3)
+        return feasible
 
     def proved_optimal(self) -> bool:
         return within_gap(self.search.best_obj, self.bound, self.gap_limit) and self.fp.fits(self.search.best_x)
@@ -198,10 +220,17 @@ class HeuristicRun:
         return self.time_left() > left * self.time_limit_s
 
     def _take_decode(self, x: np.ndarray, slack: np.ndarray, memory_binds: bool) -> None:
-        """A decode that fits and is cheaper becomes the search's (with tree moves on the true costs
+        """A decode that fits in memory first has its forbidden choices repaired (`Search.repair`);
+        then its regions that lower the best solution's cost move into it (`crossover.py`). A
+        decode that fits and is cheaper becomes the search's (with tree moves on the true costs
         once memory binds: before, the clean-up's moves were these, on the same costs); one that is
         cheaper but does not fit is relinked with the best, or waits while relinking has had its share."""
-        search, objective = self.search, self.fp.objective(x)
+        search, schedule = self.search, self.schedule
+        if np.all(slack <= 0):
+            x = search.repair(x, schedule.repair_ball, max(schedule.lns_min_s, schedule.repair_share * self.time_left()),
+                              deterministic_time=schedule.lns_work if self.deterministic else None)
+        objective = self.fp.objective(x)
+        self._cross_into_best(x)
         if np.all(slack <= 0):
             self.stats["feasible_decodes"] += 1
             if objective < search.best_obj:
@@ -217,6 +246,15 @@ class HeuristicRun:
             elif all(x.tobytes() != y.tobytes() for _, y in self.waiting):
                 self.waiting = sorted(self.waiting + [(objective, x)],
                                       key=lambda item: item[0])[:self.schedule.waiting_decodes]
+
+    def _cross_into_best(self, x: np.ndarray) -> None:
+        """The regions of x that lower the best solution's cost move into it (`crossover.py`)."""
+        if not self.fp.fits(self.search.best_x):
+            return
+        mixed = cross(self.fp, self.search.best_x, x)
+        if self.fp.objective(mixed) < self.search.best_obj:
+            self.stats["crossovers_improving"] += 1
+            self.search.reset(mixed)
 
     def relink(self, x: np.ndarray, share: float | None = None) -> None:
         """CP-SAT over the nodes where x and the best solution differ (`Search.relink`), then a

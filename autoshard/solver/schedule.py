@@ -56,6 +56,12 @@ class Schedule:
     binding_rows_gap: float = 0.01
     binding_rows_share: float = 0.75
     binding_relink_share: float = 0.6
+    # A decode that fits in memory has the balls of `repair_ball` nodes around its forbidden
+    # choices re-solved by CP-SAT, in up to `repair_share` of the time left (where most edge
+    # entries are forbidden, almost every decode breaks a few pairs; repaired, the first plan comes
+    # from the first decodes and the later ones still improve the best: benchmarks/RESULTS.md).
+    repair_ball: int = 40
+    repair_share: float = 0.05
     # A descent runs only while twice the last one's time is left (its time is about constant).
     descent_margin: float = 2.0
     # CP-SAT neighbourhoods: balls of this many nodes (and at most `search.BALL_STRATEGIES`

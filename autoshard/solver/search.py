@@ -15,7 +15,7 @@ import numpy as np
 from autoshard.solver import kernels
 from autoshard.solver.exact import (EXACT_TERM_LIMIT, HINTED_TERM_LIMIT, ExactResult, model_fits, pair_count, row_terms,
                                     solve_exact)
-from autoshard.solver.flat import FlatProblem, only_rows
+from autoshard.solver.flat import FORBIDDEN, FlatProblem, only_rows
 from autoshard.solver.subproblem import restrict
 
 BALL_STRATEGIES = 1500  # a CP-SAT neighbourhood of this many strategies solves in about a second
@@ -32,6 +32,16 @@ def exchange_rate(fp: FlatProblem) -> float:
     spread_cost = np.maximum.reduceat(capped, starts) - np.minimum.reduceat(capped, starts)
     spread_use = np.maximum.reduceat(fp.use, starts) - np.minimum.reduceat(fp.use, starts)
     return float(spread_cost.sum()) / max(float(spread_use.sum()), 1.0)
+
+
+def forbidden_nodes(fp: FlatProblem, x: np.ndarray) -> np.ndarray:
+    """The nodes of x with a forbidden cost or on a forbidden pair, sorted."""
+    bad = fp.cost[fp.soff[:-1] + x] >= FORBIDDEN
+    if fp.m:
+        pairs = fp.mat[fp.moff[:-1] + x[fp.eu] * fp.sizes()[fp.ev] + x[fp.ev]] >= FORBIDDEN
+        bad[fp.eu[pairs]] = True
+        bad[fp.ev[pairs]] = True
+    return np.flatnonzero(bad)
 
 
 class Search:
@@ -87,6 +97,26 @@ class Search:
                     if len(frontier) >= size:
                         break
         return np.array(sorted(frontier), dtype=np.int64)
+
+    def repair(self, x: np.ndarray, ball_size: int, time_limit_s: float,
+               deterministic_time: float | None = None) -> np.ndarray:
+        """x with the nodes around its forbidden choices re-solved by CP-SAT, where forbidden pairs
+        are hard constraints, every other node fixed; x itself when that finds nothing. A
+        relaxation's decode often breaks a few forbidden pairs in chains of nodes that must agree,
+        which tree moves cannot turn as one."""
+        bad = forbidden_nodes(self.fp, x)
+        if len(bad) == 0:
+            return x
+        budget = BALL_STRATEGIES // len(bad)
+        nodes = np.unique(np.concatenate([self.ball(int(v), ball_size, max(budget, 1)) for v in bad] + [bad]))
+        result = solve_exact(restrict(self.fp, nodes, x), time_limit_s=time_limit_s, workers=1,
+                             seed=int(self.rng.integers(1 << 31)), hint=x[nodes], deterministic_time=deterministic_time,
+                             light_presolve=True)
+        if result.x is None:
+            return x
+        repaired = x.copy()
+        repaired[nodes] = result.x
+        return repaired
 
     def relink(self, other: np.ndarray, time_limit_s: float, workers: int,
                deterministic_time: float | None = None) -> float | None:

@@ -18,7 +18,7 @@ import numpy as np
 
 from autoshard.solver.exact import model_fits, solve_exact
 from autoshard.solver.flat import FlatProblem, flatten
-from autoshard.solver.heuristic import Progress, compile_kernels, run_heuristic, smallest_usage
+from autoshard.solver.heuristic import Incumbent, Progress, compile_kernels, run_heuristic, smallest_usage
 from autoshard.solver.problem import Problem, certified_lower, check_solution, score, within_gap
 
 
@@ -40,12 +40,13 @@ class Result:
 
 def solve(problem: Problem, *, time_limit_s: float, workers: int = 1, seed: int = 0,
           hint: list[int] | np.ndarray | None = None, progress: Progress | None = None,
-          deterministic: bool = False, gap_limit: float = 0.0) -> Result:
+          deterministic: bool = False, gap_limit: float = 0.0, incumbent: Incumbent | None = None) -> Result:
     """Best solution found within `time_limit_s` seconds (fixed work instead of the clock when
     `deterministic`; then the answer depends only on the problem and the seed). The search stops
     early once the best fitting solution is within `gap_limit` of the certified bound,
     (cost - bound) / cost <= gap_limit (status "feasible" unless the bound meets the cost); 0
-    stops early only on a proof of optimality."""
+    stops early only on a proof of optimality. `incumbent(solution)` (original strategy indices)
+    is called as better solutions that fit are found, for a caller that may have to stop early."""
     if not 0.0 <= gap_limit < 1.0:
         raise ValueError(f"gap_limit must be in [0, 1), got {gap_limit}")
     compile_kernels()
@@ -61,9 +62,10 @@ def solve(problem: Problem, *, time_limit_s: float, workers: int = 1, seed: int 
     optimal = infeasible = False
     exact = model_fits(fp)
     heuristic_share = 0.15 if exact else 1.0
+    offer = None if incumbent is None else (lambda x: incumbent(fp.to_original(x)))
     found = run_heuristic(fp, time_limit_s=remaining * heuristic_share, seed=seed, hint=flat_hint,
                           progress=progress, deterministic=deterministic, gap_limit=gap_limit,
-                          workers=workers)
+                          workers=workers, incumbent=offer)
     candidates.append(found.x)
     bound = max(bound, found.bound)
     stats["heuristic"] = found.stats
@@ -79,7 +81,7 @@ def solve(problem: Problem, *, time_limit_s: float, workers: int = 1, seed: int 
         remaining = max(0.1, time_limit_s - (time.monotonic() - start))
         result = solve_exact(fp, time_limit_s=remaining, workers=workers, seed=seed, hint=best_hint,
                              deterministic_time=20.0 if deterministic else None, progress=on_solution,
-                             gap_limit=gap_limit)
+                             gap_limit=gap_limit, solution=offer)
         stats["cp_sat_status"] = result.status
         infeasible = result.infeasible
         optimal = result.optimal

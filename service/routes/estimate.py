@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 
 from autoshard.errors import InputError
-from autoshard.planning.plan import plan_from_json
+from autoshard.planning.plan import check_plan_mesh, plan_from_json
 from autoshard.planning.report import estimate
 from service import deps
 from service.config import Settings
@@ -19,10 +19,11 @@ router = APIRouter(prefix="/v1/estimate", tags=["estimate"])
 @router.post("", response_model=Estimate, responses=INPUT_ERRORS)
 def estimate_plan(body: EstimateRequest, settings: Settings = Depends(deps.settings)) -> Estimate:
     """Per-op compute, every resharding with its collectives, per-axis traffic and per-device peak memory."""
-    mesh = parse_mesh(body.model_dump(mode="json")["mesh"])
+    mesh = parse_mesh(body.model_dump(mode="json")["mesh"], settings.max_devices)
     graph = parse_graph(body.graph, mesh, settings)
     hardware = bind_topology(body.topology, body.topology_options.model_dump(exclude_none=True), mesh)
     try:
+        check_plan_mesh(body.plan, mesh, "/mesh")  # as the CLI's estimate, emit and simulate do
         plan = plan_from_json(body.plan, graph, mesh)
     except InputError as error:
         raise under("/plan", error) from None

@@ -25,7 +25,6 @@ from service.store import Job, Store
 router = APIRouter(prefix="/v1/plans", tags=["plans"], responses=errors(422))
 
 
-
 def _time(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec="milliseconds")
 
@@ -38,7 +37,10 @@ def job_out(job: Job, store: Store) -> PlanJob:
             text = store.get_ir(job.id, stage, options["dialect"], ir_arguments(stage, "local"))
             if text is not None:
                 ir[stage] = text
-    return PlanJob(id=job.id, status=job.status, progress=job.progress, plan=job.plan, ir=ir, error=job.error,
+    progress = job.progress
+    if job.status == "queued":
+        progress = {"phase": "queued", "queue_position": store.queue_position(job.id)}
+    return PlanJob(id=job.id, status=job.status, progress=progress, plan=job.plan, ir=ir, error=job.error,
                    created_at=_time(job.created_at), updated_at=_time(job.updated_at))
 
 

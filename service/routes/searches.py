@@ -87,6 +87,9 @@ def checked_options(body: SearchRequest, request: Request) -> SearchOptions:
     settings = request.app.state.settings
     options = body.options
     problems = []
+    if body.devices > settings.max_devices:
+        problems.append(Problem("/devices", f"{body.devices} devices; this service accepts at most "
+                                            f"{settings.max_devices}"))
     if body.topology not in cost_models.list_profiles():
         problems.append(Problem("/topology", f"unknown topology {body.topology!r}; expected one of "
                                              f"{cost_models.list_profiles()}"))

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends
 
 from autoshard.errors import InputError
 from autoshard.graph.summary import graph_summary
-from autoshard.planning.plan import plan_from_json
+from autoshard.planning.plan import check_plan_mesh, plan_from_json
 from service import deps
 from service.config import Settings
 from service.inputs import parse_graph, parse_mesh, under
@@ -20,12 +20,13 @@ router = APIRouter(prefix="/v1/validate", tags=["validate"])
 def validate(body: ValidateRequest, settings: Settings = Depends(deps.settings)) -> Validation:
     """200 with a summary when valid; 422 with every problem (the CLI's `validate` messages) otherwise."""
     mesh_value = body.model_dump(mode="json")["mesh"]
-    if body.plan is not None and mesh_value is None:
+    if "plan" in body.model_fields_set and mesh_value is None:  # as the schema's dependentRequired says
         raise InputError("checking a plan needs the mesh it is for", "/mesh")
-    mesh = parse_mesh(mesh_value) if mesh_value is not None else None
+    mesh = parse_mesh(mesh_value, settings.max_devices) if mesh_value is not None else None
     graph = parse_graph(body.graph, mesh, settings)
     if body.plan is not None and mesh is not None:
         try:
+            check_plan_mesh(body.plan, mesh, "/mesh")  # as the CLI's estimate, emit and simulate do
             plan_from_json(body.plan, graph, mesh)
         except InputError as error:
             raise under("/plan", error) from None

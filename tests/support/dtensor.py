@@ -10,7 +10,6 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-import torch
 import torch.distributed as dist
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.device_mesh import init_device_mesh

@@ -9,7 +9,6 @@ from pathlib import Path
 
 
 def run_rank(rank: int, world: int, port: int, plan_path: str, out_dir: str) -> None:
-    import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.debug import CommDebugMode

@@ -17,6 +17,20 @@ MLP = {
 }
 
 
+def deep_mlp(layers: int) -> dict:
+    """A chain of matmuls; with `LONG_SOLVE` on a 3-axis mesh, planning uses its whole time limit."""
+    tensors = {"a0": {"shape": [64, 256], "dtype": "bf16", "role": "input"}}
+    ops = []
+    for i in range(layers):
+        tensors[f"w{i}"] = {"shape": [256, 256], "dtype": "bf16", "role": "parameter"}
+        tensors[f"a{i + 1}"] = {"shape": [64, 256], "dtype": "bf16"}
+        ops.append({"name": f"fc{i}", "kind": "matmul", "inputs": [f"a{i}", f"w{i}"], "outputs": [f"a{i + 1}"]})
+    return {"format": "autoshard.graph/v1", "name": "deep", "tensors": tensors, "ops": ops}
+
+
+# a memory budget that binds keeps the certified bound far below the cost, and gap 0 waits for it
+LONG_SOLVE = {"memory_budget_bytes": 800_000, "gap_limit": 0}
+
 OPTIONS = {"time_limit_s": 2, "seed": 0}
 
 

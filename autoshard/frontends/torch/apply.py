@@ -11,6 +11,7 @@ counts those, so a test can require none).
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 from autoshard.errors import InputError, Problem
@@ -112,7 +113,7 @@ def _forward_plan(plan: Any, imported: ImportedProgram, mesh: Mesh) -> Plan:
 
 
 TORCH_DTYPES = {ours: getattr(torch, name) for name, ours in DTYPES.items()}
-BLOCKWISE = ("reshape", "broadcast_in_dim", "dot_general", "matmul", "batch_matmul", "conv2d")
+BLOCKWISE = ("reshape", "broadcast_in_dim", "dot_general", "matmul", "batch_matmul", "conv2d", "one_hot")
 
 
 class ShardedProgram(torch.nn.Module):
@@ -198,6 +199,7 @@ class ShardedProgram(torch.nn.Module):
             else:
                 result = step.call(*inputs)
             planned = self._placements[name]
+            result = _average_as_sum(result, planned, self.device_mesh)
             if not _same_placements(tuple(result.placements), planned):
                 self.mismatches.append(f"{name} ({producers[name].kind}): DTensor gave {list(result.placements)}, "
                                        f"the plan {list(planned)}")
@@ -229,8 +231,9 @@ class ShardedProgram(torch.nn.Module):
         contraction or a convolution (a split reduction leaves the partial sum the plan says;
         a convolution's windows are never split), attention while its queries stay whole (the
         causal mask needs global query positions). A broadcast goes by blocks too: DTensor keeps a broadcast
-        dim replicated where the plan may split it. The other ops go through DTensor, which
-        checks the plan.
+        dim replicated where the plan may split it. A one-hot goes by blocks too (DTensor has
+        no rule for it; its class loop is never split, so a block's ids give the block's rows).
+        The other ops go through DTensor, which checks the plan.
         """
         if op.kind in BLOCKWISE:
             return True
@@ -308,6 +311,22 @@ def _same_placements(got: tuple[Any, ...], planned: tuple[Any, ...]) -> bool:
     """Equal, counting DTensor's own kinds of partial value (an embedding's masked partial sum)
     as the plain partial value of the same reduction: they are reduced alike, and DTensor does
     not allow redistributing into a partial placement."""
-    def plain(p: Any) -> Any:
-        return Partial(p.reduce_op) if isinstance(p, Partial) else p
-    return tuple(map(plain, got)) == tuple(map(plain, planned))
+    return tuple(map(_plain, got)) == tuple(map(_plain, planned))
+
+
+def _plain(p: Any) -> Any:
+    return Partial(p.reduce_op) if isinstance(p, Partial) else p
+
+
+def _average_as_sum(result: Any, planned: tuple[Any, ...], device_mesh: Any) -> Any:
+    """A mean over a split dim: DTensor leaves each device's own mean, a partial average, where
+    the plan (as the op table's mean, which divides by the global count) has a partial sum of
+    sum / count. Over evenly split dims the two differ by the group size, a local rescaling."""
+    got = tuple(result.placements)
+    averaged = [i for i, (g, p) in enumerate(zip(got, planned))
+                if isinstance(g, Partial) and isinstance(p, Partial) and g.reduce_op == "avg" and p.reduce_op == "sum"]
+    if not averaged or any(_plain(g) != _plain(p) for i, (g, p) in enumerate(zip(got, planned)) if i not in averaged):
+        return result
+    group = math.prod(device_mesh.size(i) for i in averaged)
+    return DTensor.from_local(result.to_local() / group, device_mesh, planned, run_check=False,
+                              shape=result.shape, stride=result.stride())

@@ -301,6 +301,20 @@ def _split(lw: Lowering, node: Any) -> str:
     return x  # the tuple itself is never a tensor; its pieces are
 
 
+@row("topk.default")
+def _topk(lw: Lowering, node: Any) -> str:
+    """Values and indices are two ops, `<node>.values` and `<node>.indices`; `getitem` picks one.
+    Only the sorted k largest of the last dim have one exact answer (ties aside)."""
+    x = lw.tensor(node.args[0])
+    k, dim = node.args[1], arg(node, 2, "dim", -1)
+    if dim % rank(lw, x) != rank(lw, x) - 1 or not arg(node, 3, "largest", True) or not arg(node, 4, "sorted", True):
+        raise Unsupported("topk of another dim than the last, of the smallest, or unsorted")
+    for i, kind in enumerate(("top_k_values", "top_k_indices")):
+        lw.values[f"{node.name}#{i}"] = lw.op(kind, [x], f"{node.name}.{kind.removeprefix('top_k_')}",
+                                              lambda t, i=i: aten.topk.default(t, k, -1)[i], k=k)
+    return x  # the pair itself is never a tensor; its items are
+
+
 @row("getitem")
 def _getitem(lw: Lowering, node: Any) -> str:
     source, index = node.args

@@ -6,6 +6,9 @@ names its helpers `<node>.<role>` and its value `<node>`). Each op keeps the mod
 called in. The names only depend on the module and the example inputs, so a program exported
 again imports to the same graph.
 
+The routed experts of a mixture-of-experts layer (tokens sorted by expert, a grouped matmul) are
+a chain no single row lowers; `routing` finds it and writes its dense dispatch in its place.
+
 Nodes no row lowers (mask and position bookkeeping, anything new) stay opaque: their values
 enter the graph as inputs of their true shapes, pinned replicated, and are computed by PyTorch
 itself when a plan runs; the values they read are pinned replicated too. A warning names them;
@@ -21,6 +24,7 @@ from typing import Any
 from autoshard.errors import InputError, Problem
 from autoshard.frontends.torch.aten import ATEN, CHECKS, dtype_name, target_key
 from autoshard.frontends.torch.lowering import Lowering, Step, Unsupported
+from autoshard.frontends.torch.routing import RoutedExperts, find_routed_experts, lower_routed_experts
 from autoshard.frontends.torch.runtime import require_torch
 from autoshard.graph.builder import GraphBuilder
 from autoshard.graph.model import Graph
@@ -94,31 +98,16 @@ def import_program(exported_program: Any, strict: bool = False, training: bool =
             parameters[graph_name] = spec.target
 
     opaque: list[OpaqueNode] = []
-    for node in ep.graph.nodes:
-        if node.op != "call_function":
+    nodes = list(ep.graph.nodes)
+    routed = {m.anchor.name: m for m in find_routed_experts(nodes)}
+    rewritten = {n.name for m in routed.values() for n in m.covered}
+    for node in nodes:
+        if node.op != "call_function" or target_key(node.target) in CHECKS:
             continue
-        key = target_key(node.target)
-        if key in CHECKS:
-            continue
-        module = _module_path(node)
-        builder.module = module
-        lower = ATEN.get(key)
-        steps_before, mark = len(lw.steps), builder.mark()
-        reason = "no row in the aten table" if lower is None else ""
-        if lower is not None:
-            try:
-                lw.values[node.name] = lower(lw, node)
-                _check_shape(lw, node)
-                continue
-            except (Unsupported, OpError) as error:
-                reason = str(error)
-                # drop what the row added before it gave up: an opaque node leaves no half-lowered ops
-                builder.rollback(mark)
-                del lw.steps[steps_before:]
-                for scalar in [s for s in lw.scalars if s not in builder.tensors]:
-                    del lw.scalars[scalar]
-        opaque.append(OpaqueNode(node.name, key, module, reason))
-        _keep_opaque(lw, node)
+        if node.name in routed:
+            _lower_routed(lw, routed[node.name], opaque)
+        elif node.name not in rewritten:  # a rewritten chain is lowered at its last node
+            _lower_node(lw, node, opaque)
     builder.module = ""
 
     outputs = [lw.tensor(n) for n, spec in zip(_output_nodes(ep), signature.output_specs)
@@ -142,6 +131,55 @@ def import_program(exported_program: Any, strict: bool = False, training: bool =
         document["constraints"] = [{"tensor": t, "split_axes": [], "required": True} for t in pinned]
     return ImportedProgram(document, graph_from_json(document), lw.steps, opaque, user_inputs, parameters,
                            lw.scalars, outputs)
+
+
+def _lower_node(lw: Lowering, node: Any, opaque: list[OpaqueNode]) -> None:
+    """The node through its row of the aten table, or kept opaque if it has none that fits."""
+    key, module = target_key(node.target), _module_path(node)
+    lw.builder.module = module
+    lower = ATEN.get(key)
+    reason = "no row in the aten table" if lower is None else ""
+    if lower is not None:
+        undo = _undo_point(lw)
+        try:
+            lw.values[node.name] = lower(lw, node)
+            _check_shape(lw, node)
+            return
+        except (Unsupported, OpError) as error:
+            reason = str(error)
+            undo()  # an opaque node leaves no half-lowered ops
+    opaque.append(OpaqueNode(node.name, key, module, reason))
+    _keep_opaque(lw, node)
+
+
+def _lower_routed(lw: Lowering, match: RoutedExperts, opaque: list[OpaqueNode]) -> None:
+    """A routed-experts chain as its dense dispatch; if that fails, its nodes one by one."""
+    lw.builder.module = _module_path(match.anchor)
+    undo = _undo_point(lw)
+    try:
+        lw.values[match.anchor.name] = lower_routed_experts(lw, match)
+        _check_shape(lw, match.anchor)
+        return
+    except (Unsupported, OpError):
+        undo()
+        names = {n.name for n in match.covered}
+        for value in [v for v in lw.values if v.split("#")[0] in names]:
+            del lw.values[value]
+    for node in match.covered:
+        if target_key(node.target) not in CHECKS:
+            _lower_node(lw, node, opaque)
+
+
+def _undo_point(lw: Lowering) -> Any:
+    """A function dropping what lowering adds from now on (ops, steps, scalar inputs)."""
+    steps, mark = len(lw.steps), lw.builder.mark()
+
+    def undo() -> None:
+        lw.builder.rollback(mark)
+        del lw.steps[steps:]
+        for scalar in [s for s in lw.scalars if s not in lw.builder.tensors]:
+            del lw.scalars[scalar]
+    return undo
 
 
 def _add_training(builder: GraphBuilder, outputs: list[str]) -> None:
