@@ -334,3 +334,15 @@ def test_a_candidate_the_graphs_constraints_do_not_fit_is_infeasible_with_the_re
     unfit = search(document, SearchOptions(devices=8, topology="dgx-h100", settings=SETTINGS, jobs=1, max_axes=1))
     assert unfit.best is None and [e.outcome for e in unfit.entries] == ["infeasible"]
     assert "tp" in unfit.entries[0].reason
+
+
+def test_the_service_refuses_more_devices_than_its_setting(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+    from support.service import settings_for
+
+    with TestClient(create_app(settings_for(tmp_path, max_devices=8))) as http:
+        response = http.post("/v1/searches", json={"graph": MLP, "devices": 16, "topology": "dgx-h100"})
+    assert response.status_code == 422
+    assert [p["where"] for p in response.json()["error"]["problems"]] == ["/devices"]
