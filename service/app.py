@@ -12,8 +12,9 @@ from autoshard import __version__
 from service.config import Settings, get_settings
 from service.errors import add_error_handlers
 from service.limits import BodyLimit, JsonBodies, distinct_keys_in_body
-from service.routes import estimate, health, plans, topologies, validate
+from service.routes import estimate, health, plans, searches, topologies, validate
 from service.runner import Runner
+from service.searches import Searches
 from service.store import Store
 
 log = logging.getLogger("autoshard.service")
@@ -40,9 +41,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             log.warning("%d job(s) left queued by a previous run are run now", len(waiting))
             runner.resume(waiting)
         app.state.store, app.state.runner = store, runner
+        app.state.searches = Searches()
         try:
             yield
         finally:
+            app.state.searches.shutdown()
             runner.shutdown()
             store.close()
 
@@ -52,6 +55,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     add_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(JsonBodies)
-    for module in (plans, estimate, validate, topologies, health):
+    for module in (plans, searches, estimate, validate, topologies, health):
         app.include_router(module.router)
     return app

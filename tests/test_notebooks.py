@@ -29,7 +29,8 @@ def output_kinds(cell) -> list[str]:
 
 
 def test_there_are_notebooks():
-    assert [p.name for p in NOTEBOOKS] == ["gpt_memory_communication.ipynb", "weight_stationary_mlp.ipynb"]
+    assert [p.name for p in NOTEBOOKS] == ["gpt_memory_communication.ipynb", "mesh_search.ipynb",
+                                           "weight_stationary_mlp.ipynb"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from autoshard.cli.args import add_hardware_args, hardware_from_args, mesh_from_args, parse_bytes, parse_slice
-from autoshard.delivery.deliver import deliver, ir_request_problems
+from autoshard.delivery.deliver import Deliverables, deliver, ir_request_problems
 from autoshard.errors import InputError, Problem
 from autoshard.graph.builder import document_text
 from autoshard.graph.schema import load_graph
@@ -25,12 +25,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("plan", help="find a sharding plan for a graph on a mesh")
     parser.add_argument("graph", help="graph JSON (format autoshard.graph/v1)")
     add_hardware_args(parser)
+    add_solve_args(parser)
+    parser.set_defaults(run=run)
+
+
+def add_solve_args(parser: argparse.ArgumentParser, workers: int = 2) -> None:
+    """The solver's flags and what to write: shared by `plan` and `search`."""
     parser.add_argument("--memory-budget", help="per-device memory limit, e.g. 40GiB (default: the chip's HBM)")
     parser.add_argument("--time-limit", type=float, default=30.0, help="solver time limit in seconds (default 30)")
     parser.add_argument("--gap-limit", type=float, default=SolveSettings.gap_limit,
                         help="stop once (cost - bound) / cost is at most this (default %(default)g; 0: prove "
                              "optimality or use the whole time limit)")
-    parser.add_argument("--workers", type=int, default=2, help="solver threads (default 2)")
+    parser.add_argument("--workers", type=int, default=workers, help="solver threads (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--deterministic", action="store_true",
                         help="bound the solver by a fixed amount of work instead of the clock: the same graph, "
@@ -57,7 +63,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-collective-opt", action="store_true",
                         help="keep the partitioned program's collectives as planned (default: fold, reassociate "
                              "and move them where that lowers communication time)")
-    parser.set_defaults(run=run)
 
 
 def parse_weights(text: str, problems: list[Problem]) -> Weights:
@@ -157,19 +162,26 @@ def run(args: argparse.Namespace) -> int:
                         verify=args.verify, optimize_collectives=not args.no_collective_opt,
                         nodes=args.nodes, slice_shape=parse_slice(args.slice))
     document = delivered.document
-    # the plan in PyTorch's vocabulary, for `autoshard.frontends.torch.parallelize` or by hand
+    written = write_deliverables(delivered, args.output, phases)
+    print_summary(document, written)
+    return 1 if document["verification"]["status"] == "failed" else 0
+
+
+def write_deliverables(delivered: Deliverables, output: str | None, phases: PhaseTimes) -> list[Path]:
+    """plan.json and the IR into `output` (if given), the writing timed as the plan's last phase;
+    returns the files written."""
+    document = delivered.document
     names = ["plan.json"] + [f"{stage}.mlir" for stage in delivered.ir]
     with phases.phase("writing"):
         del document["phases"]  # goes last, once writing is timed too
         body = document_text(document)
-        if args.output:
+        if output:
             for stage, text in delivered.ir.items():
-                (Path(args.output) / f"{stage}.mlir").write_text(text)
+                (Path(output) / f"{stage}.mlir").write_text(text)
     document["phases"] = phases.to_json()
-    if args.output:
-        (Path(args.output) / "plan.json").write_text(_with_phases(body, document["phases"]))
-    print_summary(document, [Path(args.output) / name for name in names] if args.output else [])
-    return 1 if document["verification"]["status"] == "failed" else 0
+    if output:
+        (Path(output) / "plan.json").write_text(_with_phases(body, document["phases"]))
+    return [Path(output) / name for name in names] if output else []
 
 
 def _with_phases(body: str, phases: dict[str, Any]) -> str:

@@ -72,8 +72,9 @@ def resharding_price(args: argparse.Namespace, document: object, mesh: Mesh) -> 
         placed = document.get("topology_options") if isinstance(document.get("topology_options"), dict) else {}
         nodes = args.nodes if args.nodes is not None or args.slice else placed.get("nodes")
         slice_shape = parse_slice(args.slice) if args.slice or args.nodes is not None else placed.get("slice")
+        mapping = None if args.slice or args.nodes is not None else placed.get("mapping")
         try:
-            return bind_hardware(named, mesh, nodes=nodes, slice_shape=slice_shape).collective_seconds
+            return bind_hardware(named, mesh, nodes=nodes, slice_shape=slice_shape, mapping=mapping).collective_seconds
         except InputError as error:
             print(f"note: the plan's topology {named!r} does not bind to mesh {mesh} ({error.problems[0]}); "
                   f"pricing reshardings by bytes moved", file=sys.stderr)

@@ -63,9 +63,11 @@ def partitioned_program(plan: Plan, price: Price, optimize_collectives: bool = T
 def deliver(result: PlanResult, hardware: Hardware, topology: str, *, emit: Sequence[str] = (),
             dialect: str = "mesh", arguments: str = "local", verify: str = "auto",
             optimize_collectives: bool = True, seed: int = 0, verify_max_bytes: float = ALWAYS_LIMIT_BYTES,
-            nodes: int | None = None, slice_shape: Sequence[int] | None = None) -> Deliverables:
-    """`nodes` and `slice_shape` are where the mesh was placed on the topology (None: the default
-    placement); the document records them so `emit` and `simulate` price reshardings alike."""
+            nodes: int | None = None, slice_shape: Sequence[int] | None = None,
+            mapping: Mapping[str, Sequence[str]] | None = None) -> Deliverables:
+    """`nodes`, `slice_shape` and `mapping` (mesh axis -> physical dims) are where the mesh was
+    placed on the topology (None: the default placement); the document records them so `emit`
+    and `simulate` price reshardings alike."""
     problems = ir_request_problems(emit, dialect, arguments)
     if verify not in VERIFY_POLICIES:
         problems.append(policy_problem(verify, "verify"))
@@ -73,7 +75,8 @@ def deliver(result: PlanResult, hardware: Hardware, topology: str, *, emit: Sequ
         raise InputError(problems)
     document = plan_document(result, topology)
     document["topology_options"] = {key: value for key, value in
-                                    (("nodes", nodes), ("slice", list(slice_shape) if slice_shape else None))
+                                    (("nodes", nodes), ("slice", list(slice_shape) if slice_shape else None),
+                                     ("mapping", {a: list(d) for a, d in mapping.items()} if mapping else None))
                                     if value is not None}
     phases = result.phases
     program, changes = partitioned_program(result.plan, hardware.collective_seconds, optimize_collectives, phases)

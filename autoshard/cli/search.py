@@ -1,0 +1,133 @@
+"""`autoshard search GRAPH.json --devices 64 --topology dgx-h100 -o DIR`: which mesh, laid out how,
+for this model on these devices; ranked, the winner written as `autoshard plan` writes a plan."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+from autoshard.cli.plan import add_solve_args, checked_settings, print_summary, write_deliverables
+from autoshard.delivery.deliver import deliver
+from autoshard.errors import InputError, Problem
+from autoshard.graph.builder import document_text
+from autoshard.graph.schema import read_json
+from autoshard.search.candidates import MAX_AXES, parse_fixed
+from autoshard.search.ranking import best_plan, ranking_document, ranking_table
+from autoshard.search.run import Entry, SearchCancelled, SearchOptions, search
+from autoshard.search.tasks import SearchInputs
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("search", help="find the best mesh and placement for a graph on a number of devices")
+    parser.add_argument("graph", help="graph JSON (format autoshard.graph/v1)")
+    parser.add_argument("--devices", type=int, required=True, help="number of devices (GPUs or TPU chips)")
+    parser.add_argument("--topology", default="dgx-h100", help="profile name (see `autoshard topologies`) or a profile "
+                                                               "JSON file; GPU nodes are devices / GPUs per node, TPU "
+                                                               "candidates include every slice shape of the devices")
+    parser.add_argument("--max-axes", type=int, default=MAX_AXES,
+                        help="most mesh axes a candidate has (1-4, default 4)")
+    parser.add_argument("--fix", default="", help="axes every candidate has, by name and size, e.g. tp=8 (the other "
+                                                  "axes are named a0, a1, ... by mesh position)")
+    parser.add_argument("--jobs", type=int, default=min(os.cpu_count() or 1, 4),
+                        help="solves at a time, on local processes or Ray (default: CPUs, at most 4)")
+    parser.add_argument("--ray", help="run the solves on Ray: 'auto' (a running local instance, else one started "
+                                      "for the search) or a cluster address like ray://host:10001")
+    parser.add_argument("--time-budget", type=float, help="seconds the whole search may take (default: no limit); "
+                                                          "each solve's time limit is cut to what is left")
+    add_solve_args(parser, workers=1)
+    parser.set_defaults(run=run)
+
+
+def checked_options(args: argparse.Namespace) -> SearchOptions:
+    settings, _ = checked_settings(args)
+    problems: list[Problem] = []
+    if not 2 <= args.devices <= 2 ** 20:
+        problems.append(Problem("--devices", f"must be an integer in [2, 2**20], got {args.devices}"))
+    if not 1 <= args.max_axes <= MAX_AXES:
+        problems.append(Problem("--max-axes", f"must be in [1, {MAX_AXES}], got {args.max_axes}"))
+    if args.jobs < 1:
+        problems.append(Problem("--jobs", f"must be at least 1, got {args.jobs}"))
+    if args.time_budget is not None and not (math.isfinite(args.time_budget) and args.time_budget > 0):
+        problems.append(Problem("--time-budget", f"must be a positive number of seconds, got {args.time_budget:g}"))
+    try:
+        fixed = parse_fixed(args.fix)
+    except InputError as error:
+        problems += error.problems
+        fixed = {}
+    if problems:
+        raise InputError(problems)
+    return SearchOptions(devices=args.devices, topology=args.topology, settings=settings, max_axes=args.max_axes,
+                         fixed=fixed, jobs=args.jobs, ray=args.ray, time_budget_s=args.time_budget)
+
+
+class SearchProgress:
+    """One line per finished candidate; on a terminal, a line rewritten in place instead."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.live = sys.stderr.isatty()
+
+    def __call__(self, phase: str, done: int, total: int, entry: Entry) -> None:
+        now = time.perf_counter() - self.started
+        what = entry.outcome if phase == "solve" else "bounded"
+        if entry.solved:
+            what += f", step {entry.solved['step_s'] * 1e3:.4g} ms"
+        doing = "bounding" if phase == "bound" else "solving"
+        text = f"  {now:6.1f}s {doing} {done}/{total}: {entry.candidate.label} {what}"
+        if self.live:
+            print("\r\033[K" + text[:160], end="", file=sys.stderr, flush=True)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    def finish(self) -> None:
+        if self.live:
+            print(file=sys.stderr, flush=True)
+
+
+def _field(where: str) -> str:
+    """A search option's name as the flag a user set."""
+    return {"devices": "--devices", "max_axes": "--max-axes", "fix": "--fix", "jobs": "--jobs", "ray": "--ray",
+            "time_budget_s": "--time-budget"}.get(where, "--topology" if where.startswith("topology") else where)
+
+
+def run(args: argparse.Namespace) -> int:
+    options = checked_options(args)
+    document = read_json(args.graph)
+    stages = tuple(dict.fromkeys(part.strip() for part in args.emit.split(",") if part.strip()))
+    progress = SearchProgress()
+    try:
+        result = search(document, options, progress=progress)
+    except InputError as error:
+        raise InputError([Problem(_field(p.where), p.message) for p in error.problems]) from None
+    except KeyboardInterrupt:
+        raise SearchCancelled("interrupted; the workers were stopped") from None
+    finally:
+        progress.finish()
+    ranking = ranking_document(result, options, str(document.get("name", Path(args.graph).stem)))
+    print("\n".join(ranking_table(ranking)))
+    counts = result.counts
+    print(f"{counts['placements']} placements in {counts['candidates']} candidates: {counts['pruned']} pruned, "
+          f"{counts['solved']} solved, {counts['infeasible']} infeasible, {counts['unsolved']} unsolved; "
+          f"{result.wall_s:.1f} s on {result.where}")
+    if args.output:
+        (Path(args.output) / "ranking.json").write_text(document_text(ranking))
+    if result.best is None:
+        print("no candidate has a plan within the memory budget", file=sys.stderr)
+        return 3
+    gap = "unknown" if result.gap is None else f"{100 * result.gap:.2f}%"
+    print(f"best: {result.best.candidate.label}, certified within {gap} of every candidate's best plan")
+    plan_result, hardware = best_plan(result, SearchInputs(document, options.topology, options.settings))
+    candidate = result.best.candidate
+    delivered = deliver(plan_result, hardware, args.topology, emit=stages, dialect=args.dialect,
+                        arguments=args.arguments, verify=args.verify, optimize_collectives=not args.no_collective_opt,
+                        nodes=candidate.nodes, slice_shape=candidate.slice_shape, mapping=candidate.mapping_json)
+    delivered.document["search"] = {"ranking": "ranking.json", "candidates": counts["candidates"],
+                                    "gap": result.gap}
+    written = write_deliverables(delivered, args.output, plan_result.phases)
+    print_summary(delivered.document, ([Path(args.output) / "ranking.json"] if args.output else []) + written)
+    return 1 if delivered.document["verification"]["status"] == "failed" else 0
+
