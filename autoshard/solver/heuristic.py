@@ -214,7 +214,7 @@ class HeuristicRun:
             rounds_without_better += 1
             gap_closed = (self.bound - bound_before) / max(search.best_obj - self.bound, 1.0)
             paid = search.best_obj < best_before or gap_closed > schedule.relax_gain
-            rounds_without_gain = 0 if paid or search.best_obj >= FORBIDDEN else rounds_without_gain + 1
+            rounds_without_gain = 0 if paid or not stepping else rounds_without_gain + 1
             memory_binds = memory_binds or bool(relaxation.lam.any())
             self.report("relax")
 

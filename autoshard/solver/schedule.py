@@ -22,9 +22,11 @@ class Schedule:
     # multiplier has risen) the neighbourhoods of the feasible search matter more: until half.
     relax_until_left: float = 0.2
     relax_until_left_binding: float = 0.5
-    # ... and only while they pay: after `relax_patience` rounds in a row that found no better plan
-    # and closed less than `relax_gain` of the gap from below, the neighbourhoods take over (on
-    # instances with dense forbidden pairs the rounds stop paying long before half the time).
+    # ... and only while they pay: once Polyak steps have taken over (`stepping_after`), after
+    # `relax_patience` rounds in a row that found no better plan and closed less than `relax_gain`
+    # of the gap from below, the neighbourhoods take over (on instances with dense forbidden pairs
+    # the rounds stop paying long before half the time; on training steps the first rounds of
+    # Polyak steps still find better decodes, so the count starts there).
     relax_patience: int = 6
     relax_gain: float = 0.01
     # TRW-S passes per round; once Polyak steps move the multipliers each round moves them less.
