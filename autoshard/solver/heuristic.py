@@ -225,8 +225,9 @@ class HeuristicRun:
         return self.time_left() > left * self.time_limit_s
 
     def _take_decode(self, x: np.ndarray, slack: np.ndarray, memory_binds: bool) -> None:
-        """A decode that fits in memory first has its forbidden choices repaired (`Search.repair`);
-        then its regions that lower the best solution's cost move into it (`crossover.py`). A
+        """A decode first has its forbidden choices repaired (`Search.repair`; memory ignored when
+        the decode overloads it anyway); then its regions that lower the best solution's cost move
+        into it (`crossover.py`). A
         decode that fits and is cheaper becomes the search's (with tree moves on the true costs
         once memory binds: before, the clean-up's moves were these, on the same costs); one that is
         cheaper but does not fit is relinked with the best, or waits while relinking has had its share."""
