@@ -164,6 +164,13 @@ def _solve_best_first(pool: Pool, entries: list[Entry], running: dict[Any, Entry
     deterministic = options.settings.deterministic
     decided = 0  # candidates of `order` dispatched or pruned
     finished = 0
+
+    def settle(entry: Entry) -> None:
+        nonlocal finished
+        finished += 1
+        if progress:
+            progress("solve", finished, len(order), entry)
+
     while decided < len(order) or running:
         while decided < len(order) and len(running) < pool.slots:
             # under `deterministic`, decide i only against the plans of 0 .. i - slots, all of them in
@@ -179,14 +186,10 @@ def _solve_best_first(pool: Pool, entries: list[Entry], running: dict[Any, Entry
                 best_s = incumbent.solved["objective_ps"] / PICOSECONDS
                 entry.reason = (f"bound {entry.bound_ps / PICOSECONDS:.6g} s >= the {best_s:.6g} s "
                                 f"plan of {incumbent.candidate.label}")
-                finished += 1
-                if progress:
-                    progress("solve", finished, len(order), entry)
+                settle(entry)
             elif remaining_s <= 0:
                 entry.outcome, entry.reason = "unsolved", "the search's time budget was spent"
-                finished += 1
-                if progress:
-                    progress("solve", finished, len(order), entry)
+                settle(entry)
             else:
                 limit_s = min(options.settings.time_limit_s, remaining_s)
                 running[pool.submit("solve", entry.candidate, limit_s)] = entry
@@ -195,13 +198,11 @@ def _solve_best_first(pool: Pool, entries: list[Entry], running: dict[Any, Entry
         for handle in _wait(pool, running, cancelled):
             entry = running.pop(handle)
             solved = pool.result(handle)
-            finished += 1
             if "infeasible" in solved:
                 entry.outcome, entry.reason = "infeasible", solved["infeasible"]
             else:
                 entry.outcome, entry.solved = "solved", solved
-            if progress:
-                progress("solve", finished, len(order), entry)
+            settle(entry)
 
 
 def _incumbent(entries: list[Entry]) -> Entry | None:
