@@ -18,9 +18,8 @@ from autoshard.planning.plan import Plan
 from autoshard.sharding import Sharding
 from autoshard.spmd.program import partition
 from support.graphs import ZOO
-from support.mlir_run import libraries, run_module, signature
+from support.mlir_run import run_module, signature
 
-pytestmark = pytest.mark.skipif(libraries() is None, reason="mlir-runner-22 and its libraries are not installed")
 ONE = Mesh.of(x=1)
 ROUNDING = {"bf16": 2.0 ** -8, "f16": 2.0 ** -11}
 ADAM = {"adam.one_minus_beta1": 0.1, "adam.one_minus_beta2": 0.001, "adam.step_size": 1e-3, "adam.eps_hat": 1e-8}

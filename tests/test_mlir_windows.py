@@ -19,7 +19,7 @@ from autoshard.sharding import Sharding
 from autoshard.sim.program import verify_plan
 from autoshard.spmd.program import partition
 from support.graphs import graph_doc
-from support.mlir_run import libraries, run_module, signature
+from support.mlir_run import run_module, signature
 
 F = "f32"
 MESH = Mesh.of(x=2)
@@ -90,7 +90,6 @@ def test_plans_splitting_windows_in_space_simulate_exactly_and_verify(doc):
     verify_all(texts["mesh"], "mesh")
 
 
-@pytest.mark.skipif(libraries() is None, reason="mlir-runner-22 and its libraries are not installed")
 @pytest.mark.parametrize("doc", [WINDOWS, unet(UNetConfig(levels=1, batch=1, height=4, width=4, base=2, dtype=F),
                                                training=True)], ids=["conv1d-conv3d-pools", "unet-training"])
 def test_the_window_modules_compute_what_the_graph_means(doc):

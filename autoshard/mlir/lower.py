@@ -33,6 +33,7 @@ from autoshard.mlir.scalar import combine, constant, convert, payload
 from autoshard.mlir.text import Body, elem_type, int_list
 from autoshard.ops.loops import PARALLEL, REDUCTION
 from autoshard.ops.payloads import PAYLOADS
+from autoshard.ops.table import normalize_dim
 
 
 @dataclass(frozen=True)
@@ -373,7 +374,7 @@ def _pad(b: Body, ctx: LoweringContext) -> list[Operand]:
 def _iota(b: Body, ctx: LoweringContext) -> list[Operand]:
     """Each element is its global index along `dimension`: the block's offset plus the local index."""
     out = ctx.out
-    dim = ctx.op.attrs.get("dimension", 0) % len(out.shape)
+    dim = normalize_dim(ctx.op.attrs.get("dimension", 0), len(out.shape), "dimension")
     offset = ctx.offset(dim)  # outside the region: it is a top-level value
 
     def region(b: Body, args: list[str], acc: str) -> str:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from autoshard.mlir.toolchain import mlir_opt
+
 RUNNER = "mlir-runner-22"
 OPT = "mlir-opt-22"
 LIBRARIES = ("libmlir_runner_utils.so", "libmlir_c_runner_utils.so")
@@ -37,10 +39,13 @@ TO_F32 = {"f32": None, "i32": "arith.sitofp", "i64": "arith.sitofp", "i1": "arit
           "f16": "arith.extf"}
 
 
-def libraries() -> list[Path] | None:
-    """The runner's support libraries, None where they are not installed."""
+def libraries() -> list[Path]:
+    """The runner's support libraries (mlir-22-tools installs them with the runner, as the other
+    MLIR tests need that package: a missing one is an error, not a skip)."""
     found = [next(iter(sorted(LIBRARY_DIR.glob(name + "*"))), None) for name in LIBRARIES]
-    return found if all(found) and shutil.which(RUNNER) and shutil.which(OPT) else None
+    if not all(found) or shutil.which(RUNNER) is None:
+        raise AssertionError(f"{RUNNER} and {', '.join(LIBRARIES)} are needed (Debian: apt-get install mlir-22-tools)")
+    return found
 
 
 def _literal(value: np.ndarray) -> str:
@@ -87,18 +92,13 @@ def run_module(module: str, function: str, inputs: list[np.ndarray]) -> list[np.
     main.append("  return\n}")
     program = ("module attributes {transform.with_named_sequence} {\n" + body + "\n" + "\n".join(main) + "\n"
                + DECOMPOSE_SOFTMAX + "}\n")
-    decomposed = _run([OPT, "--transform-interpreter", "--test-transform-dialect-erase-schedule"], program)
-    lowered = _run([OPT, *TO_LLVM], decomposed)
-    printed = _run([RUNNER, "-e", "main", "-entry-point-result=void",
-                    "-shared-libs=" + ",".join(str(p) for p in libraries() or ())], lowered)
-    return _read_printed(printed)
-
-
-def _run(command: list[str], text: str) -> str:
-    done = subprocess.run(command, input=text, capture_output=True, text=True, timeout=300)
+    decomposed = mlir_opt(program, OPT, ["--transform-interpreter", "--test-transform-dialect-erase-schedule"])
+    lowered = mlir_opt(decomposed, OPT, TO_LLVM)
+    command = [RUNNER, "-e", "main", "-entry-point-result=void", "-shared-libs=" + ",".join(map(str, libraries()))]
+    done = subprocess.run(command, input=lowered, capture_output=True, text=True, timeout=300)
     if done.returncode:
-        raise AssertionError(f"{command[0]} failed:\n{done.stderr[:4000]}")
-    return done.stdout
+        raise AssertionError(f"{RUNNER} failed:\n{done.stderr[:4000]}")
+    return _read_printed(done.stdout)
 
 
 def _read_printed(text: str) -> list[np.ndarray]:
