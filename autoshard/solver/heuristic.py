@@ -33,11 +33,12 @@ from autoshard.solver import kernels
 from autoshard.solver.crossover import cross
 from autoshard.solver.descent import descend
 from autoshard.solver.exact import model_fits
+from autoshard.solver.first_plan import low_memory_labelling
 from autoshard.solver.flat import FORBIDDEN, FlatProblem, flatten
 from autoshard.solver.lagrange import Relaxation, StepLength
 from autoshard.solver.problem import Problem, within_gap
 from autoshard.solver.schedule import SCHEDULE, Schedule
-from autoshard.solver.search import BALL_STRATEGIES, Search
+from autoshard.solver.search import BALL_STRATEGIES, Search, forbidden_nodes
 
 Progress = Callable[[str, float, float, float], None]  # (phase, cost, bound, elapsed_s)
 Incumbent = Callable[[np.ndarray], None]  # a better solution that fits, in the caller's strategy indices
@@ -102,6 +103,7 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
     run = HeuristicRun(fp, time_limit_s=time_limit_s, seed=seed, hint=hint, progress=progress,
                        deterministic=deterministic, gap_limit=gap_limit, workers=workers, schedule=schedule,
                        incumbent=incumbent)
+    run.first_plan()
     run.relax()
     run.solve_on_binding_rows()
     run.relink_waiting()
@@ -146,6 +148,7 @@ class HeuristicRun:
         self.relinked: set[bytes] = set()
         self.waiting: list[tuple[float, np.ndarray]] = []  # cheap decodes not relinked yet, cheapest first
         self.relink_free_from = self.start  # no relink in the rounds before (see `Schedule.relink_share`)
+        self.fruitless_relinks = 0  # relinks in a row that ran and found nothing
         self.descent_s = 0.0  # the last descent's time
 
     def time_left(self) -> float:
@@ -176,6 +179,52 @@ class HeuristicRun:
 
     def slack_of(self, x: np.ndarray) -> np.ndarray:
         return kernels.row_slack(self.fp.arrays, x)
+
+    def first_plan(self) -> None:
+        """A plan that chooses nothing forbidden before anything else, when the start (the
+        smallest-usage choices, or the hint) does not. Cheapest first, each step only while
+        forbidden choices are left: sweeps of tree moves from the start; a low-memory labelling
+        (`first_plan.py`) with CP-SAT around what it still breaks (`Search.repair`); CP-SAT around
+        the start's forbidden choices. Each keeps the fit in memory. Without it, where forbidden
+        pairs are dense, the first plan came from the relaxation's first decode that fits, after
+        rounds of rising multipliers (benchmarks/RESULTS.md)."""
+        fp, schedule = self.fp, self.schedule
+        start_x = self.search.best_x.copy()
+        if len(forbidden_nodes(fp, start_x)) == 0:
+            return
+        self._sweep_out_forbidden()
+        if len(forbidden_nodes(fp, self.search.best_x)):
+            labelled = low_memory_labelling(fp, self.seed, schedule.passes, self.moves, schedule.tree_block)
+            if fp.fits(labelled):
+                self._repair_into_best(labelled)
+        if len(forbidden_nodes(fp, self.search.best_x)):
+            self._repair_into_best(start_x)
+        self.stats["first_plan_forbidden"] = int(len(forbidden_nodes(fp, self.search.best_x)))
+        self.report("first plan")
+
+    def _repair_into_best(self, x: np.ndarray) -> None:
+        """CP-SAT around x's forbidden choices (memory kept: x fits), then sweeps from the best."""
+        schedule = self.schedule
+        budget = max(schedule.lns_min_s, schedule.first_plan_share * self.time_left())
+        self.search.reset(self.search.repair(x, schedule.repair_ball, budget,
+                                             deterministic_time=schedule.lns_work if self.deterministic else None))
+        self._sweep_out_forbidden()
+
+    def _sweep_out_forbidden(self) -> None:
+        """Sweeps of tree moves from the best solution while each removes enough of its forbidden
+        choices (`Schedule.first_plan_progress`)."""
+        search, schedule = self.search, self.schedule
+        search.reset(search.best_x)
+        left = len(forbidden_nodes(self.fp, search.best_x))
+        for _ in range(schedule.first_plan_sweeps):
+            if left == 0 or (not self.deterministic and self.time_left() <= 0):
+                return
+            search.tree_moves(self.moves, schedule.tree_block)
+            self.stats["tree_moves"] += self.moves
+            now = len(forbidden_nodes(self.fp, search.best_x))
+            if now > (1.0 - schedule.first_plan_progress) * left:
+                return
+            left = now
 
     def relax(self) -> None:
         """Relax-and-decode rounds: TRW-S under the multipliers decodes, tree moves clean up, the
@@ -230,7 +279,9 @@ class HeuristicRun:
         into it (`crossover.py`). A
         decode that fits and is cheaper becomes the search's (with tree moves on the true costs
         once memory binds: before, the clean-up's moves were these, on the same costs); one that is
-        cheaper but does not fit is relinked with the best, or waits while relinking has had its share."""
+        cheaper but does not fit is relinked with the best, or waits while relinking has had its
+        share, once some decode has fitted: before, the best is the first plan, far from the decodes
+        (S-tight-crosscut: 1,300-1,600 nodes apart, relinks of 3 s that found nothing)."""
         search, schedule = self.search, self.schedule
         x = search.repair(x, schedule.repair_ball, max(schedule.lns_min_s, schedule.repair_share * self.time_left()),
                           deterministic_time=schedule.lns_work if self.deterministic else None,
@@ -244,11 +295,13 @@ class HeuristicRun:
                 if memory_binds:
                     search.tree_moves(self.moves, self.schedule.tree_block)
                     self.stats["tree_moves"] += self.moves
-        elif objective < search.best_obj < FORBIDDEN and x.tobytes() not in self.relinked:
+        elif (objective < search.best_obj < FORBIDDEN and self.stats["feasible_decodes"]
+              and x.tobytes() not in self.relinked):
             if self.deterministic or time.monotonic() >= self.relink_free_from:
                 relink_start = time.monotonic()
                 self.relink(x)
-                self.relink_free_from = 2 * time.monotonic() - relink_start  # as long again without one
+                # As long again without one, doubled after each relink in a row that found nothing.
+                self.relink_free_from = time.monotonic() + (time.monotonic() - relink_start) * 2 ** self.fruitless_relinks
             elif all(x.tobytes() != y.tobytes() for _, y in self.waiting):
                 self.waiting = sorted(self.waiting + [(objective, x)],
                                       key=lambda item: item[0])[:self.schedule.waiting_decodes]
@@ -272,13 +325,19 @@ class HeuristicRun:
                                     deterministic_time=schedule.relink_work if self.deterministic else None)
         self.stats["relinks"] += int(change is not None)
         self.stats["relinks_improving"] += int(bool(change))
+        if change is not None:
+            self.fruitless_relinks = 0 if change else self.fruitless_relinks + 1
         if change:
             self.descend_from_best()
 
     def relink_waiting(self) -> None:
-        """The decodes that waited during the rounds, cheapest first, while time is left."""
+        """The decodes that waited during the rounds, cheapest first, while time is left and the
+        last relink found something (where the cheapest decodes cannot be mixed with the best, the
+        dearer ones rarely can)."""
         for objective, x in self.waiting:
             if not self.deterministic and self.time_left() < self.schedule.waiting_until_left * self.time_limit_s:
+                break
+            if self.fruitless_relinks:
                 break
             if objective < self.search.best_obj and x.tobytes() not in self.relinked:
                 self.relink(x)
