@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+from numba import njit
 
 from autoshard.solver.flat import FlatProblem
 from autoshard.solver.lagrange import Relaxation
@@ -35,16 +36,30 @@ def keep_strategies(fp: FlatProblem, keep: np.ndarray) -> FlatProblem:
     soff = np.zeros(fp.n + 1, dtype=np.int64)
     np.cumsum(new_sizes, out=soff[1:])
     local = np.arange(len(keep)) - fp.soff[node_of]
-    # Matrix entry k of edge e is (i, j) = divmod(k - moff[e], columns of e).
-    entry_edge = np.repeat(np.arange(fp.m), np.diff(fp.moff))
-    within = np.arange(len(fp.mat)) - fp.moff[entry_edge]
-    columns = sizes[fp.ev][entry_edge]
-    rows_kept = keep[fp.soff[fp.eu][entry_edge] + within // columns]
-    columns_kept = keep[fp.soff[fp.ev][entry_edge] + within % columns]
     moff = np.zeros(fp.m + 1, dtype=np.int64)
     np.cumsum(new_sizes[fp.eu] * new_sizes[fp.ev], out=moff[1:])
-    return replace(fp, soff=soff, orig=local[keep], cost=fp.cost[keep], use=fp.use[keep], moff=moff,
-                   mat=fp.mat[rows_kept & columns_kept])
+    mat = _kept_entries(keep, fp.soff, fp.eu, fp.ev, fp.moff, fp.mat, moff)
+    return replace(fp, soff=soff, orig=local[keep], cost=fp.cost[keep], use=fp.use[keep], moff=moff, mat=mat)
+
+
+@njit(cache=True, nogil=True)
+def _kept_entries(keep: np.ndarray, soff: np.ndarray, eu: np.ndarray, ev: np.ndarray, moff: np.ndarray,
+                  mat: np.ndarray, new_moff: np.ndarray) -> np.ndarray:
+    """The entries of every edge matrix whose row and column strategies are both kept, row-major
+    (a 96-layer 3-D training step has 165M entries: index arrays over all of them took 18 s)."""
+    out = np.empty(new_moff[-1], dtype=mat.dtype)
+    for e in range(len(eu)):
+        u, v = eu[e], ev[e]
+        columns = soff[v + 1] - soff[v]
+        k = new_moff[e]
+        for i in range(soff[u + 1] - soff[u]):
+            if keep[soff[u] + i]:
+                row = moff[e] + i * columns
+                for j in range(columns):
+                    if keep[soff[v] + j]:
+                        out[k] = mat[row + j]
+                        k += 1
+    return out
 
 
 def within_usage(fp: FlatProblem, x: np.ndarray) -> FlatProblem:

@@ -167,9 +167,10 @@ def flatten(problem: Problem) -> FlatProblem:
     base_use = np.fromiter((u.min() for u in usage), dtype=np.int64, count=n)
     use = (np.concatenate([u - u.min() for u in usage]) if n else np.zeros(0)).astype(np.int64)
 
+    whole = [bool(k.all()) for k in keep]  # fancy indexing copies 165M entries of a 3-D training step for nothing
     merged: dict[tuple[int, int], np.ndarray] = {}
     for (u, v), matrix in zip(problem.edges.tolist(), problem.edge_costs):
-        sub = matrix[np.ix_(kept[u], kept[v])].astype(np.float64)
+        sub = (matrix if whole[u] and whole[v] else matrix[np.ix_(kept[u], kept[v])]).astype(np.float64)
         if u > v:
             u, v, sub = v, u, sub.T
         if (u, v) in merged:

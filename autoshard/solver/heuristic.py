@@ -150,6 +150,11 @@ class HeuristicRun:
         self.relink_free_from = self.start  # no relink in the rounds before (see `Schedule.relink_share`)
         self.fruitless_relinks = 0  # relinks in a row that ran and found nothing
         self.descent_s = 0.0  # the last descent's time
+        # The last relaxation round's time and its clean-up sweep's: what the first descent (the
+        # same passes and a sweep) and the first round of random neighbourhoods (a sweep and a
+        # ball) may take; on a 96-layer 3-D training step a round takes 9 s, a sweep 2-4 s.
+        self.round_s = 0.0
+        self.sweep_s = 0.0
 
     def time_left(self) -> float:
         return self.deadline - time.monotonic()
@@ -241,12 +246,15 @@ class HeuristicRun:
         while (self._relaxing(round_no, memory_binds) and not self.proved_optimal()
                and (self.deterministic or rounds_without_gain < schedule.relax_patience)):
             round_no += 1
+            round_start = time.monotonic()
             best_before, bound_before = search.best_obj, self.bound
             x = relaxation.run(schedule.passes_stepping if stepping else schedule.passes)
             round_bound = relaxation.bound()
             self.bound = max(self.bound, round_bound)
             subgradient = self.slack_of(x)
+            sweep_start = time.monotonic()
             _penalised_cleanup(fp, x, relaxation.penalties(), self.moves, self.seed + round_no, schedule.cleanup_block)
+            self.sweep_s = time.monotonic() - sweep_start
             slack = self.slack_of(x)
             self.stats["relaxation_rounds"] += 1
             self._take_decode(x, slack, memory_binds)
@@ -265,13 +273,14 @@ class HeuristicRun:
             paid = search.best_obj < best_before or gap_closed > schedule.relax_gain
             rounds_without_gain = 0 if paid or not stepping else rounds_without_gain + 1
             memory_binds = memory_binds or bool(relaxation.lam.any())
+            self.round_s = time.monotonic() - round_start
             self.report("relax")
 
     def _relaxing(self, round_no: int, memory_binds: bool) -> bool:
         if self.deterministic:
             return round_no < self.schedule.deterministic_rounds
         left = self.schedule.relax_until_left_binding if memory_binds else self.schedule.relax_until_left
-        return self.time_left() > left * self.time_limit_s
+        return self.time_left() > max(left * self.time_limit_s, self.round_s)
 
     def _take_decode(self, x: np.ndarray, slack: np.ndarray, memory_binds: bool) -> None:
         """A decode first has its forbidden choices repaired (`Search.repair`; memory ignored when
@@ -344,8 +353,9 @@ class HeuristicRun:
 
     def descend_from_best(self) -> None:
         """The descent within the best solution's usages (`descent.py`), when there is time for it."""
+        expected_s = self.descent_s if self.stats["descents"] else self.round_s
         if self.fp.num_rows == 0 or (not self.deterministic
-                                     and self.time_left() < self.schedule.descent_margin * self.descent_s):
+                                     and self.time_left() < self.schedule.descent_margin * expected_s):
             return
         descent_start = time.monotonic()
         y = descend(self.fp, self.search.best_x, self.seed)
@@ -430,7 +440,7 @@ class HeuristicRun:
         """Rounds of tree moves and a ball around an expensive edge or a random node, in turns."""
         schedule, search = self.schedule, self.search
         lns_rounds = 0
-        round_s = 0.0
+        round_s = self.sweep_s
         while self._another_round(lns_rounds, round_s) and not self.proved_optimal():
             lns_rounds += 1
             round_start = time.monotonic()
