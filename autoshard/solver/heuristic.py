@@ -1,6 +1,7 @@
 """The anytime heuristic for large instances: relax memory, decode, repair, improve.
 
-1. Start from the smallest-usage choice of every node: it fits whenever anything fits.
+1. Start from the smallest-usage choice of every node: it fits whenever anything fits. Where it
+   chooses forbidden pairs, a first plan clears them before anything else (`first_plan`).
 2. Repeat: TRW-S under the current memory multipliers decodes an assignment; tree moves on
    the penalised costs clean it up; if it fits in memory it seeds the feasible search; if it
    is cheaper than the best solution but does not fit, CP-SAT looks for the best mix of the
@@ -289,8 +290,11 @@ class HeuristicRun:
         decode that fits and is cheaper becomes the search's (with tree moves on the true costs
         once memory binds: before, the clean-up's moves were these, on the same costs); one that is
         cheaper but does not fit is relinked with the best, or waits while relinking has had its
-        share, once some decode has fitted: before, the best is the first plan, far from the decodes
-        (S-tight-crosscut: 1,300-1,600 nodes apart, relinks of 3 s that found nothing)."""
+        share. Where `first_plan` built the start, relinks wait for a decode that fits: until then
+        the best is that plan, far from the decodes (S-tight-crosscut: 1,300-1,600 nodes apart,
+        relinks of 3 s that found nothing). A smallest-usage start that chose nothing forbidden is
+        relinked with from the first round, as it pays there (gpt-96l-dp4tp8-m105, where no decode
+        fits in 20 s: 1.018 of the best known with those relinks, 1.023-1.026 without)."""
         search, schedule = self.search, self.schedule
         x = search.repair(x, schedule.repair_ball, max(schedule.lns_min_s, schedule.repair_share * self.time_left()),
                           deterministic_time=schedule.lns_work if self.deterministic else None,
@@ -304,8 +308,8 @@ class HeuristicRun:
                 if memory_binds:
                     search.tree_moves(self.moves, self.schedule.tree_block)
                     self.stats["tree_moves"] += self.moves
-        elif (objective < search.best_obj < FORBIDDEN and self.stats["feasible_decodes"]
-              and x.tobytes() not in self.relinked):
+        elif (objective < search.best_obj < FORBIDDEN and x.tobytes() not in self.relinked
+              and (self.stats["feasible_decodes"] or "first_plan_forbidden" not in self.stats)):
             if self.deterministic or time.monotonic() >= self.relink_free_from:
                 relink_start = time.monotonic()
                 self.relink(x)
