@@ -189,9 +189,10 @@ class HeuristicRun:
     def first_plan(self) -> None:
         """A plan that chooses nothing forbidden before anything else, when the start (the
         smallest-usage choices, or the hint) does not. Cheapest first, each step only while
-        forbidden choices are left: sweeps of tree moves from the start; a low-memory labelling
-        (`first_plan.py`) with CP-SAT around what it still breaks (`Search.repair`); CP-SAT around
-        the start's forbidden choices. Each keeps the fit in memory. Without it, where forbidden
+        forbidden choices are left: sweeps of tree moves from the start, and CP-SAT around what
+        they leave (`Search.repair`: fast for a few, fails fast where a hub's whole star must
+        turn); a low-memory labelling (`first_plan.py`) and CP-SAT around what it still breaks;
+        CP-SAT around the start's forbidden choices. Each keeps the fit in memory. Without it, where forbidden
         pairs are dense, the first plan came from the relaxation's first decode that fits, after
         rounds of rising multipliers (benchmarks/RESULTS.md)."""
         fp, schedule = self.fp, self.schedule
@@ -200,7 +201,9 @@ class HeuristicRun:
             return
         self._sweep_out_forbidden()
         if len(forbidden_nodes(fp, self.search.best_x)):
-            labelled = low_memory_labelling(fp, self.seed, schedule.passes, self.moves, schedule.tree_block)
+            self._repair_into_best(self.search.best_x)
+        if len(forbidden_nodes(fp, self.search.best_x)):
+            labelled = low_memory_labelling(fp, self.seed, schedule.passes_stepping, self.moves, schedule.tree_block)
             if fp.fits(labelled):
                 self._repair_into_best(labelled)
         if len(forbidden_nodes(fp, self.search.best_x)):
@@ -209,12 +212,15 @@ class HeuristicRun:
         self.report("first plan")
 
     def _repair_into_best(self, x: np.ndarray) -> None:
-        """CP-SAT around x's forbidden choices (memory kept: x fits), then sweeps from the best."""
+        """CP-SAT around x's forbidden choices (memory kept: x fits), then, if that changed x,
+        sweeps from the best."""
         schedule = self.schedule
         budget = max(schedule.lns_min_s, schedule.first_plan_share * self.time_left())
-        self.search.reset(self.search.repair(x, schedule.repair_ball, budget,
-                                             deterministic_time=schedule.lns_work if self.deterministic else None))
-        self._sweep_out_forbidden()
+        repaired = self.search.repair(x, schedule.repair_ball, budget,
+                                      deterministic_time=schedule.lns_work if self.deterministic else None)
+        if repaired is not x:
+            self.search.reset(repaired)
+            self._sweep_out_forbidden()
 
     def _sweep_out_forbidden(self) -> None:
         """Sweeps of tree moves from the best solution while each removes enough of its forbidden
