@@ -17,7 +17,7 @@ from autoshard.solver import solve
 from support.service import MLP
 from support.solver_problems import random_problem
 
-TIMING_KEYS = ("formulate_s", "solve_s")
+TIMING_KEYS = ("formulate_s", "solve_s", "first_feasible_s")
 CONFIG = GPTConfig(layers=2, hidden=256, heads=4, seq=128, batch=4, vocab=1000)
 
 

@@ -1,5 +1,6 @@
 """The working form and neighbourhoods keep costs and memory feasibility exact; the heuristic path is sound."""
 
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -7,6 +8,7 @@ import pytest
 from autoshard.solver import exact as exact_module
 from autoshard.solver import score, solve
 from autoshard.solver.flat import flatten, only_steps
+from autoshard.solver.problem import FORBIDDEN_COST
 from autoshard.solver.subproblem import restrict
 from support.solver_problems import (
     enumerate_optimum,
@@ -83,3 +85,36 @@ def test_only_steps_keeps_the_memory_rows_of_those_steps_and_drops_the_others(se
         assert np.array_equal(upper.row_load(x), fp.row_load(x)[kept])
         assert np.array_equal(upper.cap, fp.cap[kept])
         assert upper.objective(x) == fp.objective(x)
+
+
+def _arc_consistent_reference(problem) -> list[np.ndarray]:
+    """Strategies kept by edge-by-edge arc consistency, one node array at a time."""
+    keep = [c < FORBIDDEN_COST for c in problem.node_costs]
+    keep = [k if k.any() else np.ones_like(k) for k in keep]
+    changed = True
+    while changed:
+        changed = False
+        for (u, v), matrix in zip(problem.edges.tolist(), problem.edge_costs):
+            allowed = matrix < FORBIDDEN_COST
+            row_ok = (allowed & keep[v][None, :]).any(axis=1)
+            col_ok = (allowed & keep[u][:, None]).any(axis=0)
+            for node, ok in ((u, row_ok), (v, col_ok)):
+                new = keep[node] & ok
+                if new.any() and not np.array_equal(new, keep[node]):
+                    keep[node], changed = new, True
+    return keep
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_flatten_keeps_exactly_the_arc_consistent_strategies(seed):
+    problem = random_problem(seed, limited=True, forbidden=True)
+    rng = np.random.default_rng(seed)
+    # Denser forbidden entries than the generator's, and some forbidden strategies, so that
+    # dropping one strategy makes another lose its last partner.
+    matrices = tuple(np.where(rng.random(m.shape) < 0.5, FORBIDDEN_COST, m) for m in problem.edge_costs)
+    costs = tuple(np.where(rng.random(c.shape) < 0.3, FORBIDDEN_COST, c) for c in problem.node_costs)
+    problem = replace(problem, edge_costs=matrices, node_costs=costs)
+    fp = flatten(problem)
+    expected = _arc_consistent_reference(problem)
+    for v, keep in enumerate(expected):
+        assert fp.orig[fp.soff[v]:fp.soff[v + 1]].tolist() == np.flatnonzero(keep).tolist()

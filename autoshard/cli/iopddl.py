@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -54,9 +55,16 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.seed <= MAX_SEED:
         raise InputError(f"must be in [0, 2**63 - 1], found {args.seed}", "--seed")
     last = [-1e9]
+    found = [False]
 
     def progress(phase: str, cost: float, bound: float, elapsed_s: float) -> None:
-        if args.quiet or elapsed_s - last[0] < 2.0:
+        if args.quiet:
+            return
+        if math.isfinite(cost) and not found[0]:
+            found[0] = True
+            print(f"[{elapsed_s:7.1f}s] first plan that fits and chooses nothing forbidden", file=sys.stderr,
+                  flush=True)
+        if elapsed_s - last[0] < 2.0:
             return
         last[0] = elapsed_s
         print(f"[{elapsed_s:7.1f}s] {phase:8s} best {cost:.6g}  bound {bound:.6g}", file=sys.stderr, flush=True)

@@ -130,14 +130,21 @@ def checked_settings(args: argparse.Namespace) -> tuple[SolveSettings, tuple[str
 
 
 class ProgressLine:
-    """Prints the incumbent, bound and gap to stderr once the solve has run for a second."""
+    """Prints the incumbent, bound and gap to stderr once the solve has run for a second, at most
+    once a second, and at once when the first plan within memory is found."""
 
     def __init__(self) -> None:
         self.started = time.perf_counter()
         self.last = 0.0
+        self.found = False
 
     def __call__(self, phase: str, cost: float, bound: float, elapsed_s: float) -> None:
         now = time.perf_counter() - self.started
+        first = math.isfinite(cost) and not self.found
+        self.found = self.found or first
+        if first:
+            print(f"  solving: first plan within memory after {elapsed_s:.2f} s of solving", file=sys.stderr,
+                  flush=True)
         if now < 1.0 or now - self.last < 1.0:
             return
         self.last = now

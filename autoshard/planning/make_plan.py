@@ -106,7 +106,7 @@ class BestSoFar:
         gap = (cost - lower) / cost if cost > 0 else 0.0
         plan = formulation.plan(tuple(int(s) for s in solution))
         solver = _solver_summary(formulation.problem, "interrupted", cost, lower, gap, built - started,
-                                 time.perf_counter() - built, budget_bytes)
+                                 time.perf_counter() - built, budget_bytes, first_feasible_s=None)
         return PlanResult(plan, estimate(plan, hw), solver, PhaseTimes())
 
 
@@ -139,7 +139,8 @@ def make_plan(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = 
         plan = formulation.plan(result.solution)
         report = estimate(plan, hw)
     solver = _solver_summary(formulation.problem, result.status, int(result.cost), int(result.lower_bound), result.gap,
-                             built - started, time.perf_counter() - built, budget_bytes)
+                             built - started, time.perf_counter() - built, budget_bytes,
+                             first_feasible_s=result.stats.get("first_feasible_s"))
     return PlanResult(plan, report, solver, phases)
 
 
@@ -154,8 +155,10 @@ def _recording_bound(best_so_far: BestSoFar, progress: Callable[[str, float, flo
 
 
 def _solver_summary(problem: Problem, status: str, cost_ps: int, lower_bound_ps: int, gap: float,
-                    formulate_s: float, solve_s: float, budget_bytes: float) -> dict[str, Any]:
-    """The plan document's `solver` section."""
+                    formulate_s: float, solve_s: float, budget_bytes: float, *,
+                    first_feasible_s: float | None) -> dict[str, Any]:
+    """The plan document's `solver` section. `first_feasible_s`: seconds of solving until the first
+    plan that fits (None when the solver does not say: an interrupted job)."""
     return {
         "status": status,
         "objective_ps": cost_ps,
@@ -164,6 +167,7 @@ def _solver_summary(problem: Problem, status: str, cost_ps: int, lower_bound_ps:
         "gap": gap,
         "formulate_s": formulate_s,
         "solve_s": solve_s,
+        "first_feasible_s": first_feasible_s,
         "problem": {"nodes": problem.num_nodes, "edges": problem.num_edges,
                     "strategies": int(np.sum(problem.num_strategies()))},
         "memory_budget_bytes": budget_bytes,

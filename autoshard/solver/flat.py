@@ -24,6 +24,7 @@ from functools import cached_property
 from typing import NamedTuple
 
 import numpy as np
+from numba import njit
 
 from autoshard.solver.problem import FORBIDDEN_COST, Problem
 
@@ -136,21 +137,47 @@ def _maximal_steps(intervals: np.ndarray) -> np.ndarray:
 
 def _keep_masks(problem: Problem) -> list[np.ndarray]:
     """Per node, the strategies worth keeping: not forbidden alone nor by a fully forbidden edge row."""
-    keep = [c < FORBIDDEN_COST for c in problem.node_costs]
-    keep = [k if k.any() else np.ones_like(k) for k in keep]
+    n = problem.num_nodes
+    sizes = np.fromiter((len(c) for c in problem.node_costs), dtype=np.int64, count=n)
+    soff = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(sizes, out=soff[1:])
+    keep = np.concatenate(problem.node_costs) < FORBIDDEN_COST if n else np.zeros(0, dtype=bool)
+    none_left = ~np.logical_or.reduceat(keep, soff[:-1]) if n else np.zeros(0, dtype=bool)
+    keep[np.repeat(none_left, sizes)] = True
+    m = len(problem.edge_costs)
+    if m:
+        moff = np.zeros(m + 1, dtype=np.int64)
+        np.cumsum([matrix.size for matrix in problem.edge_costs], out=moff[1:])
+        allowed = np.concatenate([matrix.ravel() for matrix in problem.edge_costs]) < FORBIDDEN_COST
+        edges = np.asarray(problem.edges, dtype=np.int64).reshape(m, 2)
+        _arc_consistency(keep, soff, edges[:, 0].copy(), edges[:, 1].copy(), moff, allowed)
+    return np.split(keep, soff[1:-1])
+
+
+@njit(cache=True, nogil=True)
+def _arc_consistency(keep: np.ndarray, soff: np.ndarray, eu: np.ndarray, ev: np.ndarray, moff: np.ndarray,
+                     allowed: np.ndarray) -> None:
+    """Drop, edge by edge until nothing changes, the strategies with no allowed partner among the
+    kept strategies across an edge, unless that would leave a node none (in place)."""
     changed = True
     while changed:
         changed = False
-        for (u, v), matrix in zip(problem.edges.tolist(), problem.edge_costs):
-            allowed = matrix < FORBIDDEN_COST
-            row_ok = (allowed & keep[v][None, :]).any(axis=1)
-            col_ok = (allowed & keep[u][:, None]).any(axis=0)
-            for node, ok in ((u, row_ok), (v, col_ok)):
-                new = keep[node] & ok
-                if new.any() and not np.array_equal(new, keep[node]):
-                    keep[node] = new
+        for e in range(len(eu)):
+            u, v = eu[e], ev[e]
+            rows, columns = soff[u + 1] - soff[u], soff[v + 1] - soff[v]
+            row_ok = np.zeros(rows, dtype=np.bool_)
+            column_ok = np.zeros(columns, dtype=np.bool_)
+            for i in range(rows):
+                for j in range(columns):
+                    if allowed[moff[e] + i * columns + j]:
+                        row_ok[i] |= keep[soff[v] + j]
+                        column_ok[j] |= keep[soff[u] + i]
+            for node, ok in ((u, row_ok), (v, column_ok)):
+                mine = keep[soff[node]:soff[node + 1]]
+                new = mine & ok
+                if new.any() and not np.array_equal(new, mine):
+                    mine[:] = new
                     changed = True
-    return keep
 
 
 def flatten(problem: Problem) -> FlatProblem:
