@@ -135,23 +135,17 @@ def _maximal_steps(intervals: np.ndarray) -> np.ndarray:
     return points[:-1][maximal].astype(np.int64)
 
 
-def _keep_masks(problem: Problem) -> list[np.ndarray]:
-    """Per node, the strategies worth keeping: not forbidden alone nor by a fully forbidden edge row."""
-    n = problem.num_nodes
-    sizes = np.fromiter((len(c) for c in problem.node_costs), dtype=np.int64, count=n)
-    soff = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(sizes, out=soff[1:])
-    keep = np.concatenate(problem.node_costs) < FORBIDDEN_COST if n else np.zeros(0, dtype=bool)
-    none_left = ~np.logical_or.reduceat(keep, soff[:-1]) if n else np.zeros(0, dtype=bool)
-    keep[np.repeat(none_left, sizes)] = True
-    m = len(problem.edge_costs)
-    if m:
-        moff = np.zeros(m + 1, dtype=np.int64)
-        np.cumsum([matrix.size for matrix in problem.edge_costs], out=moff[1:])
-        allowed = np.concatenate([matrix.ravel() for matrix in problem.edge_costs]) < FORBIDDEN_COST
-        edges = np.asarray(problem.edges, dtype=np.int64).reshape(m, 2)
-        _arc_consistency(keep, soff, edges[:, 0].copy(), edges[:, 1].copy(), moff, allowed)
-    return np.split(keep, soff[1:-1])
+def _keep_mask(soff: np.ndarray, costs: np.ndarray, eu: np.ndarray, ev: np.ndarray, moff: np.ndarray,
+               entries: np.ndarray) -> np.ndarray:
+    """Per strategy (flat over the nodes' offsets `soff`), whether it is worth keeping: not
+    forbidden alone nor by a fully forbidden edge row among the kept strategies across an edge
+    (edge e joins eu[e] and ev[e], its matrix is entries[moff[e]:moff[e+1]], row-major)."""
+    keep = costs < FORBIDDEN_COST
+    none_left = ~np.logical_or.reduceat(keep, soff[:-1])
+    keep[np.repeat(none_left, np.diff(soff))] = True
+    if len(eu):
+        _arc_consistency(keep, soff, eu, ev, moff, entries < FORBIDDEN_COST)
+    return keep
 
 
 @njit(cache=True, nogil=True)
@@ -183,43 +177,42 @@ def _arc_consistency(keep: np.ndarray, soff: np.ndarray, eu: np.ndarray, ev: np.
 def flatten(problem: Problem) -> FlatProblem:
     """The working form of `problem` (see the module docstring)."""
     n = problem.num_nodes
-    keep = _keep_masks(problem)
-    kept = [np.flatnonzero(k) for k in keep]
-    sizes = np.fromiter((len(k) for k in kept), dtype=np.int64, count=n)
+    if n == 0:
+        return _empty()
+    original_sizes = problem.num_strategies()
+    original_soff = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(original_sizes, out=original_soff[1:])
+    m = problem.num_edges
+    edge_u = np.ascontiguousarray(problem.edges[:, 0], dtype=np.int64) if m else np.zeros(0, dtype=np.int64)
+    edge_v = np.ascontiguousarray(problem.edges[:, 1], dtype=np.int64) if m else np.zeros(0, dtype=np.int64)
+    edge_moff = np.zeros(m + 1, dtype=np.int64)
+    np.cumsum([matrix.size for matrix in problem.edge_costs], out=edge_moff[1:])
+    entries = np.concatenate([matrix.ravel() for matrix in problem.edge_costs]) if m else np.zeros(0, dtype=np.int64)
+    keep = _keep_mask(original_soff, np.concatenate(problem.node_costs), edge_u, edge_v, edge_moff, entries)
+    kept_flat = np.flatnonzero(keep)
+    node_of = np.repeat(np.arange(n), original_sizes)[kept_flat]
+    sizes = np.bincount(node_of, minlength=n).astype(np.int64)
     soff = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(sizes, out=soff[1:])
-    orig = np.concatenate(kept) if n else np.zeros(0, dtype=np.int64)
-    cost = np.concatenate([c[k] for c, k in zip(problem.node_costs, kept)]).astype(np.float64) if n else np.zeros(0)
-    usage = [u[k] for u, k in zip(problem.node_usages, kept)]
-    base_use = np.fromiter((u.min() for u in usage), dtype=np.int64, count=n)
-    use = (np.concatenate([u - u.min() for u in usage]) if n else np.zeros(0)).astype(np.int64)
+    orig = kept_flat - original_soff[node_of]
+    cost = np.concatenate(problem.node_costs)[kept_flat].astype(np.float64)
+    usage = np.concatenate(problem.node_usages)[kept_flat]
+    base_use = np.minimum.reduceat(usage, soff[:-1])  # every node keeps a strategy
+    use = (usage - base_use[node_of]).astype(np.int64)
+    spread = np.maximum.reduceat(usage, soff[:-1]) - base_use
 
-    whole = [bool(k.all()) for k in keep]  # fancy indexing copies 165M entries of a 3-D training step for nothing
-    merged: dict[tuple[int, int], np.ndarray] = {}
-    for (u, v), matrix in zip(problem.edges.tolist(), problem.edge_costs):
-        sub = (matrix if whole[u] and whole[v] else matrix[np.ix_(kept[u], kept[v])]).astype(np.float64)
-        if u > v:
-            u, v, sub = v, u, sub.T
-        if (u, v) in merged:
-            sub = np.minimum(merged[(u, v)] + sub, FORBIDDEN)
-        merged[(u, v)] = sub
-    pairs = sorted(key for key, sub in merged.items() if sub.any())
-    eu = np.array([p[0] for p in pairs], dtype=np.int64)
-    ev = np.array([p[1] for p in pairs], dtype=np.int64)
-    moff = np.zeros(len(pairs) + 1, dtype=np.int64)
-    np.cumsum([merged[p].size for p in pairs], out=moff[1:])
-    mat = np.concatenate([merged[p].ravel() for p in pairs]) if pairs else np.zeros(0)
+    eu, ev, moff, mat = _merged_edges(original_soff, soff, orig, edge_u, edge_v, edge_moff, entries)
 
     ends = np.concatenate([eu, ev])
     order = np.argsort(ends, kind="stable")
     aoff = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(ends, minlength=n), out=aoff[1:])
-    edge_ids = np.concatenate([np.arange(len(pairs)), np.arange(len(pairs))])
+    edge_ids = np.concatenate([np.arange(len(eu)), np.arange(len(eu))])
     anbr = np.concatenate([ev, eu])[order]
     aedge = edge_ids[order]
-    arow = np.concatenate([np.ones(len(pairs), np.int8), np.zeros(len(pairs), np.int8)])[order]
+    arow = np.concatenate([np.ones(len(eu), np.int8), np.zeros(len(eu), np.int8)])[order]
 
-    if problem.usage_limit is None or n == 0:
+    if problem.usage_limit is None:
         steps = np.zeros(0, dtype=np.int64)
     else:
         steps = _maximal_steps(problem.intervals)
@@ -231,12 +224,76 @@ def flatten(problem: Problem) -> FlatProblem:
     base = np.cumsum(delta[:-1])
     cap = (problem.usage_limit - base) if len(steps) else np.zeros(0, dtype=np.int64)
     # A node whose usage cannot change never binds: give it an empty row range.
-    spread = np.fromiter((u.max() - u.min() for u in usage), dtype=np.int64, count=n)
     r1 = np.where(spread > 0, r1, r0)
     r0, r1, cap, steps = prune_rows(r0, r1, spread, np.asarray(cap, dtype=np.int64), steps)
     r0, r1, cap, steps = merge_rows(r0, r1, cap, steps)
     return FlatProblem(n=n, soff=soff, orig=orig, cost=cost, use=use, eu=eu, ev=ev, moff=moff, mat=mat,
                        aoff=aoff, anbr=anbr, aedge=aedge, arow=arow, r0=r0, r1=r1, cap=cap, row_steps=steps)
+
+
+def _empty() -> FlatProblem:
+    """The working form of a problem without nodes."""
+    ints = np.zeros(0, dtype=np.int64)
+    return FlatProblem(n=0, soff=np.zeros(1, dtype=np.int64), orig=ints, cost=np.zeros(0), use=ints, eu=ints,
+                       ev=ints, moff=np.zeros(1, dtype=np.int64), mat=np.zeros(0), aoff=np.zeros(1, dtype=np.int64),
+                       anbr=ints, aedge=ints, arow=np.zeros(0, dtype=np.int8), r0=ints, r1=ints, cap=ints,
+                       row_steps=ints)
+
+
+def _merged_edges(original_soff: np.ndarray, soff: np.ndarray, orig: np.ndarray, edge_u: np.ndarray,
+                  edge_v: np.ndarray, edge_moff: np.ndarray, entries: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The edges as (u < v) pairs sorted, parallel edges summed (capped at FORBIDDEN) in their
+    order of appearance, all-zero ones dropped: eu, ev, moff and the float64 matrices over the
+    kept strategies (`orig`) concatenated row-major."""
+    if len(edge_u) == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64), np.zeros(0)
+    low, high = np.minimum(edge_u, edge_v), np.maximum(edge_u, edge_v)
+    order = np.lexsort((high, low))  # stable: parallel edges stay in their order of appearance
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = (low[order][1:] != low[order][:-1]) | (high[order][1:] != high[order][:-1])
+    group_start = np.flatnonzero(first)
+    pair_u, pair_v = low[order][group_start], high[order][group_start]
+    sizes = np.diff(soff)
+    pair_off = np.zeros(len(group_start) + 1, dtype=np.int64)
+    np.cumsum(sizes[pair_u] * sizes[pair_v], out=pair_off[1:])
+    mat = np.empty(pair_off[-1], dtype=np.float64)
+    group_end = np.append(group_start[1:], len(order))
+    nonzero = _fill_merged(order, group_start, group_end, edge_u, edge_v, edge_moff, entries, original_soff, soff,
+                           orig, pair_off, mat)
+    if nonzero.all():
+        return pair_u, pair_v, pair_off, mat
+    kept_sizes = np.diff(pair_off)[nonzero]
+    moff = np.zeros(len(kept_sizes) + 1, dtype=np.int64)
+    np.cumsum(kept_sizes, out=moff[1:])
+    return pair_u[nonzero], pair_v[nonzero], moff, mat[np.repeat(nonzero, np.diff(pair_off))]
+
+
+@njit(cache=True, nogil=True)
+def _fill_merged(order: np.ndarray, group_start: np.ndarray, group_end: np.ndarray, edge_u: np.ndarray,
+                 edge_v: np.ndarray, edge_moff: np.ndarray, entries: np.ndarray, original_soff: np.ndarray,
+                 soff: np.ndarray, orig: np.ndarray, pair_off: np.ndarray, mat: np.ndarray) -> np.ndarray:
+    """Writes each pair's summed matrix into mat[pair_off[p]:pair_off[p+1]]; returns which pairs
+    have a nonzero entry."""
+    nonzero = np.zeros(len(group_start), dtype=np.bool_)
+    for p in range(len(group_start)):
+        out = pair_off[p]
+        for k in range(group_start[p], group_end[p]):
+            e = order[k]
+            u, v = edge_u[e], edge_v[e]
+            low, high = min(u, v), max(u, v)
+            columns = original_soff[v + 1] - original_soff[v]
+            for i in range(soff[low], soff[low + 1]):
+                for j in range(soff[high], soff[high + 1]):
+                    row, column = (orig[i], orig[j]) if u <= v else (orig[j], orig[i])
+                    value = float(entries[edge_moff[e] + row * columns + column])
+                    cell = out + (i - soff[low]) * (soff[high + 1] - soff[high]) + (j - soff[high])
+                    mat[cell] = value if k == group_start[p] else min(mat[cell] + value, FORBIDDEN)
+        for cell in range(pair_off[p], pair_off[p + 1]):
+            if mat[cell] != 0.0:
+                nonzero[p] = True
+                break
+    return nonzero
 
 
 def row_load(r0: np.ndarray, r1: np.ndarray, per_node: np.ndarray, num_rows: int) -> np.ndarray:
