@@ -46,7 +46,7 @@ def test_the_memory_problem_prices_usage_and_keeps_forbidden_pairs():
 
 def test_the_low_memory_labelling_turns_the_hub_with_its_leaves():
     fp = flatten(star(HUB_DEGREE + 12, limit=1))
-    x = low_memory_labelling(fp, seed=0, passes=10, moves=2000, block=16)
+    x = low_memory_labelling(fp, seed=0, passes=10, moves_per_centre=2, block=16)
     assert x.tolist() == [1] * fp.n
     assert fp.fits(x)
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from autoshard.solver.flat import FORBIDDEN, FlatProblem
 from autoshard.solver.lagrange import Relaxation
-from autoshard.solver.search import Search
+from autoshard.solver.search import Search, forbidden_nodes
 
 # The true costs of a whole answer, scaled by this over the largest single cost, stay far below
 # one unit of usage-times-rows: they only break ties among choices of equal memory.
@@ -41,12 +41,16 @@ def memory_problem(fp: FlatProblem) -> FlatProblem:
                    row_steps=np.zeros(0, dtype=np.int64))
 
 
-def low_memory_labelling(fp: FlatProblem, seed: int, passes: int, moves: int, block: int) -> np.ndarray:
+def low_memory_labelling(fp: FlatProblem, seed: int, passes: int, moves_per_centre: int, block: int) -> np.ndarray:
     """A low-memory answer of `fp` that avoids forbidden choices where message passing and tree
-    moves can: the TRW-S decode of `memory_problem` after `passes` passes, then `moves` tree moves
-    of blocks up to `block` nodes on the same costs. It may still break a few pairs or, rarely,
+    moves can: the TRW-S decode of `memory_problem` after `passes` passes, then tree moves of
+    blocks up to `block` nodes on the same costs, grown from its forbidden choices and their
+    neighbours, `moves_per_centre` per such node. It may still break a few pairs or, rarely,
     overload a row: the caller checks."""
     plain = memory_problem(fp)
     search = Search(plain, Relaxation(plain).run(passes), seed)
-    search.tree_moves(moves, block)
+    bad = forbidden_nodes(fp, search.best_x)
+    if len(bad):
+        centres = fp.around(bad)
+        search.tree_moves(moves_per_centre * len(centres), block, centres=centres)
     return search.best_x.copy()

@@ -119,6 +119,13 @@ class FlatProblem:
     def fits(self, x: np.ndarray) -> bool:
         return bool(np.all(self.row_load(x) <= self.cap))
 
+    def around(self, nodes: np.ndarray) -> np.ndarray:
+        """`nodes` and their neighbours, sorted, each once."""
+        nodes = np.asarray(nodes, dtype=np.int64)
+        counts = self.aoff[nodes + 1] - self.aoff[nodes]
+        starts = np.repeat(self.aoff[nodes] - np.cumsum(counts) + counts, counts)
+        return np.union1d(nodes, self.anbr[starts + np.arange(int(counts.sum()))])
+
 
 def _maximal_steps(intervals: np.ndarray) -> np.ndarray:
     """First steps of the runs of steps whose live set is maximal (not inside another step's).

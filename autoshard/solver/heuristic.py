@@ -58,12 +58,9 @@ class HeuristicResult:
 
 def smallest_usage(fp: FlatProblem) -> np.ndarray:
     """Each node's smallest-usage strategy, the cheapest among ties."""
-    x = np.zeros(fp.n, dtype=np.int64)
-    for v in range(fp.n):
-        use = fp.use[fp.soff[v]:fp.soff[v + 1]]
-        cost = fp.cost[fp.soff[v]:fp.soff[v + 1]]
-        x[v] = int(np.lexsort((cost, use))[0])
-    return x
+    node_of = np.repeat(np.arange(fp.n), fp.sizes())
+    order = np.lexsort((fp.cost, fp.use, node_of))  # by node, then usage, then cost
+    return (order[fp.soff[:-1]] - fp.soff[:-1]).astype(np.int64)
 
 
 def _penalised_cleanup(fp: FlatProblem, x: np.ndarray, pen: np.ndarray, moves: int, seed: int, kmax: int) -> None:
@@ -203,7 +200,8 @@ class HeuristicRun:
         if len(forbidden_nodes(fp, self.search.best_x)):
             self._repair_into_best(self.search.best_x)
         if len(forbidden_nodes(fp, self.search.best_x)):
-            labelled = low_memory_labelling(fp, self.seed, schedule.passes_stepping, self.moves, schedule.tree_block)
+            labelled = low_memory_labelling(fp, self.seed, schedule.passes_stepping,
+                                            schedule.first_plan_moves_per_centre, schedule.tree_block)
             if fp.fits(labelled):
                 self._repair_into_best(labelled)
         if len(forbidden_nodes(fp, self.search.best_x)):
@@ -223,20 +221,23 @@ class HeuristicRun:
             self._sweep_out_forbidden()
 
     def _sweep_out_forbidden(self) -> None:
-        """Sweeps of tree moves from the best solution while each removes enough of its forbidden
-        choices (`Schedule.first_plan_progress`)."""
-        search, schedule = self.search, self.schedule
+        """Sweeps of tree moves around the forbidden choices of the best solution (blocks grown
+        from them and their neighbours) while each removes enough of them
+        (`Schedule.first_plan_progress`)."""
+        fp, search, schedule = self.fp, self.search, self.schedule
         search.reset(search.best_x)
-        left = len(forbidden_nodes(self.fp, search.best_x))
+        bad = forbidden_nodes(fp, search.best_x)
         for _ in range(schedule.first_plan_sweeps):
-            if left == 0 or (not self.deterministic and self.time_left() <= 0):
+            if len(bad) == 0 or (not self.deterministic and self.time_left() <= 0):
                 return
-            search.tree_moves(self.moves, schedule.tree_block)
-            self.stats["tree_moves"] += self.moves
-            now = len(forbidden_nodes(self.fp, search.best_x))
-            if now > (1.0 - schedule.first_plan_progress) * left:
+            centres = fp.around(bad)
+            moves = min(self.moves, schedule.first_plan_moves_per_centre * len(centres))
+            search.tree_moves(moves, schedule.tree_block, centres=centres)
+            self.stats["tree_moves"] += moves
+            left = forbidden_nodes(fp, search.best_x)
+            if len(left) > (1.0 - schedule.first_plan_progress) * len(bad):
                 return
-            left = now
+            bad = left
 
     def relax(self) -> None:
         """Relax-and-decode rounds: TRW-S under the multipliers decodes, tree moves clean up, the

@@ -394,17 +394,19 @@ def _move_block(f: FlatArrays, memory: MemoryState, x: np.ndarray, blk: _Block, 
 
 
 def block_moves(f: FlatArrays, memory: MemoryState, x: np.ndarray, best_x: np.ndarray, best_obj: float, *,
-                num_moves: int, kmax: int, temperature: float, movable: np.ndarray, seed: int
-                ) -> tuple[float, float, int, int, int]:
-    """Run `num_moves` tree-block moves of up to `kmax` nodes (seeds drawn among `movable`) on x
-    in place; keep the best solution seen, if better than `best_obj`, in best_x. A worse block
-    choice is taken only by the Metropolis test at `temperature` (0: never).
+                num_moves: int, kmax: int, temperature: float, movable: np.ndarray, seed: int,
+                centres: np.ndarray | None = None) -> tuple[float, float, int, int, int]:
+    """Run `num_moves` tree-block moves of up to `kmax` nodes (blocks of `movable` nodes grown
+    from a seed drawn among `centres`, by default every movable node) on x in place; keep the
+    best solution seen, if better than `best_obj`, in best_x. A worse block choice is taken only
+    by the Metropolis test at `temperature` (0: never).
 
     x must fit in memory on entry (when `memory.checked`); every accepted move keeps it so.
     Returns (objective of x, best objective, accepted moves, improving moves, memory rejections).
     """
+    seeds = np.flatnonzero(movable) if centres is None else np.asarray(centres, dtype=np.int64)[movable[centres]]
     return _block_moves(f, memory, _new_block(len(x), kmax), x, best_x, float(best_obj), num_moves, kmax,
-                        float(temperature), movable, np.flatnonzero(movable), seed)
+                        float(temperature), movable, seeds, seed)
 
 
 # Compiled without reference counting (numba's private `_nrt` option; the function allocates

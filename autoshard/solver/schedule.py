@@ -16,12 +16,15 @@ class Schedule:
     """The heuristic's time shares, move sizes and round counts, and its deterministic budget."""
 
     # The first plan, when the start chooses something forbidden (`HeuristicRun.first_plan`):
-    # sweeps of tree moves, at most `first_plan_sweeps`, each only while the one before removed at
-    # least `first_plan_progress` of the forbidden choices; a CP-SAT repair gets `first_plan_share`
-    # of the time left. On the test bed's dense-forbidden instances the sweeps clear all of them
-    # in 0.2-0.8 s or stall within three, and the labelling leaves a handful.
+    # sweeps of tree moves grown from the forbidden choices and their neighbours,
+    # `first_plan_moves_per_centre` moves per such node (at most a whole sweep's), at most
+    # `first_plan_sweeps`, each only while the one before removed at least `first_plan_progress`
+    # of the forbidden choices; a CP-SAT repair gets `first_plan_share` of the time left. On the
+    # test bed's dense-forbidden instances the sweeps clear all of them within four or stall
+    # within three, and the labelling leaves a handful.
     first_plan_sweeps: int = 8
     first_plan_progress: float = 0.2
+    first_plan_moves_per_centre: int = 2
     first_plan_share: float = 0.1
     # Relaxation rounds. While no row binds, every round just carries TRW-S on from warm messages,
     # and its decodes and the tree moves that clean them up are the search (on large training steps

@@ -66,12 +66,14 @@ class Search:
         if obj < self.best_obj:
             self.best_obj, self.best_x = obj, self.x.copy()
 
-    def tree_moves(self, num_moves: int, kmax: int, temperature: float = 0.0) -> tuple[int, int]:
-        """Tree-block moves; returns (accepted, improving)."""
+    def tree_moves(self, num_moves: int, kmax: int, temperature: float = 0.0,
+                   centres: np.ndarray | None = None) -> tuple[int, int]:
+        """Tree-block moves (blocks grown from `centres`, by default from any movable node);
+        returns (accepted, improving)."""
         memory = kernels.MemoryState(self.mx, self.lz, self.pen, self.pen_unit, checked=self.fp.num_rows > 0)
         _, best, accepted, improved, _ = kernels.block_moves(
             self.fp.arrays, memory, self.x, self.best_x, self.best_obj, num_moves=num_moves, kmax=kmax,
-            temperature=temperature, movable=self.movable, seed=int(self.rng.integers(1 << 31)))
+            temperature=temperature, movable=self.movable, seed=int(self.rng.integers(1 << 31)), centres=centres)
         self.best_obj = best
         self.pen *= 0.5
         return accepted, improved
