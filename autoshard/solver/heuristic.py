@@ -208,6 +208,26 @@ class HeuristicRun:
             self._repair_into_best(start_x)
         self.stats["first_plan_forbidden"] = int(len(forbidden_nodes(fp, self.search.best_x)))
         self.report("first plan")
+        self._sweep_first_plan()
+
+    def _sweep_first_plan(self) -> None:
+        """Sweeps of tree moves over the whole graph from the first plan, while each lowers its
+        cost by `Schedule.first_plan_gain`: the moves that built it touched only the nodes
+        around the forbidden choices, the rest is still at its smallest usage, and the relaxation's
+        rounds that follow mix their decodes with it."""
+        search, schedule = self.search, self.schedule
+        if self.stats["first_plan_forbidden"]:
+            return
+        search.reset(search.best_x)
+        for _ in range(schedule.first_plan_sweeps):
+            if not self.deterministic and self.time_left() < schedule.first_plan_until_left * self.time_limit_s:
+                break
+            before = search.best_obj
+            search.tree_moves(self.moves, schedule.tree_block)
+            self.stats["tree_moves"] += self.moves
+            if search.best_obj > (1.0 - schedule.first_plan_gain) * before:
+                break
+        self.report("first plan")
 
     def _repair_into_best(self, x: np.ndarray) -> None:
         """CP-SAT around x's forbidden choices (memory kept: x fits), then, if that changed x,
