@@ -118,3 +118,14 @@ def test_flatten_keeps_exactly_the_arc_consistent_strategies(seed):
     expected = _arc_consistent_reference(problem)
     for v, keep in enumerate(expected):
         assert fp.orig[fp.soff[v]:fp.soff[v + 1]].tolist() == np.flatnonzero(keep).tolist()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_edges_sharing_one_matrix_object_flatten_as_copies_would(seed):
+    problem = random_problem(seed, limited=True, forbidden=True)
+    first: dict[tuple[int, ...], np.ndarray] = {}
+    shared = replace(problem, edge_costs=tuple(first.setdefault(m.shape, m) for m in problem.edge_costs))
+    copied = replace(shared, edge_costs=tuple(m.copy() for m in shared.edge_costs))
+    a, b = flatten(shared), flatten(copied)
+    for name in ("soff", "orig", "cost", "use", "eu", "ev", "moff", "mat", "r0", "r1", "cap"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name

@@ -142,21 +142,21 @@ def _maximal_steps(intervals: np.ndarray) -> np.ndarray:
     return points[:-1][maximal].astype(np.int64)
 
 
-def _keep_mask(soff: np.ndarray, costs: np.ndarray, eu: np.ndarray, ev: np.ndarray, moff: np.ndarray,
+def _keep_mask(soff: np.ndarray, costs: np.ndarray, eu: np.ndarray, ev: np.ndarray, mstart: np.ndarray,
                entries: np.ndarray) -> np.ndarray:
     """Per strategy (flat over the nodes' offsets `soff`), whether it is worth keeping: not
     forbidden alone nor by a fully forbidden edge row among the kept strategies across an edge
-    (edge e joins eu[e] and ev[e], its matrix is entries[moff[e]:moff[e+1]], row-major)."""
+    (edge e joins eu[e] and ev[e], its matrix starts at entries[mstart[e]], row-major)."""
     keep = costs < FORBIDDEN_COST
     none_left = ~np.logical_or.reduceat(keep, soff[:-1])
     keep[np.repeat(none_left, np.diff(soff))] = True
     if len(eu):
-        _arc_consistency(keep, soff, eu, ev, moff, entries < FORBIDDEN_COST)
+        _arc_consistency(keep, soff, eu, ev, mstart, entries < FORBIDDEN_COST)
     return keep
 
 
 @njit(cache=True, nogil=True)
-def _arc_consistency(keep: np.ndarray, soff: np.ndarray, eu: np.ndarray, ev: np.ndarray, moff: np.ndarray,
+def _arc_consistency(keep: np.ndarray, soff: np.ndarray, eu: np.ndarray, ev: np.ndarray, mstart: np.ndarray,
                      allowed: np.ndarray) -> None:
     """Drop, edge by edge until nothing changes, the strategies with no allowed partner among the
     kept strategies across an edge, unless that would leave a node none (in place)."""
@@ -170,7 +170,7 @@ def _arc_consistency(keep: np.ndarray, soff: np.ndarray, eu: np.ndarray, ev: np.
             column_ok = np.zeros(columns, dtype=np.bool_)
             for i in range(rows):
                 for j in range(columns):
-                    if allowed[moff[e] + i * columns + j]:
+                    if allowed[mstart[e] + i * columns + j]:
                         row_ok[i] |= keep[soff[v] + j]
                         column_ok[j] |= keep[soff[u] + i]
             for node, ok in ((u, row_ok), (v, column_ok)):
@@ -192,10 +192,8 @@ def flatten(problem: Problem) -> FlatProblem:
     m = problem.num_edges
     edge_u = np.ascontiguousarray(problem.edges[:, 0], dtype=np.int64) if m else np.zeros(0, dtype=np.int64)
     edge_v = np.ascontiguousarray(problem.edges[:, 1], dtype=np.int64) if m else np.zeros(0, dtype=np.int64)
-    edge_moff = np.zeros(m + 1, dtype=np.int64)
-    np.cumsum([matrix.size for matrix in problem.edge_costs], out=edge_moff[1:])
-    entries = np.concatenate([matrix.ravel() for matrix in problem.edge_costs]) if m else np.zeros(0, dtype=np.int64)
-    keep = _keep_mask(original_soff, np.concatenate(problem.node_costs), edge_u, edge_v, edge_moff, entries)
+    edge_start, entries = _shared_entries(problem.edge_costs)
+    keep = _keep_mask(original_soff, np.concatenate(problem.node_costs), edge_u, edge_v, edge_start, entries)
     kept_flat = np.flatnonzero(keep)
     node_of = np.repeat(np.arange(n), original_sizes)[kept_flat]
     sizes = np.bincount(node_of, minlength=n).astype(np.int64)
@@ -208,7 +206,7 @@ def flatten(problem: Problem) -> FlatProblem:
     use = (usage - base_use[node_of]).astype(np.int64)
     spread = np.maximum.reduceat(usage, soff[:-1]) - base_use
 
-    eu, ev, moff, mat = _merged_edges(original_soff, soff, orig, edge_u, edge_v, edge_moff, entries)
+    eu, ev, moff, mat = _merged_edges(original_soff, soff, orig, edge_u, edge_v, edge_start, entries)
 
     ends = np.concatenate([eu, ev])
     order = np.argsort(ends, kind="stable")
@@ -247,8 +245,26 @@ def _empty() -> FlatProblem:
                        row_steps=ints)
 
 
+def _shared_entries(matrices: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """The edge matrices' entries, each matrix object once (a formulation shares one matrix among
+    the edges of identical layers: 82 matrices for the 44k edges of a 96-layer 3-D training step),
+    and where each edge's matrix starts in them (row-major from there)."""
+    start_of: dict[int, int] = {}
+    distinct: list[np.ndarray] = []
+    starts = np.empty(len(matrices), dtype=np.int64)
+    end = 0
+    for e, matrix in enumerate(matrices):
+        start = start_of.get(id(matrix))
+        if start is None:
+            start = start_of[id(matrix)] = end
+            distinct.append(matrix.ravel())
+            end += matrix.size
+        starts[e] = start
+    return starts, (np.concatenate(distinct) if distinct else np.zeros(0, dtype=np.int64))
+
+
 def _merged_edges(original_soff: np.ndarray, soff: np.ndarray, orig: np.ndarray, edge_u: np.ndarray,
-                  edge_v: np.ndarray, edge_moff: np.ndarray, entries: np.ndarray
+                  edge_v: np.ndarray, edge_start: np.ndarray, entries: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The edges as (u < v) pairs sorted, parallel edges summed (capped at FORBIDDEN) in their
     order of appearance, all-zero ones dropped: eu, ev, moff and the float64 matrices over the
@@ -266,7 +282,7 @@ def _merged_edges(original_soff: np.ndarray, soff: np.ndarray, orig: np.ndarray,
     np.cumsum(sizes[pair_u] * sizes[pair_v], out=pair_off[1:])
     mat = np.empty(pair_off[-1], dtype=np.float64)
     group_end = np.append(group_start[1:], len(order))
-    nonzero = _fill_merged(order, group_start, group_end, edge_u, edge_v, edge_moff, entries, original_soff, soff,
+    nonzero = _fill_merged(order, group_start, group_end, edge_u, edge_v, edge_start, entries, original_soff, soff,
                            orig, pair_off, mat)
     if nonzero.all():
         return pair_u, pair_v, pair_off, mat
@@ -278,7 +294,7 @@ def _merged_edges(original_soff: np.ndarray, soff: np.ndarray, orig: np.ndarray,
 
 @njit(cache=True, nogil=True)
 def _fill_merged(order: np.ndarray, group_start: np.ndarray, group_end: np.ndarray, edge_u: np.ndarray,
-                 edge_v: np.ndarray, edge_moff: np.ndarray, entries: np.ndarray, original_soff: np.ndarray,
+                 edge_v: np.ndarray, edge_start: np.ndarray, entries: np.ndarray, original_soff: np.ndarray,
                  soff: np.ndarray, orig: np.ndarray, pair_off: np.ndarray, mat: np.ndarray) -> np.ndarray:
     """Writes each pair's summed matrix into mat[pair_off[p]:pair_off[p+1]]; returns which pairs
     have a nonzero entry."""
@@ -293,7 +309,7 @@ def _fill_merged(order: np.ndarray, group_start: np.ndarray, group_end: np.ndarr
             for i in range(soff[low], soff[low + 1]):
                 for j in range(soff[high], soff[high + 1]):
                     row, column = (orig[i], orig[j]) if u <= v else (orig[j], orig[i])
-                    value = float(entries[edge_moff[e] + row * columns + column])
+                    value = float(entries[edge_start[e] + row * columns + column])
                     cell = out + (i - soff[low]) * (soff[high + 1] - soff[high]) + (j - soff[high])
                     mat[cell] = value if k == group_start[p] else min(mat[cell] + value, FORBIDDEN)
         for cell in range(pair_off[p], pair_off[p + 1]):
