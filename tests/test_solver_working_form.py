@@ -129,3 +129,17 @@ def test_edges_sharing_one_matrix_object_flatten_as_copies_would(seed):
     a, b = flatten(shared), flatten(copied)
     for name in ("soff", "orig", "cost", "use", "eu", "ev", "moff", "mat", "r0", "r1", "cap"):
         assert np.array_equal(getattr(a, name), getattr(b, name)), name
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_shared_layout_stores_each_distinct_matrix_once_and_reads_as_the_flat_one(seed):
+    problem = random_problem(seed, limited=True, forbidden=True)
+    first: dict[tuple[int, ...], np.ndarray] = {}
+    fp = flatten(replace(problem, edge_costs=tuple(first.setdefault(m.shape, m) for m in problem.edge_costs)))
+    start, entries = fp.shared_matrices
+    sizes = fp.sizes()
+    blocks = {fp.mat[fp.moff[e]:fp.moff[e + 1]].tobytes() for e in range(fp.m)}
+    assert len(entries) == sum(len(block) // 8 for block in blocks)
+    for e in range(fp.m):
+        size = int(sizes[fp.eu[e]] * sizes[fp.ev[e]])
+        assert np.array_equal(entries[start[e]:start[e] + size], fp.mat[fp.moff[e]:fp.moff[e + 1]])

@@ -86,6 +86,14 @@ class FlatProblem:
         return FlatArrays(self.soff, self.cost, self.use, self.eu, self.ev, self.moff, self.mat, self.aoff,
                           self.anbr, self.aedge, self.arow, self.r0, self.r1, self.cap)
 
+    @cached_property
+    def shared_matrices(self) -> tuple[np.ndarray, np.ndarray]:
+        """(start, entries): the edge matrices with each distinct one stored once, edge e's
+        row-major from entries[start[e]]. The message passes read every entry of every edge;
+        a training step's identical layers repeat a few dozen matrices tens of thousands of
+        times, and the distinct ones stay in the processor's caches."""
+        return _shared_layout(self.moff, self.mat)
+
     def to_original(self, x: np.ndarray) -> np.ndarray:
         """Original strategy indices of a solution in kept-strategy indices."""
         return self.orig[self.soff[:-1] + np.asarray(x, dtype=np.int64)]
@@ -261,6 +269,62 @@ def _shared_entries(matrices: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.nd
             end += matrix.size
         starts[e] = start
     return starts, (np.concatenate(distinct) if distinct else np.zeros(0, dtype=np.int64))
+
+
+def _shared_layout(moff: np.ndarray, mat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Edge matrices (contiguous, edge e's at mat[moff[e]:moff[e+1]]) with equal ones stored once:
+    matrices group by a hash of their bytes and length, and each is compared with its group's
+    first before it shares its entries."""
+    m = len(moff) - 1
+    if m == 0:
+        return moff[:-1].copy(), mat
+    digest = _matrix_hashes(moff, mat.view(np.int64))
+    keys = np.stack([digest, np.diff(moff)], axis=1)
+    _, first, group = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    representative = first[group.reshape(-1)]
+    equal = _equal_matrices(moff, mat, representative)
+    representative = np.where(equal, representative, np.arange(m))  # a hash collision keeps its own copy
+    stored = np.unique(representative)
+    sizes = np.diff(moff)[stored]
+    new_start = np.zeros(len(stored), dtype=np.int64)
+    np.cumsum(sizes[:-1], out=new_start[1:])
+    entries = np.concatenate([mat[moff[e]:moff[e + 1]] for e in stored.tolist()])
+    start = new_start[np.searchsorted(stored, representative)]
+    return start, entries
+
+
+@njit(cache=True, nogil=True)
+def _matrix_hashes(moff: np.ndarray, bits: np.ndarray) -> np.ndarray:
+    """A 64-bit FNV-1a-style hash of each edge matrix's entries (as their float64 bit patterns)."""
+    m = len(moff) - 1
+    out = np.empty(m, dtype=np.int64)
+    for e in range(m):
+        h = np.uint64(14695981039346656037)
+        for k in range(moff[e], moff[e + 1]):
+            h = (h ^ np.uint64(bits[k])) * np.uint64(1099511628211)
+        out[e] = np.int64(h)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _equal_matrices(moff: np.ndarray, mat: np.ndarray, representative: np.ndarray) -> np.ndarray:
+    """Whether each edge's matrix equals its representative's, entry for entry (bit patterns:
+    the hashes were of bits)."""
+    m = len(moff) - 1
+    out = np.ones(m, dtype=np.bool_)
+    bits = mat.view(np.int64)
+    for e in range(m):
+        r = representative[e]
+        if r == e:
+            continue
+        if moff[e + 1] - moff[e] != moff[r + 1] - moff[r]:
+            out[e] = False
+            continue
+        for k in range(moff[e + 1] - moff[e]):
+            if bits[moff[e] + k] != bits[moff[r] + k]:
+                out[e] = False
+                break
+    return out
 
 
 def _merged_edges(original_soff: np.ndarray, soff: np.ndarray, orig: np.ndarray, edge_u: np.ndarray,

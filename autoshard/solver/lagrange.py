@@ -47,8 +47,9 @@ class Relaxation:
         fp = self.fp
         pen = self.penalties()
         best, best_cost = self.x.copy(), np.inf
+        start, entries = fp.shared_matrices
         for _ in range(passes):
-            messages.trws_passes(1, self.order, fp.soff, fp.cost, fp.use, pen, fp.eu, fp.ev, fp.moff, fp.mat,
+            messages.trws_passes(1, self.order, fp.soff, fp.cost, fp.use, pen, fp.eu, fp.ev, start, entries,
                                  fp.aoff, fp.anbr, fp.aedge, fp.arow, self.part, self.msg_off, self.msg, self.x)
             cost = fp.objective(self.x) + float(pen @ fp.use[fp.soff[:-1] + self.x])
             if cost < best_cost:
@@ -58,7 +59,8 @@ class Relaxation:
     def bound(self) -> float:
         """Certified lower bound on the constrained optimum (flat costs)."""
         fp = self.fp
-        relaxed = messages.bound(fp.soff, fp.cost, fp.use, self.penalties(), fp.eu, fp.ev, fp.moff, fp.mat,
+        start, entries = fp.shared_matrices
+        relaxed = messages.bound(fp.soff, fp.cost, fp.use, self.penalties(), fp.eu, fp.ev, start, entries,
                                  fp.aoff, fp.anbr, fp.aedge, fp.arow, self.part, self.msg_off, self.msg)
         return relaxed - float(self.lam @ fp.cap.astype(np.float64))
 

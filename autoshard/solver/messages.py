@@ -53,7 +53,7 @@ def partners(aoff, anbr, aedge):
 
 
 @njit(cache=True, nogil=True)
-def trws_passes(num_passes, order, soff, cost, use, pen, eu, ev, moff, mat, aoff, anbr, aedge, arow,
+def trws_passes(num_passes, order, soff, cost, use, pen, eu, ev, mstart, mat, aoff, anbr, aedge, arow,
                 part, msg_off, msg, x_out):
     """Run forward+backward passes; the last forward pass's decoded assignment goes to x_out."""
     n = soff.shape[0] - 1
@@ -95,9 +95,9 @@ def trws_passes(num_passes, order, soff, cost, use, pen, eu, ev, moff, mat, aoff
                         cols = soff[ev[e] + 1] - soff[ev[e]]
                         for s in range(sv):
                             if arow[j] == 1:
-                                decide[s] += mat[moff[e] + s * cols + x_out[w]]
+                                decide[s] += mat[mstart[e] + s * cols + x_out[w]]
                             else:
-                                decide[s] += mat[moff[e] + x_out[w] * cols + s]
+                                decide[s] += mat[mstart[e] + x_out[w] * cols + s]
                     else:
                         o = msg_off[j]
                         for s in range(sv):
@@ -115,7 +115,7 @@ def trws_passes(num_passes, order, soff, cost, use, pen, eu, ev, moff, mat, aoff
                 ov = msg_off[j]
                 for s in range(sv):
                     head[s] = gamma * belief[s] - msg[ov + s]
-                _min_over_edge(head, sv, mat, moff[aedge[j]], soff[w + 1] - soff[w], arow[j] == 1, msg,
+                _min_over_edge(head, sv, mat, mstart[aedge[j]], soff[w + 1] - soff[w], arow[j] == 1, msg,
                                msg_off[part[j]])
 
 
@@ -158,7 +158,7 @@ def _node_reparam(v, soff, cost, use, pen, aoff, msg_off, msg, out):
 
 
 @njit(cache=True, nogil=True)
-def bound(soff, cost, use, pen, eu, ev, moff, mat, aoff, anbr, aedge, arow, part, msg_off, msg):
+def bound(soff, cost, use, pen, eu, ev, mstart, mat, aoff, anbr, aedge, arow, part, msg_off, msg):
     """The lower bound of the reparametrisation, each node's term shared evenly among its edges
     (see the module docstring), minus a margin for float rounding."""
     n = soff.shape[0] - 1
@@ -195,7 +195,7 @@ def bound(soff, cost, use, pen, eu, ev, moff, mat, aoff, anbr, aedge, arow, part
             for s in range(su):
                 ms = du * node_u[s] - msg[msg_off[j] + s]
                 for t in range(sw):
-                    c = mat[moff[e] + s * sw + t] + ms + dw * node_w[t] - msg[msg_off[jw] + t]
+                    c = mat[mstart[e] + s * sw + t] + ms + dw * node_w[t] - msg[msg_off[jw] + t]
                     if c < best:
                         best = c
             total += best
