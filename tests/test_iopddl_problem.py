@@ -109,3 +109,19 @@ def test_contest_instance_b_reads_and_scores():
     assert (problem.num_nodes, problem.num_edges, problem.usage_limit) == (816, 1096, 14392528)
     zero = score(problem, [0] * problem.num_nodes)
     assert zero.forbidden > 0 and zero.cost >= FORBIDDEN_COST
+
+
+def test_a_matrix_shared_by_edges_is_checked_and_stored_once():
+    shared = np.array([[0, 4], [4, 0]])
+    problem = Problem(node_costs=tuple(np.array([1, 2]) for _ in range(4)),
+                      node_usages=tuple(np.array([1, 1]) for _ in range(4)),
+                      intervals=np.array([[0, 1]] * 4), edges=np.array([[0, 1], [1, 2], [2, 3]]),
+                      edge_costs=(shared, shared, shared.copy()))
+    first, second, third = problem.edge_costs
+    assert first is second and third is not first
+    assert all(np.array_equal(m, shared) and not m.flags.writeable for m in problem.edge_costs)
+    # the same object over nodes of another size is checked again, and refused there
+    with pytest.raises(InputError, match="/edges/costs/1"):
+        Problem(node_costs=(np.array([1, 2]), np.array([1, 2]), np.array([1, 2, 3])),
+                node_usages=(np.array([1, 1]), np.array([1, 1]), np.array([1, 1, 1])),
+                intervals=np.array([[0, 1]] * 3), edges=np.array([[0, 1], [1, 2]]), edge_costs=(shared, shared))

@@ -344,44 +344,50 @@ def _merged_edges(original_soff: np.ndarray, soff: np.ndarray, orig: np.ndarray,
     sizes = np.diff(soff)
     pair_off = np.zeros(len(group_start) + 1, dtype=np.int64)
     np.cumsum(sizes[pair_u] * sizes[pair_v], out=pair_off[1:])
+    # Written compacted, all-zero pairs overwritten by the next: the tail past the last nonzero
+    # pair is never touched (copying a compacted 165M entries took seconds).
     mat = np.empty(pair_off[-1], dtype=np.float64)
     group_end = np.append(group_start[1:], len(order))
     nonzero = _fill_merged(order, group_start, group_end, edge_u, edge_v, edge_start, entries, original_soff, soff,
                            orig, pair_off, mat)
-    if nonzero.all():
-        return pair_u, pair_v, pair_off, mat
     kept_sizes = np.diff(pair_off)[nonzero]
     moff = np.zeros(len(kept_sizes) + 1, dtype=np.int64)
     np.cumsum(kept_sizes, out=moff[1:])
-    return pair_u[nonzero], pair_v[nonzero], moff, mat[np.repeat(nonzero, np.diff(pair_off))]
+    return pair_u[nonzero], pair_v[nonzero], moff, mat[:moff[-1]]
 
 
 @njit(cache=True, nogil=True)
 def _fill_merged(order: np.ndarray, group_start: np.ndarray, group_end: np.ndarray, edge_u: np.ndarray,
                  edge_v: np.ndarray, edge_start: np.ndarray, entries: np.ndarray, original_soff: np.ndarray,
                  soff: np.ndarray, orig: np.ndarray, pair_off: np.ndarray, mat: np.ndarray) -> np.ndarray:
-    """Writes each pair's summed matrix into mat[pair_off[p]:pair_off[p+1]]; returns which pairs
-    have a nonzero entry."""
+    """Writes the summed matrices of the pairs with a nonzero entry one after the other from
+    mat[0] (`pair_off` sizes each pair's, nonzero or not); returns which pairs have one."""
     nonzero = np.zeros(len(group_start), dtype=np.bool_)
+    out = 0
     for p in range(len(group_start)):
-        out = pair_off[p]
         for k in range(group_start[p], group_end[p]):
             e = order[k]
             u, v = edge_u[e], edge_v[e]
             low, high = min(u, v), max(u, v)
             columns = original_soff[v + 1] - original_soff[v]
+            width = soff[high + 1] - soff[high]
             for i in range(soff[low], soff[low + 1]):
+                cell = out + (i - soff[low]) * width
                 for j in range(soff[high], soff[high + 1]):
-                    row, column = (orig[i], orig[j]) if u <= v else (orig[j], orig[i])
-                    value = float(entries[edge_start[e] + row * columns + column])
-                    cell = out + (i - soff[low]) * (soff[high + 1] - soff[high]) + (j - soff[high])
+                    if u <= v:
+                        value = float(entries[edge_start[e] + orig[i] * columns + orig[j]])
+                    else:
+                        value = float(entries[edge_start[e] + orig[j] * columns + orig[i]])
                     mat[cell] = value if k == group_start[p] else min(mat[cell] + value, FORBIDDEN)
-        for cell in range(pair_off[p], pair_off[p + 1]):
+                    cell += 1
+        size = pair_off[p + 1] - pair_off[p]
+        for cell in range(out, out + size):
             if mat[cell] != 0.0:
                 nonzero[p] = True
                 break
+        if nonzero[p]:
+            out += size
     return nonzero
-
 
 def row_load(r0: np.ndarray, r1: np.ndarray, per_node: np.ndarray, num_rows: int) -> np.ndarray:
     """Per row, the sum of `per_node` over the nodes live on it (a node covers rows [r0, r1))."""
