@@ -1,6 +1,8 @@
 """Memory rows that cannot bind are dropped from the working form; the ones that can stay and hold."""
 
+import importlib
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -9,7 +11,9 @@ from autoshard.solver import Problem, score, solve
 from autoshard.solver import exact as exact_module
 from autoshard.solver.exact import solve_exact
 from autoshard.solver.flat import flatten
-from support.solver_problems import enumerate_optimum
+from support.solver_problems import enumerate_optimum, random_problem
+
+solve_module = importlib.import_module("autoshard.solver.solve")
 
 
 def two_steps(limit: int) -> Problem:
@@ -97,3 +101,19 @@ def test_memory_rows_with_too_many_terms_leave_the_problem_to_the_heuristic(monk
     result = solve(problem, time_limit_s=5, deterministic=True)
     assert result.stats["method"] == "heuristic" and "cp_sat_status" not in result.stats
     assert result.cost == 42
+
+
+def test_cp_sat_that_finds_nothing_gives_its_time_back_to_the_heuristic(monkeypatch):
+    problem = random_problem(0, limited=True)  # the first heuristic run cannot prove its answer optimal
+    seen = {}
+
+    def finds_nothing(fp, *, time_limit_s, give_up_s, **_):
+        seen["give_up_s"], seen["time_limit_s"] = give_up_s, time_limit_s
+        return exact_module.ExactResult(None, -math.inf, False, False, 0.01, "UNKNOWN")
+
+    monkeypatch.setattr(solve_module, "solve_exact", finds_nothing)
+    result = solve(problem, time_limit_s=2.0, workers=1)
+    assert seen["give_up_s"] == pytest.approx(solve_module.EXACT_GIVE_UP_SHARE * seen["time_limit_s"])
+    assert result.stats["cp_sat_status"] == "UNKNOWN" and "heuristic_after_cp_sat" in result.stats
+    assert result.feasible and result.cost == score(problem, list(result.solution)).cost
+    assert result.cost == enumerate_optimum(problem)

@@ -19,6 +19,7 @@ true optimum; the cost of the returned solution is always recomputed exactly fro
 from __future__ import annotations
 
 import math
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
@@ -226,8 +227,10 @@ class _Progress(cp_model.CpSolverSolutionCallback):
         self._scale, self._callback = scale, callback
         self._solution, self._decode = solution, decode
         self._start = time.monotonic()
+        self.found = False
 
     def on_solution_callback(self) -> None:
+        self.found = True
         if self._callback is not None:
             self._callback(self.objective_value * self._scale, self.best_objective_bound * self._scale,
                            time.monotonic() - self._start)
@@ -238,14 +241,16 @@ class _Progress(cp_model.CpSolverSolutionCallback):
 def solve_exact(fp: FlatProblem, *, time_limit_s: float, workers: int = 1, seed: int = 0,
                 hint: np.ndarray | None = None, deterministic_time: float | None = None,
                 progress: Callable[[float, float, float], None] | None = None, gap_limit: float = 0.0,
-                light_presolve: bool = False, solution: Callable[[np.ndarray], None] | None = None) -> ExactResult:
+                light_presolve: bool = False, solution: Callable[[np.ndarray], None] | None = None,
+                give_up_s: float | None = None) -> ExactResult:
     """Solve `fp` with CP-SAT; `deterministic_time` (CP-SAT's own units) replaces the wall limit
     for reproducible runs. `progress(cost, bound, elapsed_s)` is called on each new solution, and
     `solution(x)` with it (kept-strategy indices).
     The search stops once (cost - bound) / cost <= `gap_limit`; `optimal` only on a proof.
     `light_presolve` (for neighbourhoods that only need to improve on their hint): one presolve
     pass, no probing, no symmetry detection: a large relink otherwise spends most of its time in
-    presolve and finds the same answer (benchmarks/RESULTS.md)."""
+    presolve and finds the same answer (benchmarks/RESULTS.md). `give_up_s` (wall-clock runs
+    only): stop, status UNKNOWN, when no solution has been found after that many seconds."""
     start = time.monotonic()
     built = _build(fp)
     if hint is not None:
@@ -285,7 +290,16 @@ def solve_exact(fp: FlatProblem, *, time_limit_s: float, workers: int = 1, seed:
         picked[fp.soff[:-1][fp.sizes() == 1]] = True
         return np.flatnonzero(picked) - fp.soff[:-1]
 
-    status = solver.solve(built.model, _Progress(built.scale, progress, solution, decode))
+    callback = _Progress(built.scale, progress, solution, decode)
+    timer = None
+    if give_up_s is not None and deterministic_time is None:
+        timer = threading.Timer(give_up_s, lambda: None if callback.found else solver.stop_search())
+        timer.start()
+    try:
+        status = solver.solve(built.model, callback)
+    finally:
+        if timer is not None:
+            timer.cancel()
     wall = time.monotonic() - start
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         x = decode(np.asarray(solver.response_proto.solution, dtype=np.int64))
