@@ -20,8 +20,8 @@ class Schedule:
     # `first_plan_moves_per_centre` moves per such node (at most a whole sweep's), at most
     # `first_plan_sweeps`, each only while the one before removed at least `first_plan_progress`
     # of the forbidden choices; a CP-SAT repair gets `first_plan_share` of the time left. On the
-    # test bed's dense-forbidden instances the sweeps clear all of them within four or stall
-    # within three, and the labelling leaves a handful.
+    # test bed's dense-forbidden instances the sweeps clear all of them within five or stall
+    # within four, and the labelling leaves a handful.
     first_plan_sweeps: int = 8
     first_plan_progress: float = 0.2
     first_plan_moves_per_centre: int = 2
