@@ -1,7 +1,8 @@
 """`solve`: one entry point over the exact model and the large-instance heuristic.
 
 Small instances (`exact.model_fits`: few enough edge variables and memory row terms) get a
-short heuristic run for a hint, then CP-SAT for the rest of the time. Larger ones get the
+short heuristic run for a hint, then CP-SAT for the rest of the time (or, when CP-SAT finds no
+solution early on, the heuristic again: `EXACT_GIVE_UP_SHARE`). Larger ones get the
 heuristic (memory relaxation + TRW-S + local search + CP-SAT neighbourhoods and relinking) for
 the whole time. Every answer carries a certified lower bound: the best of CP-SAT's bound and
 the relaxation's. Either stops early once its answer is within the relative `gap_limit` of the
