@@ -177,6 +177,7 @@ def test_the_progress_line_shows_no_incumbent_while_no_plan_fits_in_memory(capsy
     line = plan_command.ProgressLine()
     line("relax", math.inf, 7.2e14, 1.9)  # the bound alone says a fitting plan needs 720 s or more
     line("improve", 2.5e12, 2.4e12, 3.9)
-    first, second = capsys.readouterr().err.splitlines()
+    first, found, second = capsys.readouterr().err.splitlines()
     assert "no plan within memory yet" in first and "bound 720 s" in first and "gap" not in first
+    assert found == "  solving: first plan within memory after 3.90 s of solving"
     assert "incumbent 2.5 s" in second and "gap 4.00%" in second
