@@ -201,14 +201,15 @@ def flatten(problem: Problem) -> FlatProblem:
     edge_u = np.ascontiguousarray(problem.edges[:, 0], dtype=np.int64) if m else np.zeros(0, dtype=np.int64)
     edge_v = np.ascontiguousarray(problem.edges[:, 1], dtype=np.int64) if m else np.zeros(0, dtype=np.int64)
     edge_start, entries = _shared_entries(problem.edge_costs)
-    keep = _keep_mask(original_soff, np.concatenate(problem.node_costs), edge_u, edge_v, edge_start, entries)
+    costs = np.concatenate(problem.node_costs)
+    keep = _keep_mask(original_soff, costs, edge_u, edge_v, edge_start, entries)
     kept_flat = np.flatnonzero(keep)
     node_of = np.repeat(np.arange(n), original_sizes)[kept_flat]
     sizes = np.bincount(node_of, minlength=n).astype(np.int64)
     soff = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(sizes, out=soff[1:])
     orig = kept_flat - original_soff[node_of]
-    cost = np.concatenate(problem.node_costs)[kept_flat].astype(np.float64)
+    cost = costs[kept_flat].astype(np.float64)
     usage = np.concatenate(problem.node_usages)[kept_flat]
     base_use = np.minimum.reduceat(usage, soff[:-1])  # every node keeps a strategy
     use = (usage - base_use[node_of]).astype(np.int64)
@@ -308,17 +309,14 @@ def _matrix_hashes(moff: np.ndarray, bits: np.ndarray) -> np.ndarray:
 
 @njit(cache=True, nogil=True)
 def _equal_matrices(moff: np.ndarray, mat: np.ndarray, representative: np.ndarray) -> np.ndarray:
-    """Whether each edge's matrix equals its representative's, entry for entry (bit patterns:
-    the hashes were of bits)."""
+    """Whether each edge's matrix equals its representative's (of the same length), entry for
+    entry (bit patterns: the hashes were of bits)."""
     m = len(moff) - 1
     out = np.ones(m, dtype=np.bool_)
     bits = mat.view(np.int64)
     for e in range(m):
         r = representative[e]
         if r == e:
-            continue
-        if moff[e + 1] - moff[e] != moff[r + 1] - moff[r]:
-            out[e] = False
             continue
         for k in range(moff[e + 1] - moff[e]):
             if bits[moff[e] + k] != bits[moff[r] + k]:
@@ -337,10 +335,11 @@ def _merged_edges(original_soff: np.ndarray, soff: np.ndarray, orig: np.ndarray,
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64), np.zeros(0)
     low, high = np.minimum(edge_u, edge_v), np.maximum(edge_u, edge_v)
     order = np.lexsort((high, low))  # stable: parallel edges stay in their order of appearance
+    low, high = low[order], high[order]
     first = np.ones(len(order), dtype=bool)
-    first[1:] = (low[order][1:] != low[order][:-1]) | (high[order][1:] != high[order][:-1])
+    first[1:] = (low[1:] != low[:-1]) | (high[1:] != high[:-1])
     group_start = np.flatnonzero(first)
-    pair_u, pair_v = low[order][group_start], high[order][group_start]
+    pair_u, pair_v = low[group_start], high[group_start]
     sizes = np.diff(soff)
     pair_off = np.zeros(len(group_start) + 1, dtype=np.int64)
     np.cumsum(sizes[pair_u] * sizes[pair_v], out=pair_off[1:])
