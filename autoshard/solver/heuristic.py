@@ -36,6 +36,7 @@ from autoshard.solver.descent import descend
 from autoshard.solver.exact import model_fits
 from autoshard.solver.first_plan import low_memory_labelling
 from autoshard.solver.flat import FORBIDDEN, FlatProblem, flatten
+from autoshard.solver.group_relink import relink_groups
 from autoshard.solver.lagrange import Relaxation, StepLength
 from autoshard.solver.problem import Problem, within_gap
 from autoshard.solver.schedule import SCHEDULE, Schedule
@@ -140,7 +141,7 @@ class HeuristicRun:
             x0 = np.asarray(hint, dtype=np.int64)
         self.search = Search(fp, x0, seed)
         self.note_feasible()
-        self.relaxation = Relaxation(fp)
+        self.relaxation = Relaxation(fp, merge=True)
         self.bound = -math.inf
         self.moves = max(schedule.tree_moves, schedule.tree_moves_per_node * fp.n)  # per sweep of tree moves
         self.relinked: set[bytes] = set()
@@ -356,13 +357,25 @@ class HeuristicRun:
             self.search.reset(mixed)
 
     def relink(self, x: np.ndarray, share: float | None = None) -> None:
-        """CP-SAT over the nodes where x and the best solution differ (`Search.relink`), then a
-        descent if that improved the best."""
+        """CP-SAT over the nodes where x and the best solution differ (`Search.relink`), or over
+        the groups where they differ when one-to-one edges tie nodes into groups
+        (`group_relink.py`), then a descent if that improved the best."""
         schedule = self.schedule
         self.relinked.add(x.tobytes())
         share = schedule.relink_share if share is None else share
-        change = self.search.relink(x, max(schedule.relink_min_s, share * self.time_left()), self.workers,
-                                    deterministic_time=schedule.relink_work if self.deterministic else None)
+        budget_s = max(schedule.relink_min_s, share * self.time_left())
+        deterministic_time = schedule.relink_work if self.deterministic else None
+        contraction = self.relaxation.contraction
+        if contraction is None:
+            change = self.search.relink(x, budget_s, self.workers, deterministic_time=deterministic_time)
+        else:
+            before = self.search.best_obj
+            mixed = relink_groups(self.fp, contraction.group, self.search.best_x, x,
+                                  min(budget_s, schedule.group_relink_max_s),
+                                  int(self.search.rng.integers(1 << 31)), deterministic_time=deterministic_time)
+            if mixed is not None:
+                self.search.reset(mixed)
+            change = self.search.best_obj - before
         self.stats["relinks"] += int(change is not None)
         self.stats["relinks_improving"] += int(bool(change))
         if change is not None:

@@ -20,49 +20,63 @@ from __future__ import annotations
 import numpy as np
 
 from autoshard.solver import messages
+from autoshard.solver.contraction import Contraction, contract
 from autoshard.solver.flat import FlatProblem
 
 
 class Relaxation:
-    """TRW-S messages and row multipliers of one FlatProblem, warm across updates."""
+    """TRW-S messages and row multipliers of one FlatProblem, warm across updates. With `merge`,
+    the messages run on the problem with its one-to-one groups merged (`contraction.py`), when
+    it has any: answers and bounds are the original problem's all the same."""
 
-    def __init__(self, fp: FlatProblem):
+    def __init__(self, fp: FlatProblem, merge: bool = False):
         self.fp = fp
-        self.part = messages.partners(fp.aoff, fp.anbr, fp.aedge)
-        self.msg_off = messages.message_offsets(fp.soff, fp.aoff, fp.anbr)
+        self.contraction: Contraction | None = contract(fp) if merge else None
+        work = self.work = fp if self.contraction is None else self.contraction.fp  # what the messages run on
+        self.part = messages.partners(work.aoff, work.anbr, work.aedge)
+        self.msg_off = messages.message_offsets(work.soff, work.aoff, work.anbr)
         self.msg = np.zeros(self.msg_off[-1], dtype=np.float64)
         self.lam = np.zeros(fp.num_rows, dtype=np.float64)
-        self.order = np.arange(fp.n, dtype=np.int64)
-        self.x = np.zeros(fp.n, dtype=np.int64)
+        self.order = np.arange(work.n, dtype=np.int64)
+        self.x = np.zeros(work.n, dtype=np.int64)
 
     def penalties(self) -> np.ndarray:
         fp = self.fp
         prefix = np.concatenate([[0.0], np.cumsum(self.lam)])
         return prefix[fp.r1] - prefix[fp.r0]
 
+    def _unary(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(cost, use, pen) of the problem the messages run on: a node's strategy costs
+        cost + pen[node] * use."""
+        if self.contraction is None:
+            return self.fp.cost, self.fp.use, self.penalties()
+        work = self.work
+        return self.contraction.penalised_costs(self.penalties()), work.use, np.zeros(work.n)
+
     def run(self, passes: int) -> np.ndarray:
         """TRW-S passes under the current multipliers; returns the cheapest of their decodes under
         the penalised costs. In degenerate problems (an optimizer's states have many equal
         shardings) decodes swing between near-optimal and far off from pass to pass."""
-        fp = self.fp
-        pen = self.penalties()
+        work = self.work
+        cost, use, pen = self._unary()
         best, best_cost = self.x.copy(), np.inf
-        start, entries = fp.shared_matrices
+        start, entries = work.shared_matrices
         for _ in range(passes):
-            messages.trws_passes(1, self.order, fp.soff, fp.cost, fp.use, pen, fp.eu, fp.ev, start, entries,
-                                 fp.aoff, fp.anbr, fp.aedge, fp.arow, self.part, self.msg_off, self.msg, self.x)
-            cost = fp.objective(self.x) + float(pen @ fp.use[fp.soff[:-1] + self.x])
-            if cost < best_cost:
-                best, best_cost = self.x.copy(), cost
-        return best
+            messages.trws_passes(1, self.order, work.soff, cost, use, pen, work.eu, work.ev, start, entries,
+                                 work.aoff, work.anbr, work.aedge, work.arow, self.part, self.msg_off, self.msg, self.x)
+            penalised = _objective(work, cost, self.x) + float(pen @ use[work.soff[:-1] + self.x])
+            if penalised < best_cost:
+                best, best_cost = self.x.copy(), penalised
+        return best if self.contraction is None else self.contraction.expand(best)
 
     def bound(self) -> float:
         """Certified lower bound on the constrained optimum (flat costs)."""
-        fp = self.fp
-        start, entries = fp.shared_matrices
-        relaxed = messages.bound(fp.soff, fp.cost, fp.use, self.penalties(), fp.eu, fp.ev, start, entries,
-                                 fp.aoff, fp.anbr, fp.aedge, fp.arow, self.part, self.msg_off, self.msg)
-        return relaxed - float(self.lam @ fp.cap.astype(np.float64))
+        work = self.work
+        cost, use, pen = self._unary()
+        start, entries = work.shared_matrices
+        relaxed = messages.bound(work.soff, cost, use, pen, work.eu, work.ev, start, entries,
+                                 work.aoff, work.anbr, work.aedge, work.arow, self.part, self.msg_off, self.msg)
+        return relaxed - float(self.lam @ self.fp.cap.astype(np.float64))
 
     def step_towards(self, slack: np.ndarray, bound: float, target: float, theta: float) -> None:
         """A subgradient step from the bound of the current multipliers towards `target`; `slack`
@@ -82,6 +96,14 @@ class Relaxation:
         """Lower the multipliers of rows with room to spare."""
         loose = slack < 0
         self.lam[loose] *= factor
+
+
+def _objective(fp: FlatProblem, cost: np.ndarray, x: np.ndarray) -> float:
+    """`fp.objective(x)` with `cost` for the node costs."""
+    total = float(cost[fp.soff[:-1] + x].sum())
+    if fp.m:
+        total += float(fp.mat[fp.moff[:-1] + x[fp.eu] * fp.sizes()[fp.ev] + x[fp.ev]].sum())
+    return total
 
 
 class StepLength:

@@ -70,6 +70,9 @@ class Schedule:
     relink_share: float = 0.3
     relink_min_s: float = 1.0
     waiting_decodes: int = 4
+    # A relink over merged groups (`group_relink.py`: a few hundred booleans) finds its answer in
+    # about a second on C and would spend the rest of a larger share proving it.
+    group_relink_max_s: float = 3.0
     waiting_until_left: float = 0.25
     # CP-SAT over the whole instance under the rows of the largest multipliers (`binding_rows`
     # of them, the ones the relaxation found binding), when the certified gap is above

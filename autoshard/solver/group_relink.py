@@ -1,0 +1,142 @@
+"""The best mix of two answers group by group, under the exact memory rows.
+
+Where one-to-one edges tie nodes into groups (`contraction.py`), a cheap decode of the relaxation
+that overloads memory and the best answer that fits differ in a few hundred groups but in
+thousands of nodes: a CP-SAT model over the nodes (`Search.relink`) is too large, while one
+boolean per differing group (take the decode's choices there, or keep the best's) is small.
+Node costs and edges with one end fixed are linear in those booleans, edges between two differing
+groups add a product, and each memory row is a linear constraint on the usages that change, kept
+only where the changes could overload it. Its answer mixes two answers that choose nothing
+forbidden without creating a forbidden pair (combinations that would are excluded) and fits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from autoshard.solver.flat import FORBIDDEN, FlatProblem
+
+# Differing groups times rows: the dense table of usage changes per row stays under this.
+TABLE_LIMIT = 50_000_000
+
+
+def relink_groups(fp: FlatProblem, group: np.ndarray, best: np.ndarray, other: np.ndarray, time_limit_s: float,
+                  seed: int, deterministic_time: float | None = None) -> np.ndarray | None:
+    """The cheapest answer found in `time_limit_s` (CP-SAT's `deterministic_time` instead, when
+    given) that keeps `best`'s choices or takes `other`'s in each group where they differ
+    (`group`: each node's group), fits in memory and chooses nothing forbidden, if cheaper than
+    `best` (which must fit and choose nothing forbidden); else None."""
+    differ = np.flatnonzero(best != other)
+    if len(differ) == 0:
+        return None
+    groups, var_of_differ = np.unique(group[differ], return_inverse=True)
+    count = len(groups)
+    if count * max(fp.num_rows, 1) > TABLE_LIMIT:
+        return None
+    var_of = np.full(fp.n, -1, dtype=np.int64)
+    var_of[differ] = var_of_differ
+    model = cp_model.CpModel()
+    take = [model.new_bool_var(f"take{i}") for i in range(count)]
+    linear = np.zeros(count, dtype=np.float64)
+    banned = np.zeros(count, dtype=bool)
+
+    node_change = fp.cost[fp.soff[differ] + other[differ]] - fp.cost[fp.soff[differ] + best[differ]]
+    np.add.at(banned, var_of_differ, fp.cost[fp.soff[differ] + other[differ]] >= FORBIDDEN)
+    np.add.at(linear, var_of_differ, np.where(node_change >= FORBIDDEN, 0.0, node_change))
+
+    sizes = fp.sizes()
+    eu, ev = fp.eu, fp.ev
+    iu, iv = var_of[eu], var_of[ev]
+
+    def entry(a: np.ndarray, b: np.ndarray, e: np.ndarray) -> np.ndarray:
+        return fp.mat[fp.moff[e] + a * sizes[ev[e]] + b]
+
+    # One end differs (or both, in one group): a linear term of that group.
+    single = np.flatnonzero(((iu >= 0) != (iv >= 0)) | ((iu >= 0) & (iu == iv)))
+    if len(single):
+        var = np.where(iu[single] >= 0, iu[single], iv[single])
+        after = entry(other[eu[single]], other[ev[single]], single)
+        before = entry(best[eu[single]], best[ev[single]], single)
+        np.add.at(banned, var, after >= FORBIDDEN)
+        np.add.at(linear, var, np.where(after >= FORBIDDEN, 0.0, after - before))
+    for i in np.flatnonzero(banned).tolist():
+        model.add(take[i] == 0)
+
+    # Both ends differ, in two groups: costs of the four combinations, a product for the rest.
+    pairs = np.flatnonzero((iu >= 0) & (iv >= 0) & (iu != iv))
+    products: dict[tuple[int, int], float] = {}
+    if len(pairs):
+        c00 = entry(best[eu[pairs]], best[ev[pairs]], pairs)
+        c10 = entry(other[eu[pairs]], best[ev[pairs]], pairs)
+        c01 = entry(best[eu[pairs]], other[ev[pairs]], pairs)
+        c11 = entry(other[eu[pairs]], other[ev[pairs]], pairs)
+        for k, (a, b) in enumerate(zip(iu[pairs].tolist(), iv[pairs].tolist())):
+            if c10[k] >= FORBIDDEN:
+                model.add_implication(take[a], take[b])
+            if c01[k] >= FORBIDDEN:
+                model.add_implication(take[b], take[a])
+            if c11[k] >= FORBIDDEN:
+                model.add_bool_or([take[a].Not(), take[b].Not()])
+            v10 = c10[k] - c00[k] if c10[k] < FORBIDDEN else 0.0
+            v01 = c01[k] - c00[k] if c01[k] < FORBIDDEN else 0.0
+            v11 = c11[k] - c00[k] if c11[k] < FORBIDDEN else v10 + v01
+            linear[a] += v10
+            linear[b] += v01
+            key = (a, b) if a < b else (b, a)
+            products[key] = products.get(key, 0.0) + v11 - v10 - v01
+
+    objective = [int(round(c)) * take[i] for i, c in enumerate(linear.tolist()) if c != 0]
+    for (a, b), c in products.items():
+        if c == 0:
+            continue
+        both = model.new_bool_var(f"both{a}_{b}")
+        model.add_bool_and([take[a], take[b]]).only_enforce_if(both)
+        model.add_bool_or([take[a].Not(), take[b].Not()]).only_enforce_if(both.Not())
+        objective.append(int(round(c)) * both)
+    model.minimize(sum(objective))
+    _add_rows(model, fp, take, differ, var_of_differ, best, other, count)
+
+    for t in take:
+        model.add_hint(t, 0)
+    solver = cp_model.CpSolver()
+    if deterministic_time is None:
+        solver.parameters.max_time_in_seconds = max(time_limit_s, 0.01)
+    else:
+        solver.parameters.max_deterministic_time = deterministic_time
+    solver.parameters.num_workers = 1
+    solver.parameters.random_seed = seed
+    status = solver.solve(model)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    chosen = np.array([solver.boolean_value(t) for t in take], dtype=bool)
+    mixed = best.copy()
+    switch = differ[chosen[var_of_differ]]
+    mixed[switch] = other[switch]
+    if fp.objective(mixed) < fp.objective(best) and fp.fits(mixed):
+        return mixed
+    return None
+
+
+def _add_rows(model: cp_model.CpModel, fp: FlatProblem, take: list, differ: np.ndarray, var_of_differ: np.ndarray,
+              best: np.ndarray, other: np.ndarray, count: int) -> None:
+    """Each memory row the changes could overload: the usage each group's switch adds there
+    within the room `best` leaves (rows with the same changes kept once, with the least room)."""
+    if fp.num_rows == 0:
+        return
+    change = fp.use[fp.soff[differ] + other[differ]] - fp.use[fp.soff[differ] + best[differ]]
+    live = fp.r1[differ] > fp.r0[differ]
+    table = np.zeros((count, fp.num_rows + 1), dtype=np.int64)
+    np.add.at(table, (var_of_differ[live], fp.r0[differ][live]), change[live])
+    np.add.at(table, (var_of_differ[live], fp.r1[differ][live]), -change[live])
+    table = np.cumsum(table[:, :-1], axis=1)
+    room = fp.cap - fp.row_load(best)
+    at_risk = np.flatnonzero(np.maximum(table, 0).sum(axis=0) > room)
+    if len(at_risk) == 0:
+        return
+    columns, first = np.unique(table[:, at_risk].T, axis=0, return_inverse=True)
+    least_room = np.full(len(columns), np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(least_room, first.reshape(-1), room[at_risk])
+    for column, limit in zip(columns, least_room.tolist()):
+        terms = [int(c) * take[i] for i, c in enumerate(column.tolist()) if c != 0]
+        model.add(sum(terms) <= limit)
