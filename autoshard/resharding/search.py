@@ -39,63 +39,85 @@ def _effective_target(mesh: Mesh, source: Sharding, target: Sharding) -> Shardin
 
 
 class _Edge(NamedTuple):
-    after: int  # state id in its _Space
+    after: int  # state id in its _Tensor
     seconds: float
     permutes: int
     move: Move
 
 
-class _Space:
-    """The states of one context as small ints, with their priced moves, filled in as searches
-    reach them (ints hash and compare far faster than shardings)."""
+_UNKNOWN = object()  # a goal edge not worked out yet (None: worked out, not offered)
 
-    def __init__(self, ctx: Context, moves: "PricedMoves"):
-        self.ctx, self.moves = ctx, moves
+
+class _Tensor:
+    """The states of one tensor (mesh, shape, itemsize) as small ints shared by all its spaces
+    (ints hash and compare far faster than shardings), with each permute priced once: a permute
+    and the permute into a goal depend on the two states alone, not on the space."""
+
+    def __init__(self, mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, price: Price):
+        self.mesh, self.shape, self.dtype_bytes, self.price = mesh, shape, dtype_bytes, price
         self.states: list[Sharding] = []
         self.ids: dict[Sharding, int] = {}
-        self.out: list[tuple[tuple[_Edge, ...], tuple[_Edge, ...]] | None] = []
-        self.into_goal: dict[tuple[int, int], _Edge | None] = {}
-        self.trees: dict[int, _PathTree] = {}
+        self.into: list[dict[int, _Edge | None]] = []  # per goal: the permute into it, by the state it leaves
+        self._permutes: dict[tuple[int, int], _Edge] = {}
 
     def id(self, state: Sharding) -> int:
         found = self.ids.get(state)
         if found is None:
             found = self.ids[state] = len(self.states)
             self.states.append(state)
-            self.out.append(None)
+            self.into.append({})
         return found
-
-    def edges(self, state: int, goal: int) -> tuple[_Edge, ...]:
-        """Every move out of `state` towards `goal`, in the order Dijkstra relaxes them: the
-        goal-independent ones with the permute into the goal between `head` and `swaps`."""
-        head, swaps = self.base_edges(state)
-        edge = self.goal_edge(state, goal)
-        return head + swaps if edge is None else head + (edge,) + swaps
-
-    def base_edges(self, state: int) -> tuple[tuple[_Edge, ...], tuple[_Edge, ...]]:
-        out = self.out[state]
-        if out is None:
-            head, swaps = offered_moves(self.ctx, self.states[state])
-            out = self.out[state] = (tuple(self._edge(state, m) for m in head), tuple(self._edge(state, m) for m in swaps))
-        return out
 
     def goal_edge(self, state: int, goal: int) -> _Edge | None:
         """The permute from `state` into `goal`'s split, if offered."""
-        key = (state, goal)
-        if key not in self.into_goal:
-            after = goal_after(self.ctx.mesh, self.states[state], self.states[goal])
-            self.into_goal[key] = None if after is None else self._edge(state, self.moves.permute(self.ctx, self.states[state], after))
-        return self.into_goal[key]
+        into = self.into[goal]
+        edge = into.get(state, _UNKNOWN)
+        if edge is _UNKNOWN:
+            after = goal_after(self.mesh, self.states[state], self.states[goal])
+            edge = into[state] = None if after is None else self.permute(state, self.id(after))
+        return edge
+
+    def permute(self, state: int, after: int, move: Move | None = None) -> _Edge:
+        """The permute from `state` to `after` (`move`, if given, is that permute already built)."""
+        key = (state, after)
+        found = self._permutes.get(key)
+        if found is None:
+            before = self.states[state]
+            if move is None:
+                move = permute_move(self.mesh, self.shape, self.dtype_bytes, before, self.states[after])
+            found = self._permutes[key] = _Edge(after, price_move(self.mesh, self.shape, before, move, self.price), 1, move)
+        return found
+
+    def edge(self, state: int, move: Move) -> _Edge:
+        if move.kind == "permute":
+            return self.permute(state, self.id(move.after), move)
+        return _Edge(self.id(move.after), self.price(move.kind, move.mesh_axes, move.bytes_per_device), 0, move)
+
+
+class _Space:
+    """The states of one context with their goal-independent priced moves, filled in as
+    searches reach them, and the Dijkstra trees kept per start."""
+
+    def __init__(self, ctx: Context, tensor: _Tensor):
+        self.ctx, self.tensor = ctx, tensor
+        self.out: dict[int, tuple[tuple[_Edge, ...], tuple[_Edge, ...]]] = {}
+        self.trees: dict[int, _PathTree] = {}
+
+    def base_edges(self, state: int) -> tuple[tuple[_Edge, ...], tuple[_Edge, ...]]:
+        """The moves out of `state` but the permute into the goal, which Dijkstra relaxes
+        between the two groups."""
+        out = self.out.get(state)
+        if out is None:
+            head, swaps = offered_moves(self.ctx, self.tensor.states[state])
+            edge = self.tensor.edge
+            out = self.out[state] = (tuple(edge(state, m) for m in head), tuple(edge(state, m) for m in swaps))
+        return out
 
     def tree(self, start: int) -> "_PathTree":
         found = self.trees.get(start)
         if found is None:
             found = self.trees[start] = _PathTree(self, start)
         return found
-
-    def _edge(self, state: int, move: Move) -> _Edge:
-        seconds = self.moves.seconds(self.ctx, self.states[state], move)
-        return _Edge(self.id(move.after), seconds, int(move.kind == "permute"), move)
 
 
 class PricedMoves:
@@ -105,8 +127,8 @@ class PricedMoves:
 
     def __init__(self, price: Price):
         self._price, self._prices = price, {}
+        self._tensors: dict[tuple, _Tensor] = {}
         self._spaces: dict[tuple, _Space] = {}
-        self._permutes: dict[tuple, tuple[Move, float]] = {}  # permutes priced once for every context
 
     def price(self, kind: str, mesh_axes: tuple[str, ...], bytes_per_device: float) -> float:
         """`price`, called once per distinct collective (the same buffers recur across states)."""
@@ -123,27 +145,15 @@ class PricedMoves:
         found = self._spaces.get(key)
         if found is None:
             ctx = Context(mesh, shape, dtype_bytes, tuple(a for a in mesh.axis_names if a in axes), tuple(sorted(dims)), goal_partial)
-            found = self._spaces[key] = _Space(ctx, self)
+            found = self._spaces[key] = _Space(ctx, self._tensor(mesh, shape, dtype_bytes))
         return found
 
-    def permute(self, ctx: Context, state: Sharding, after: Sharding) -> Move:
-        return self._priced_permute(ctx, state, after)[0]
-
-    def seconds(self, ctx: Context, state: Sharding, move: Move) -> float:
-        if move.kind == "permute":
-            return self._priced_permute(ctx, state, move.after)[1]
-        return self.price(move.kind, move.mesh_axes, move.bytes_per_device)
-
-    def _priced_permute(self, ctx: Context, state: Sharding, after: Sharding) -> tuple[Move, float]:
-        key = (ctx.mesh, ctx.shape, ctx.dtype_bytes, state, after)
-        found = self._permutes.get(key)
+    def _tensor(self, mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float) -> _Tensor:
+        key = (mesh, shape, dtype_bytes)
+        found = self._tensors.get(key)
         if found is None:
-            move = permute_move(ctx.mesh, ctx.shape, ctx.dtype_bytes, state, after)
-            found = self._permutes[key] = (move, price_move(ctx.mesh, ctx.shape, state, move, self.price))
+            found = self._tensors[key] = _Tensor(mesh, shape, dtype_bytes, self.price)
         return found
-
-
-_UNKNOWN = object()  # a goal edge not worked out yet (None: worked out, not offered)
 
 
 class _PathTree:
@@ -203,14 +213,15 @@ class _PathTree:
                 # between head and swaps; the first one reaching the least key is kept.
                 before, index = self.came[goal]
                 position = (self.rank[before], 0 if index < len(self.space.base_edges(before)[0]) else 2)
-        best, into_goal, goal_edge = self.best, self.space.into_goal, self.space.goal_edge
+        tensor = self.space.tensor
+        best, into = self.best, tensor.into[goal]
         for state in self.order:
             at = best[state]
             if key is not None and not at < key:
                 break
-            edge = into_goal.get((state, goal), _UNKNOWN)
+            edge = into.get(state, _UNKNOWN)
             if edge is _UNKNOWN:
-                edge = goal_edge(state, goal)
+                edge = tensor.goal_edge(state, goal)
             if edge is None or (key is not None and at[0] + edge.seconds > key[0]):
                 continue
             new_key = (at[0] + edge.seconds, at[1] + 1, at[2] + 1)
@@ -218,7 +229,7 @@ class _PathTree:
                 key, position = new_key, (self.rank[state], 1)
                 bytes_ = self.bytes[state] + edge.move.bytes_per_device
         if key is None:
-            raise ShardingError(f"no resharding reaches {self.space.states[goal]}", "target")
+            raise ShardingError(f"no resharding reaches {tensor.states[goal]}", "target")
         return key[0], float(bytes_)
 
     def _edge(self, state: int, index: int) -> _Edge:
@@ -242,7 +253,7 @@ def _space(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, source: Shard
     if target.partial_axes:
         goal = _effective_target(mesh, source, target)
     space = moves.space(mesh, shape, dtype_bytes, source_axes | target_axes, source_dims | target_dims, goal.partial_axes)
-    return space, space.id(start), space.id(goal)
+    return space, space.tensor.id(start), space.tensor.id(goal)
 
 
 def _search(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, source: Sharding, target: Sharding,
@@ -250,6 +261,8 @@ def _search(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, source: Shar
     """Dijkstra from `source` to `target` (ties: fewer permutes, then fewer steps): the cheapest
     path as (state before, move, seconds) steps."""
     space, first, last = _space(mesh, shape, dtype_bytes, source, target, moves)
+    tensor = space.tensor
+    into = tensor.into[last]
     best: dict[int, tuple[float, int, int]] = {first: (0.0, 0, 0)}
     came: dict[int, tuple[int, Move, float]] = {}
     # Seconds of the best path to the goal so far: a state reached later than that is popped
@@ -263,27 +276,33 @@ def _search(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, source: Shar
             break
         if key > best[state]:
             continue
-        at = key[0]
-        for after, seconds, permutes, move in space.edges(state, last):
-            reached = at + seconds
-            if reached > bound:
-                continue
-            known = best.get(after)
-            if known is not None and reached > known[0]:
-                continue  # decided by the seconds alone, without building the key
-            new_key = (reached, key[1] + permutes, key[2] + 1)
-            if known is None or new_key < known:
-                best[after] = new_key
-                came[after] = (state, move, seconds)
-                heapq.heappush(frontier, (new_key, next(tie), after))
-                if after == last:
-                    bound = reached
+        at, permuted, steps = key[0], key[1], key[2] + 1
+        head, swaps = space.base_edges(state)
+        edge = into.get(state, _UNKNOWN)
+        if edge is _UNKNOWN:
+            edge = tensor.goal_edge(state, last)
+        # The order Dijkstra relaxes a state's moves in: the permute into the goal between the groups.
+        for edges in (head, () if edge is None else (edge,), swaps):
+            for after, seconds, permutes, move in edges:
+                reached = at + seconds
+                if reached > bound:
+                    continue
+                known = best.get(after)
+                if known is not None and reached > known[0]:
+                    continue  # decided by the seconds alone, without building the key
+                new_key = (reached, permuted + permutes, steps)
+                if known is None or new_key < known:
+                    best[after] = new_key
+                    came[after] = (state, move, seconds)
+                    heapq.heappush(frontier, (new_key, next(tie), after))
+                    if after == last:
+                        bound = reached
 
     path = []
     state = last
     while state != first:
         before, move, seconds = came[state]
-        path.append((space.states[before], move, seconds))
+        path.append((tensor.states[before], move, seconds))
         state = before
     return path[::-1]
 
