@@ -155,17 +155,21 @@ def contract(fp: FlatProblem) -> Contraction | None:
         s = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
         u_pick, v_pick = follow[fp.soff[fp.eu[e]] + s], follow[fp.soff[fp.ev[e]] + s]
         np.add.at(cost, goff[group[fp.eu[e]]] + s, fp.mat[fp.moff[e] + u_pick * sizes[fp.ev[e]] + v_pick])
-    edges, matrices = [], []
-    for e in np.flatnonzero(group[fp.eu] != group[fp.ev]).tolist():
-        u, v = int(fp.eu[e]), int(fp.ev[e])
-        matrix = fp.mat[fp.moff[e]:fp.moff[e + 1]].reshape(sizes[u], sizes[v])
-        matrix = matrix[np.ix_(follow[fp.soff[u]:fp.soff[u + 1]], follow[fp.soff[v]:fp.soff[v + 1]])]
-        edges.append((group[u], group[v]))
-        matrices.append(_capped(matrix))
+    # Edges between groups: entry (s, t) is the original's at the strategies following s and t.
+    between = np.flatnonzero(group[fp.eu] != group[fp.ev])
+    rows, cols = sizes[fp.eu[between]], sizes[fp.ev[between]]
+    count = rows * cols
+    e = np.repeat(between, count)
+    cols_e = np.repeat(cols, count)
+    entry = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+    s, t = entry // cols_e, entry % cols_e
+    values = fp.mat[fp.moff[e] + follow[fp.soff[fp.eu[e]] + s] * cols_e + follow[fp.soff[fp.ev[e]] + t]]
+    matrices = [m.reshape(r, c) for m, r, c in zip(np.split(values, np.cumsum(count)[:-1]), rows.tolist(), cols.tolist())]
     merged = flatten(Problem(tuple(_capped(c) for c in np.split(cost, goff[1:-1])),
                              tuple(np.zeros(size, dtype=np.int64) for size in k.tolist()),
-                             np.zeros((len(roots), 2), dtype=np.int64), np.array(edges, dtype=np.int64).reshape(-1, 2),
-                             tuple(matrices)))
+                             np.zeros((len(roots), 2), dtype=np.int64),
+                             np.stack([group[fp.eu[between]], group[fp.ev[between]]], axis=1),
+                             tuple(_capped(m) for m in matrices)))
     # Each original strategy's merged strategy: its root strategy's kept index in the merged node.
     position = np.full(goff[-1], -1, dtype=np.int64)
     merged_node = np.repeat(np.arange(merged.n), merged.sizes())
