@@ -74,26 +74,52 @@ def _dim_exchange(mesh: Mesh, size: int, old_axes: tuple[str, ...], old_offsets:
     and how many old ranges its new range meets."""
     overlap, length, met = _dim_overlap(size, (mesh.group_size(old_axes), old_offsets), (mesh.group_size(new_axes), new_offsets))
     old_shard, new_shard = _shard_of_device(mesh, old_axes), _shard_of_device(mesh, new_axes)
-    return np.stack([length[new_shard], overlap[old_shard, new_shard], met[new_shard]])
+    rows = np.stack([length[new_shard], overlap[old_shard, new_shard], met[new_shard]])
+    rows.flags.writeable = False  # cached and handed out as it is
+    return rows
 
 
 @lru_cache(maxsize=4096)
 def _overlaps(mesh: Mesh, shape: tuple[int, ...], before: Sharding, after: Sharding) -> np.ndarray:
     """Per device (rows): elements of its new shard, of those its old shard holds, and the old
-    shards its new shard meets. Dims are independent: each device's shard is a box, one range
-    per dim picked by the device's coordinates on that dim's axes."""
-    whole = 1  # the dims split in neither, whole on every device
+    shards its new shard meets."""
+    whole, product = _split_dims_product(mesh, shape, before, after)
+    if product is None:
+        product = np.ones((3, mesh.num_devices), np.int64)
+    return product * np.array([[whole], [whole], [int(whole > 0)]], np.int64)
+
+
+def _split_dims_product(mesh: Mesh, shape: tuple[int, ...], before: Sharding,
+                        after: Sharding) -> tuple[int, np.ndarray | None]:
+    """The elements of the dims split in neither sharding (whole on every device) and `_overlaps`'
+    rows over the other dims (None when there is none). Dims are independent: each device's
+    shard is a box, one range per dim picked by the device's coordinates on that dim's axes."""
+    old_split, new_split, old_cuts, new_cuts = before.split_axes, after.split_axes, before.dims_offsets, after.dims_offsets
+    whole = 1
     product = None
     for d, size in enumerate(shape):
-        old_axes, new_axes, old_offsets, new_offsets = before.dim_axes(d), after.dim_axes(d), dim_offsets(before, d), dim_offsets(after, d)
+        # Indexed directly rather than through dim_axes / dim_offsets: this runs for every permute priced.
+        old_axes = old_split[d] if d < len(old_split) else ()
+        new_axes = new_split[d] if d < len(new_split) else ()
+        old_offsets = old_cuts[d] if d < len(old_cuts) else ()
+        new_offsets = new_cuts[d] if d < len(new_cuts) else ()
         if not (old_axes or new_axes or old_offsets or new_offsets):
             whole *= size
             continue
         rows = _dim_exchange(mesh, size, old_axes, old_offsets, new_axes, new_offsets)
         product = rows if product is None else product * rows
-    if product is None:
-        product = np.ones((3, mesh.num_devices), np.int64)
-    return product * np.array([[whole], [whole], [int(whole > 0)]], np.int64)
+    return whole, product
+
+
+def exchange_extent(mesh: Mesh, shape: tuple[int, ...], before: Sharding, after: Sharding) -> tuple[int, int]:
+    """`missing_elements(...).max()` and `fan_in(...)` in one pass, without `_overlaps`' cache
+    (a search prices each pair once)."""
+    whole, product = _split_dims_product(mesh, shape, before, after)
+    if product is None or whole == 0:
+        return 0, 0  # every device already holds its whole new shard (or it is empty)
+    new_volume, held, tiles = product
+    # minimum(held, 1) is held > 0 (held is never negative) without a bool array to convert
+    return whole * int((new_volume - held).max()), int((tiles - np.minimum(held, 1)).max())
 
 
 def missing_elements(mesh: Mesh, shape: tuple[int, ...], before: Sharding, after: Sharding) -> np.ndarray:

@@ -24,7 +24,7 @@ from types import MappingProxyType
 from typing import Any, Iterator, Sequence
 
 from autoshard.mesh import Mesh
-from autoshard.resharding.geometry import (device_transfers, dim_offsets, exchange_axes, fan_in,
+from autoshard.resharding.geometry import (device_transfers, dim_offsets, exchange_axes, exchange_extent, fan_in,
                                            halo_received_elements, missing_elements, pieces)
 from autoshard.resharding.steps import STEP_KINDS, CollectiveStep, Price
 from autoshard.sharding import Sharding, ceildiv
@@ -166,6 +166,14 @@ def permute_move(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, state: 
     return Move("permute", exchange_axes(mesh, len(shape), state, after), (), after, moved)
 
 
+def priced_permute(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, state: Sharding, after: Sharding,
+                   price: Price) -> tuple[Move, float]:
+    """`permute_move` and its `price_move`, from one pass over the devices."""
+    missing, peers = exchange_extent(mesh, shape, state, after)
+    move = Move("permute", exchange_axes(mesh, len(shape), state, after), (), after, missing * dtype_bytes)
+    return move, _permute_price(mesh, move, peers, price)
+
+
 def halo_move(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, state: Sharding, after: Sharding) -> Move:
     """The update_halo from `state` to `after` (the same split, other halos), exchanging along the
     axes of the dims that have a halo on either side; priced on the most any device receives."""
@@ -194,7 +202,12 @@ def price_move(mesh: Mesh, shape: tuple[int, ...], state: Sharding, move: Move, 
         return price(STEP_KINDS["update_halo"].price_kind, move.mesh_axes, move.bytes_per_device) if move.bytes_per_device else 0.0
     if move.kind != "permute":
         return price(move.kind, move.mesh_axes, move.bytes_per_device)
-    if fan_in(mesh, shape, state, move.after) <= 1:
+    return _permute_price(mesh, move, fan_in(mesh, shape, state, move.after), price)
+
+
+def _permute_price(mesh: Mesh, move: Move, peers: int, price: Price) -> float:
+    """A permute's price when the most peers any device receives from is `peers`."""
+    if peers <= 1:
         return price(STEP_KINDS["permute"].price_kind, move.mesh_axes, move.bytes_per_device)
     group = mesh.group_size(move.mesh_axes)
     return price("all_to_all", move.mesh_axes, move.bytes_per_device * group / (group - 1))

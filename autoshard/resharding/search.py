@@ -23,7 +23,7 @@ from autoshard.mesh import Mesh
 from autoshard.reductions import REDUCTIONS
 from autoshard.resharding.geometry import received_elements
 from autoshard.resharding.moves import (Context, Move, build_step, canonical_state, goal_after, halo_move,
-                                        offered_moves, permute_move, price_move)
+                                        offered_moves, price_move, priced_permute)
 from autoshard.resharding.steps import STEP_KINDS, CollectiveStep, Price, Resharding
 from autoshard.sharding import Sharding
 
@@ -77,20 +77,18 @@ class _Tensor:
             edge = into[state] = None if after is None else self.permute(state, self.id(after))
         return edge
 
-    def permute(self, state: int, after: int, move: Move | None = None) -> _Edge:
-        """The permute from `state` to `after` (`move`, if given, is that permute already built)."""
+    def permute(self, state: int, after: int) -> _Edge:
         key = (state, after)
         found = self._permutes.get(key)
         if found is None:
-            before = self.states[state]
-            if move is None:
-                move = permute_move(self.mesh, self.shape, self.dtype_bytes, before, self.states[after])
-            found = self._permutes[key] = _Edge(after, price_move(self.mesh, self.shape, before, move, self.price), 1, move)
+            move, seconds = priced_permute(self.mesh, self.shape, self.dtype_bytes, self.states[state], self.states[after],
+                                           self.price)
+            found = self._permutes[key] = _Edge(after, seconds, 1, move)
         return found
 
     def edge(self, state: int, move: Move) -> _Edge:
         if move.kind == "permute":
-            return self.permute(state, self.id(move.after), move)
+            return self.permute(state, self.id(move.after))
         return _Edge(self.id(move.after), self.price(move.kind, move.mesh_axes, move.bytes_per_device), 0, move)
 
 
@@ -175,6 +173,7 @@ class _PathTree:
         self.bytes: dict[int, float] = {start: 0}  # summed along the path as resharding_cost sums them
         self._tie = itertools.count()
         self._frontier = [((0.0, 0, 0), next(self._tie), start)]
+        self._costs: dict[int, tuple[float, float]] = {}
 
     def settle(self, goal: int) -> None:
         """Pop states until `goal` is settled or none is left."""
@@ -203,6 +202,12 @@ class _PathTree:
 
     def cost(self, goal: int) -> tuple[float, float]:
         """Seconds and bytes of the path `_search` finds to `goal`."""
+        found = self._costs.get(goal)
+        if found is None:
+            found = self._costs[goal] = self._cost(goal)
+        return found
+
+    def _cost(self, goal: int) -> tuple[float, float]:
         self.settle(goal)
         key = position = None
         bytes_ = 0.0
@@ -256,6 +261,11 @@ def _space(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, source: Shard
     return space, space.tensor.id(start), space.tensor.id(goal)
 
 
+# Above the relative error of summing a path's seconds in another order (far fewer than
+# 10**6 steps of 2**-53 each).
+_ROUNDING = 1e-9
+
+
 def _search(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, source: Sharding, target: Sharding,
             moves: PricedMoves) -> list[tuple[Sharding, Move, float]]:
     """Dijkstra from `source` to `target` (ties: fewer permutes, then fewer steps): the cheapest
@@ -265,9 +275,10 @@ def _search(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, source: Shar
     into = tensor.into[last]
     best: dict[int, tuple[float, int, int]] = {first: (0.0, 0, 0)}
     came: dict[int, tuple[int, Move, float]] = {}
-    # Seconds of the best path to the goal so far: a state reached later than that is popped
-    # after the goal, if ever, and changes nothing, so it is not recorded.
+    # At least the seconds of the best path to the goal: a state reached later than that is
+    # popped after the goal, if ever, and changes nothing, so it is not recorded.
     bound = math.inf
+    reduced_goal = not tensor.states[last].partial_axes
     tie = itertools.count()
     frontier = [(best[first], next(tie), first)]
     while frontier:
@@ -277,6 +288,14 @@ def _search(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, source: Shar
         if key > best[state]:
             continue
         at, permuted, steps = key[0], key[1], key[2] + 1
+        if reduced_goal and state != first and not tensor.states[state].partial_axes:
+            # Every path on from a state that is not partial stays so: its tree knows the
+            # least seconds left to the goal. A state whose every path ends past the bound is
+            # on no cheapest path (ties included) and its moves change nothing.
+            left = space.tree(state).cost(last)[0]
+            if (at + left) * (1 - _ROUNDING) > bound:
+                continue
+            bound = min(bound, (at + left) * (1 + _ROUNDING))
         head, swaps = space.base_edges(state)
         edge = into.get(state, _UNKNOWN)
         if edge is _UNKNOWN:
