@@ -50,8 +50,9 @@ _UNKNOWN = object()  # a goal edge not worked out yet (None: worked out, not off
 
 class _Tensor:
     """The states of one tensor (mesh, shape, itemsize) as small ints shared by all its spaces
-    (ints hash and compare far faster than shardings), with each permute priced once: a permute
-    and the permute into a goal depend on the two states alone, not on the space."""
+    (ints hash and compare far faster than shardings), with each move priced once: a permute,
+    the permute into a goal and the moves offered over every mesh axis and dim depend on the
+    states alone, not on the space (a space keeps those of its axes and dims)."""
 
     def __init__(self, mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, price: Price):
         self.mesh, self.shape, self.dtype_bytes, self.price = mesh, shape, dtype_bytes, price
@@ -59,6 +60,7 @@ class _Tensor:
         self.ids: dict[Sharding, int] = {}
         self.into: list[dict[int, _Edge | None]] = []  # per goal: the permute into it, by the state it leaves
         self._permutes: dict[tuple[int, int], _Edge] = {}
+        self._offered: dict[tuple[int, tuple[str, ...]], tuple[tuple[tuple[_Edge, int], ...], tuple[_Edge, ...]]] = {}
 
     def id(self, state: Sharding) -> int:
         found = self.ids.get(state)
@@ -91,6 +93,35 @@ class _Tensor:
             return self.permute(state, self.id(move.after))
         return _Edge(self.id(move.after), self.price(move.kind, move.mesh_axes, move.bytes_per_device), 0, move)
 
+    def offered(self, state: int, goal_partial: tuple[str, ...]) -> tuple[tuple[tuple[_Edge, int], ...], tuple[_Edge, ...]]:
+        """`offered_moves` over every mesh axis and dim, priced: the moves before the goal
+        permute, each with the mesh axes and dims it uses (`uses`), and the axis-order swaps,
+        which use only the state's own axes and dims."""
+        key = (state, goal_partial)
+        found = self._offered.get(key)
+        if found is None:
+            ctx = Context(self.mesh, self.shape, self.dtype_bytes, self.mesh.axis_names, tuple(range(len(self.shape))),
+                          goal_partial)
+            head, swaps = offered_moves(ctx, self.states[state])
+            found = self._offered[key] = (tuple((self.edge(state, m), self.uses(m.mesh_axes, _move_dims(m))) for m in head),
+                                          tuple(self.edge(state, m) for m in swaps))
+        return found
+
+    def uses(self, axes: Sequence[str], dims: Sequence[int]) -> int:
+        """Mesh axes and dims as bits: axis `i` is bit `i`, dim `d` bit `mesh rank + d`."""
+        bits = 0
+        for a in axes:
+            bits |= 1 << self.mesh.axis_index(a)
+        for d in dims:
+            bits |= 1 << (len(self.mesh.axis_names) + d)
+        return bits
+
+
+def _move_dims(move: Move) -> list[int]:
+    """The tensor dims a move names (split, gathered, sliced, ...)."""
+    named = dict(move.dims)
+    return [named[a] for a in STEP_KINDS[move.kind].dim_attrs]
+
 
 class _Space:
     """The states of one context with their goal-independent priced moves, filled in as
@@ -100,15 +131,18 @@ class _Space:
         self.ctx, self.tensor = ctx, tensor
         self.out: dict[int, tuple[tuple[_Edge, ...], tuple[_Edge, ...]]] = {}
         self.trees: dict[int, _PathTree] = {}
+        self._outside = ~tensor.uses(ctx.axes, ctx.dims)
 
     def base_edges(self, state: int) -> tuple[tuple[_Edge, ...], tuple[_Edge, ...]]:
         """The moves out of `state` but the permute into the goal, which Dijkstra relaxes
-        between the two groups."""
+        between the two groups: `offered_moves(ctx, state)`, taken from those over every axis
+        and dim (the same moves in the same order: each loop of offered_moves runs over a
+        subsequence of the same axes and dims)."""
         out = self.out.get(state)
         if out is None:
-            head, swaps = offered_moves(self.ctx, self.tensor.states[state])
-            edge = self.tensor.edge
-            out = self.out[state] = (tuple(edge(state, m) for m in head), tuple(edge(state, m) for m in swaps))
+            head, swaps = self.tensor.offered(state, self.ctx.goal_partial)
+            outside = self._outside
+            out = self.out[state] = (tuple(edge for edge, uses in head if not uses & outside), swaps)
         return out
 
     def tree(self, start: int) -> "_PathTree":
