@@ -13,6 +13,7 @@ kernels while a whole training step stays far below 2**63.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -104,18 +105,20 @@ class ReshardingPrices:
     def __init__(self, mesh: Mesh, price: Callable[[str, tuple[str, ...], float], float]):
         self.mesh, self.moves = mesh, PricedMoves(price)
         self._ids: dict[Sharding, int] = {}  # shardings as ints: cheap cache keys
-        self._cache: dict[tuple, tuple[float, float]] = {}
+        # (shape, itemsize) -> source id -> target id -> (seconds, bytes): a table's pairs are
+        # looked up with one int key each
+        self._cache: dict[tuple[tuple[int, ...], int], dict[int, dict[int, tuple[float, float]]]] = {}
 
     def __call__(self, shape: tuple[int, ...], itemsize: int, source: Sharding, target: Sharding) -> tuple[float, float]:
-        return self._price(shape, itemsize, source, self._id(source), target, self._id(target))
+        return self._row(shape, itemsize, source, [target], [self._id(target)])[0]
 
     def table(self, shape: tuple[int, ...], itemsize: int, sources: list[Sharding],
               targets: list[Sharding]) -> tuple[np.ndarray, np.ndarray]:
         """Seconds and bytes of every (source, target) pair, as `|sources| x |targets|` arrays."""
         target_ids = [self._id(t) for t in targets]
-        pairs = [self._price(shape, itemsize, s, self._id(s), t, t_id)
-                 for s in sources for t, t_id in zip(targets, target_ids)]
-        table = np.array(pairs, dtype=np.float64).reshape(len(sources), len(targets), 2)
+        pairs = [pair for s in sources for pair in self._row(shape, itemsize, s, targets, target_ids)]
+        flat = np.fromiter(itertools.chain.from_iterable(pairs), dtype=np.float64, count=2 * len(pairs))
+        table = flat.reshape(len(sources), len(targets), 2)
         return table[..., 0], table[..., 1]
 
     def _id(self, sharding: Sharding) -> int:
@@ -124,17 +127,22 @@ class ReshardingPrices:
             found = self._ids[sharding] = len(self._ids)
         return found
 
-    def _price(self, shape: tuple[int, ...], itemsize: int, source: Sharding, source_id: int, target: Sharding,
-               target_id: int) -> tuple[float, float]:
-        key = (shape, itemsize, source_id, target_id)
-        found = self._cache.get(key)
-        if found is None:
-            if source_id == target_id:
-                found = (0.0, 0.0)
-            else:
-                found = resharding_cost(self.mesh, shape, itemsize, source, target, self.moves)
-            self._cache[key] = found
-        return found
+    def _row(self, shape: tuple[int, ...], itemsize: int, source: Sharding, targets: list[Sharding],
+             target_ids: list[int]) -> list[tuple[float, float]]:
+        """The prices from `source` to each of `targets`."""
+        source_id = self._id(source)
+        known = self._cache.setdefault((shape, itemsize), {}).setdefault(source_id, {})
+        row = []
+        for target, target_id in zip(targets, target_ids):
+            found = known.get(target_id)
+            if found is None:
+                if source_id == target_id:
+                    found = (0.0, 0.0)
+                else:
+                    found = resharding_cost(self.mesh, shape, itemsize, source, target, self.moves)
+                known[target_id] = found
+            row.append(found)
+        return row
 
 
 # At equal time, the plan that holds less wins: each MiB held costs 1 ps, a thousandth of the
