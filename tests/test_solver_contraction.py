@@ -5,12 +5,19 @@ import itertools
 import numpy as np
 import pytest
 
+from autoshard.solver import contraction
 from autoshard.solver.contraction import contract
 from autoshard.solver.flat import FORBIDDEN, flatten
 from autoshard.solver.group_relink import relink_groups
 from autoshard.solver.lagrange import Relaxation
 from autoshard.solver.problem import FORBIDDEN_COST, Problem
 from support.solver_problems import flat_assignments
+
+
+@pytest.fixture(autouse=True)
+def merge_any_tie(monkeypatch):
+    """These problems are small: merge whatever is tied, however few nodes that removes."""
+    monkeypatch.setattr(contraction, "MERGED_NODES_AT_MOST", 1.0)
 
 
 def tied_problem(seed: int, limit_share: float = 0.6, nodes: tuple[int, int] = (5, 8)) -> Problem:
@@ -80,6 +87,15 @@ def test_merged_relaxation_bounds_the_optimum_and_decodes_nothing_forbidden(seed
         if optimum is not None:
             assert relaxation.bound() <= optimum + 1e-6
         relaxation.lam = rng.random(fp.num_rows) * 3.0
+
+
+def test_a_merge_that_would_remove_few_nodes_is_declined(monkeypatch):
+    fp = flatten(tied_problem(0))
+    merged = contract(fp)
+    monkeypatch.setattr(contraction, "MERGED_NODES_AT_MOST", (merged.fp.n - 0.5) / fp.n)
+    assert contract(fp) is None
+    monkeypatch.setattr(contraction, "MERGED_NODES_AT_MOST", (merged.fp.n + 0.5) / fp.n)
+    assert contract(fp).fp.n == merged.fp.n
 
 
 def test_without_one_to_one_edges_nothing_is_merged():

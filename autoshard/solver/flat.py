@@ -194,14 +194,24 @@ def flatten(problem: Problem) -> FlatProblem:
     n = problem.num_nodes
     if n == 0:
         return _empty()
-    original_sizes = problem.num_strategies()
-    original_soff = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(original_sizes, out=original_soff[1:])
     m = problem.num_edges
     edge_u = np.ascontiguousarray(problem.edges[:, 0], dtype=np.int64) if m else np.zeros(0, dtype=np.int64)
     edge_v = np.ascontiguousarray(problem.edges[:, 1], dtype=np.int64) if m else np.zeros(0, dtype=np.int64)
     edge_start, entries = _shared_entries(problem.edge_costs)
-    costs = np.concatenate(problem.node_costs)
+    return flatten_arrays(problem.num_strategies(), np.concatenate(problem.node_costs),
+                          np.concatenate(problem.node_usages), problem.intervals, problem.usage_limit,
+                          edge_u, edge_v, edge_start, entries)
+
+
+def flatten_arrays(original_sizes: np.ndarray, costs: np.ndarray, usages: np.ndarray, intervals: np.ndarray,
+                   usage_limit: int | None, edge_u: np.ndarray, edge_v: np.ndarray, edge_start: np.ndarray,
+                   entries: np.ndarray) -> FlatProblem:
+    """`flatten` of a valid problem given as arrays: strategies per node, every node's costs and
+    usages one after the other, its (n, 2) intervals, the edges' ends and where each edge's
+    row-major matrix starts in `entries` (int64 costs, as in a Problem)."""
+    n = len(original_sizes)
+    original_soff = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(original_sizes, out=original_soff[1:])
     keep = _keep_mask(original_soff, costs, edge_u, edge_v, edge_start, entries)
     kept_flat = np.flatnonzero(keep)
     node_of = np.repeat(np.arange(n), original_sizes)[kept_flat]
@@ -210,7 +220,7 @@ def flatten(problem: Problem) -> FlatProblem:
     np.cumsum(sizes, out=soff[1:])
     orig = kept_flat - original_soff[node_of]
     cost = costs[kept_flat].astype(np.float64)
-    usage = np.concatenate(problem.node_usages)[kept_flat]
+    usage = usages[kept_flat]
     base_use = np.minimum.reduceat(usage, soff[:-1])  # every node keeps a strategy
     use = (usage - base_use[node_of]).astype(np.int64)
     spread = np.maximum.reduceat(usage, soff[:-1]) - base_use
@@ -226,17 +236,17 @@ def flatten(problem: Problem) -> FlatProblem:
     aedge = edge_ids[order]
     arow = np.concatenate([np.ones(len(eu), np.int8), np.zeros(len(eu), np.int8)])[order]
 
-    if problem.usage_limit is None:
+    if usage_limit is None:
         steps = np.zeros(0, dtype=np.int64)
     else:
-        steps = _maximal_steps(problem.intervals)
-    r0 = np.searchsorted(steps, problem.intervals[:, 0]).astype(np.int64)
-    r1 = np.maximum(np.searchsorted(steps, problem.intervals[:, 1]).astype(np.int64), r0)
+        steps = _maximal_steps(intervals)
+    r0 = np.searchsorted(steps, intervals[:, 0]).astype(np.int64)
+    r1 = np.maximum(np.searchsorted(steps, intervals[:, 1]).astype(np.int64), r0)
     delta = np.zeros(len(steps) + 1, dtype=np.int64)
     np.add.at(delta, r0, base_use)
     np.add.at(delta, r1, -base_use)
     base = np.cumsum(delta[:-1])
-    cap = (problem.usage_limit - base) if len(steps) else np.zeros(0, dtype=np.int64)
+    cap = (usage_limit - base) if len(steps) else np.zeros(0, dtype=np.int64)
     # A node whose usage cannot change never binds: give it an empty row range.
     r1 = np.where(spread > 0, r1, r0)
     r0, r1, cap, steps = prune_rows(r0, r1, spread, np.asarray(cap, dtype=np.int64), steps)

@@ -187,29 +187,44 @@ class HeuristicRun:
     def first_plan(self) -> None:
         """A plan that chooses nothing forbidden before anything else, when the start (the
         smallest-usage choices, or the hint) does not. Cheapest first, each step only while
-        forbidden choices are left: sweeps of tree moves from the start, and CP-SAT around what
-        they leave (`Search.repair`: fast for a few, fails fast where a hub's whole star must
-        turn); a low-memory labelling (`first_plan.py`) and CP-SAT around what it still breaks;
-        CP-SAT around the start's forbidden choices. Each keeps the fit in memory. Without it, where forbidden
+        forbidden choices are left: where the relaxation merges one-to-one groups, the low-memory
+        labelling on them (`first_plan.py`: tens of milliseconds, and it breaks none of their
+        edges); sweeps of tree moves from the start, and CP-SAT around what they leave
+        (`Search.repair`: fast for a few, fails fast where a hub's whole star must turn); the
+        labelling on the original nodes and CP-SAT around what it still breaks; CP-SAT around the
+        start's forbidden choices. Each keeps the fit in memory. Without it, where forbidden
         pairs are dense, the first plan came from the relaxation's first decode that fits, after
         rounds of rising multipliers (benchmarks/RESULTS.md)."""
-        fp, schedule = self.fp, self.schedule
+        fp = self.fp
         start_x = self.search.best_x.copy()
         if len(forbidden_nodes(fp, start_x)) == 0:
             return
+        merged = self.relaxation.contraction is not None
+        if merged:
+            self._take_labelling()
         self._sweep_out_forbidden()
         if len(forbidden_nodes(fp, self.search.best_x)):
             self._repair_into_best(self.search.best_x)
-        if len(forbidden_nodes(fp, self.search.best_x)):
-            labelled = low_memory_labelling(fp, self.seed, schedule.passes_stepping,
-                                            schedule.first_plan_moves_per_centre, schedule.tree_block)
-            if fp.fits(labelled):
-                self._repair_into_best(labelled)
+        if len(forbidden_nodes(fp, self.search.best_x)) and not merged:
+            self._take_labelling()
         if len(forbidden_nodes(fp, self.search.best_x)):
             self._repair_into_best(start_x)
         self.stats["first_plan_forbidden"] = int(len(forbidden_nodes(fp, self.search.best_x)))
         self.report("first plan")
         self._sweep_first_plan()
+
+    def _take_labelling(self) -> None:
+        """The low-memory labelling (`first_plan.py`, on the merged groups where the relaxation
+        has them), if it fits: the best when it chooses nothing forbidden, else repaired into it."""
+        schedule = self.schedule
+        labelled = low_memory_labelling(self.fp, self.seed, schedule.passes_stepping, schedule.first_plan_moves_per_centre,
+                                        schedule.tree_block, self.relaxation.contraction)
+        if not self.fp.fits(labelled):
+            return
+        if len(forbidden_nodes(self.fp, labelled)):
+            self._repair_into_best(labelled)
+        else:
+            self.search.reset(labelled)
 
     def _sweep_first_plan(self) -> None:
         """Sweeps of tree moves over the whole graph from the first plan, while each lowers its
@@ -297,6 +312,7 @@ class HeuristicRun:
                 relaxation.relax_loose(slack)
             else:
                 relaxation.raise_on(slack, unit)
+                self._raise_until_fit(unit)
             rounds_without_better += 1
             gap_closed = (self.bound - bound_before) / max(search.best_obj - self.bound, 1.0)
             paid = search.best_obj < best_before or gap_closed > schedule.relax_gain
@@ -304,6 +320,20 @@ class HeuristicRun:
             memory_binds = memory_binds or bool(relaxation.lam.any())
             self.round_s = time.monotonic() - round_start
             self.report("relax")
+
+    def _raise_until_fit(self, unit: float) -> None:
+        """Where the messages run on merged one-to-one groups (`contraction.py`: milliseconds a
+        pass), keep doubling the multipliers of the rows the decode overloads until one fits, at
+        most `Schedule.merged_raises` times, instead of one doubling a round: a round's clean-up
+        on the original nodes takes most of a second."""
+        relaxation = self.relaxation
+        if relaxation.contraction is None:
+            return
+        for _ in range(self.schedule.merged_raises):
+            slack = self.slack_of(relaxation.run(self.schedule.passes_stepping))
+            if np.all(slack <= 0):
+                return
+            relaxation.raise_on(slack, unit)
 
     def _relaxing(self, round_no: int, memory_binds: bool) -> bool:
         if self.deterministic:

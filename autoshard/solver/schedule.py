@@ -53,6 +53,9 @@ class Schedule:
     # without a better solution, Polyak steps take over for good (stepping towards a cost far above
     # the optimum, before any solution is near it, makes them oscillate).
     stepping_after: int = 20
+    # Where the messages run on merged groups, a round doubles the overloaded rows' multipliers up
+    # to this many times, while its passes' decode still overloads one.
+    merged_raises: int = 30
     # An overloaded row's first multiplier, as a share of the cost per unit of usage
     # (`search.exchange_rate`) spread over a node's mean number of rows: small enough not to
     # overshoot, the doubling does the rest.
