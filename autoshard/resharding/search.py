@@ -132,6 +132,7 @@ class _Space:
         self.out: dict[int, tuple[tuple[_Edge, ...], tuple[_Edge, ...]]] = {}
         self.trees: dict[int, _PathTree] = {}
         self._outside = ~tensor.uses(ctx.axes, ctx.dims)
+        self._path_costs: dict[tuple[int, int], tuple[float, float]] = {}
 
     def base_edges(self, state: int) -> tuple[tuple[_Edge, ...], tuple[_Edge, ...]]:
         """The moves out of `state` but the permute into the goal, which Dijkstra relaxes
@@ -144,6 +145,18 @@ class _Space:
             outside = self._outside
             out = self.out[state] = (tuple(edge for edge, uses in head if not uses & outside), swaps)
         return out
+
+    def path_cost(self, first: int, last: int) -> tuple[float, float]:
+        """Seconds and bytes of `_cheapest_path`, kept: sources or targets that differ in what
+        the states forget (the order of partial axes, a target's partial axes the source
+        lacks) ask for the same path."""
+        key = (first, last)
+        found = self._path_costs.get(key)
+        if found is None:
+            path = _cheapest_path(self, first, last)
+            found = self._path_costs[key] = (sum(seconds for _, _, seconds in path),
+                                             float(sum(m.bytes_per_device for _, m, _ in path if STEP_KINDS[m.kind].moves_data)))
+        return found
 
     def tree(self, start: int) -> "_PathTree":
         found = self.trees.get(start)
@@ -304,7 +317,11 @@ def _search(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, source: Shar
             moves: PricedMoves) -> list[tuple[Sharding, Move, float]]:
     """Dijkstra from `source` to `target` (ties: fewer permutes, then fewer steps): the cheapest
     path as (state before, move, seconds) steps."""
-    space, first, last = _space(mesh, shape, dtype_bytes, source, target, moves)
+    return _cheapest_path(*_space(mesh, shape, dtype_bytes, source, target, moves))
+
+
+def _cheapest_path(space: _Space, first: int, last: int) -> list[tuple[Sharding, Move, float]]:
+    """`_search` between two states of `space`."""
     tensor = space.tensor
     into = tensor.into[last]
     best: dict[int, tuple[float, int, int]] = {first: (0.0, 0, 0)}
@@ -393,11 +410,10 @@ def resharding_cost(mesh: Mesh, shape: Sequence[int], dtype_bytes: float, source
     if source.has_halo or target.has_halo:
         path = _with_halos(mesh, shape, dtype_bytes, source, target, moves)
         return sum(seconds for _, _, seconds in path), float(sum(m.bytes_per_device for _, m, _ in path if STEP_KINDS[m.kind].moves_data))
+    space, first, last = _space(mesh, shape, dtype_bytes, source, target, moves)
     if not source.partial_axes:
-        space, first, last = _space(mesh, shape, dtype_bytes, source, target, moves)
         return space.tree(first).cost(last)
-    path = _search(mesh, shape, dtype_bytes, source, target, moves)
-    return sum(seconds for _, _, seconds in path), float(sum(m.bytes_per_device for _, m, _ in path if STEP_KINDS[m.kind].moves_data))
+    return space.path_cost(first, last)
 
 
 def halo_step(mesh: Mesh, shape: Sequence[int], dtype_bytes: float, before: Sharding, after: Sharding,
