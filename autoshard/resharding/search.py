@@ -7,7 +7,9 @@ axes and dims that the source or the target uses. Halos live only at the ends (`
 the search runs between the halo-free shardings, a haloed source first drops its halos locally
 and a haloed target's halos come last from one update_halo (one update_halo alone when the
 split does not change). `PricedMoves` keeps the priced moves of every
-state across searches; `_PathTree` keeps one Dijkstra tree per start for every goal.
+state across searches (`_Tensor`, one per tensor, filtered per space of axes and dims);
+`_PathTree` keeps one Dijkstra tree per start for every goal, which also lets `resharding_cost`'s
+searches from partial sources skip states that lead nowhere cheaper.
 """
 
 from __future__ import annotations
@@ -153,7 +155,7 @@ class _Space:
         key = (first, last)
         found = self._path_costs.get(key)
         if found is None:
-            path = _cheapest_path(self, first, last)
+            path = _cheapest_path(self, first, last, skip_by_trees=True)
             found = self._path_costs[key] = (sum(seconds for _, _, seconds in path),
                                              float(sum(m.bytes_per_device for _, m, _ in path if STEP_KINDS[m.kind].moves_data)))
         return found
@@ -320,8 +322,10 @@ def _search(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, source: Shar
     return _cheapest_path(*_space(mesh, shape, dtype_bytes, source, target, moves))
 
 
-def _cheapest_path(space: _Space, first: int, last: int) -> list[tuple[Sharding, Move, float]]:
-    """`_search` between two states of `space`."""
+def _cheapest_path(space: _Space, first: int, last: int, skip_by_trees: bool = False) -> list[tuple[Sharding, Move, float]]:
+    """`_search` between two states of `space`. `skip_by_trees` skips the moves out of states
+    that are not partial when their tree shows no cheaper path on: the same path, found with
+    fewer moves when many searches share the space's trees, more work for a single search."""
     tensor = space.tensor
     into = tensor.into[last]
     best: dict[int, tuple[float, int, int]] = {first: (0.0, 0, 0)}
@@ -329,7 +333,7 @@ def _cheapest_path(space: _Space, first: int, last: int) -> list[tuple[Sharding,
     # At least the seconds of the best path to the goal: a state reached later than that is
     # popped after the goal, if ever, and changes nothing, so it is not recorded.
     bound = math.inf
-    reduced_goal = not tensor.states[last].partial_axes
+    skip_by_trees = skip_by_trees and not tensor.states[last].partial_axes
     tie = itertools.count()
     frontier = [(best[first], next(tie), first)]
     while frontier:
@@ -339,7 +343,7 @@ def _cheapest_path(space: _Space, first: int, last: int) -> list[tuple[Sharding,
         if key > best[state]:
             continue
         at, permuted, steps = key[0], key[1], key[2] + 1
-        if reduced_goal and state != first and not tensor.states[state].partial_axes:
+        if skip_by_trees and state != first and not tensor.states[state].partial_axes:
             # Every path on from a state that is not partial stays so: its tree knows the
             # least seconds left to the goal. A state whose every path ends past the bound is
             # on no cheapest path (ties included) and its moves change nothing.
