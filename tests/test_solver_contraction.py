@@ -1,16 +1,20 @@
 """Nodes tied by one-to-one edges: merged for the relaxation, relinked group by group."""
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from autoshard.solver import contraction
 from autoshard.solver.contraction import contract
+from autoshard.solver.first_plan import low_memory_labelling, merged_memory_problem
 from autoshard.solver.flat import FORBIDDEN, flatten
 from autoshard.solver.group_relink import relink_groups
+from autoshard.solver.heuristic import HeuristicRun
 from autoshard.solver.lagrange import Relaxation
 from autoshard.solver.problem import FORBIDDEN_COST, Problem
+from autoshard.solver.schedule import SCHEDULE
 from support.solver_problems import flat_assignments
 
 
@@ -145,3 +149,33 @@ def test_group_relink_prices_the_pair_of_switches_together(limit, expected):
         assert mixed is None
     else:
         assert mixed.tolist() == expected
+
+
+def must_agree_star(leaves: int) -> Problem:
+    """A hub whose leaves must agree with it (each pair one-to-one), all live at one step within a
+    limit of one unit: strategy 0 is free but uses a unit at every leaf, strategy 1 costs 5 and
+    uses a unit at the hub only, so the only plan that fits is all 1."""
+    n = leaves + 1
+    agree = np.array([[0, FORBIDDEN_COST], [FORBIDDEN_COST, 0]])
+    return Problem(tuple(np.array([0, 5]) for _ in range(n)), (np.array([0, 1]),) + (np.array([1, 0]),) * leaves,
+                   np.array([[0, 1]] * n), np.array([[0, leaf] for leaf in range(1, n)]), (agree,) * leaves,
+                   usage_limit=1)
+
+
+def test_the_merged_labelling_turns_the_whole_group_in_one_pass():
+    fp = flatten(must_agree_star(60))
+    merged = contract(fp)
+    assert merged_memory_problem(merged).n == 1
+    x = low_memory_labelling(fp, seed=0, passes=1, moves_per_centre=0, block=1, contraction=merged)
+    assert x.tolist() == [1] * fp.n and fp.fits(x)
+
+
+@pytest.mark.parametrize("raises", [0, 30])
+def test_a_round_on_merged_groups_raises_the_multipliers_until_a_decode_fits(raises):
+    fp = flatten(must_agree_star(8))
+    run = HeuristicRun(fp, time_limit_s=10.0, seed=0, hint=None, progress=None, deterministic=True, gap_limit=0.0,
+                       workers=1, schedule=replace(SCHEDULE, merged_raises=raises))
+    assert run.relaxation.contraction is not None
+    assert not fp.fits(run.relaxation.run(5))  # free but overloaded: every leaf at strategy 0
+    run._raise_until_fit(unit=1e-3)
+    assert fp.fits(run.relaxation.run(5)) == (raises > 0)

@@ -6,7 +6,9 @@
    the penalised costs clean it up; if it fits in memory it seeds the feasible search; if it
    is cheaper than the best solution but does not fit, CP-SAT looks for the best mix of the
    two (`Search.relink`). The multipliers then move (see `lagrange.py`). Every round also
-   tightens the certified lower bound.
+   tightens the certified lower bound. Where one-to-one edges tie many nodes into groups
+   (`contraction.py`), the messages run on the merged groups, a round raises the multipliers
+   until a decode fits, and the mix is chosen group by group (`group_relink.py`).
 3. Every improving relink is followed by a descent within the best solution's usages
    (`descent.py`: the memory-free problem over the strategies that use no more memory).
 4. If the best solution is still far above the bound (`Schedule.binding_rows_gap`) and the
