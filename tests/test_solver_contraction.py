@@ -6,7 +6,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from autoshard.solver import contraction
+from autoshard.solver import contraction, group_relink
 from autoshard.solver.contraction import contract
 from autoshard.solver.first_plan import low_memory_labelling, merged_memory_problem
 from autoshard.solver.flat import FORBIDDEN, flatten
@@ -179,3 +179,14 @@ def test_a_round_on_merged_groups_raises_the_multipliers_until_a_decode_fits(rai
     assert not fp.fits(run.relaxation.run(5))  # free but overloaded: every leaf at strategy 0
     run._raise_until_fit(unit=1e-3)
     assert fp.fits(run.relaxation.run(5)) == (raises > 0)
+
+
+def test_group_relink_declines_answers_too_far_apart(monkeypatch):
+    fp = flatten(must_agree_star(3))
+    best, other = np.zeros(fp.n, dtype=np.int64), np.ones(fp.n, dtype=np.int64)
+    group = np.arange(fp.n)  # every node its own group: four differ, over one row
+    monkeypatch.setattr(group_relink, "TABLE_LIMIT", 3)
+    assert not group_relink.groups_fit(fp, group, best, other)
+    assert relink_groups(fp, group, best, other, 1.0, 0, deterministic_time=1.0) is None
+    monkeypatch.setattr(group_relink, "TABLE_LIMIT", 4)
+    assert group_relink.groups_fit(fp, group, best, other)

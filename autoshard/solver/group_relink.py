@@ -21,19 +21,24 @@ from autoshard.solver.flat import FORBIDDEN, FlatProblem
 TABLE_LIMIT = 50_000_000
 
 
+def groups_fit(fp: FlatProblem, group: np.ndarray, best: np.ndarray, other: np.ndarray) -> bool:
+    """Whether `relink_groups` takes these two answers: their differing groups times the rows stay
+    within `TABLE_LIMIT`."""
+    return len(np.unique(group[best != other])) * max(fp.num_rows, 1) <= TABLE_LIMIT
+
+
 def relink_groups(fp: FlatProblem, group: np.ndarray, best: np.ndarray, other: np.ndarray, time_limit_s: float,
                   seed: int, deterministic_time: float | None = None) -> np.ndarray | None:
     """The cheapest answer found in `time_limit_s` (CP-SAT's `deterministic_time` instead, when
     given) that keeps `best`'s choices or takes `other`'s in each group where they differ
     (`group`: each node's group), fits in memory and chooses nothing forbidden, if cheaper than
-    `best` (which must fit and choose nothing forbidden); else None."""
+    `best` (which must fit and choose nothing forbidden); else None, also when they are too far
+    apart (`groups_fit`)."""
     differ = np.flatnonzero(best != other)
-    if len(differ) == 0:
+    if len(differ) == 0 or not groups_fit(fp, group, best, other):
         return None
     groups, var_of_differ = np.unique(group[differ], return_inverse=True)
     count = len(groups)
-    if count * max(fp.num_rows, 1) > TABLE_LIMIT:
-        return None
     var_of = np.full(fp.n, -1, dtype=np.int64)
     var_of[differ] = var_of_differ
     model = cp_model.CpModel()

@@ -38,7 +38,7 @@ from autoshard.solver.descent import descend
 from autoshard.solver.exact import model_fits
 from autoshard.solver.first_plan import low_memory_labelling
 from autoshard.solver.flat import FORBIDDEN, FlatProblem, flatten
-from autoshard.solver.group_relink import relink_groups
+from autoshard.solver.group_relink import groups_fit, relink_groups
 from autoshard.solver.lagrange import Relaxation, StepLength
 from autoshard.solver.problem import Problem, within_gap
 from autoshard.solver.schedule import SCHEDULE, Schedule
@@ -400,6 +400,8 @@ class HeuristicRun:
         contraction = self.relaxation.contraction
         if contraction is None:
             change = self.search.relink(x, budget_s, self.workers, deterministic_time=deterministic_time)
+        elif not groups_fit(self.fp, contraction.group, self.search.best_x, x):
+            change = None  # too far apart, as `Search.relink` says of a model too large
         else:
             before = self.search.best_obj
             mixed = relink_groups(self.fp, contraction.group, self.search.best_x, x,
