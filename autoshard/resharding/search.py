@@ -156,8 +156,7 @@ class _Space:
         found = self._path_costs.get(key)
         if found is None:
             path = _cheapest_path(self, first, last, skip_by_trees=True)
-            found = self._path_costs[key] = (sum(seconds for _, _, seconds in path),
-                                             float(sum(m.bytes_per_device for _, m, _ in path if STEP_KINDS[m.kind].moves_data)))
+            found = self._path_costs[key] = _totals(path)
         return found
 
     def tree(self, start: int) -> "_PathTree":
@@ -406,6 +405,12 @@ def _with_halos(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, source: 
     return path
 
 
+def _totals(path: list[tuple[Sharding, Move, float]]) -> tuple[float, float]:
+    """A path's seconds and the bytes per device its steps that move data are priced on."""
+    return (sum(seconds for _, _, seconds in path),
+            float(sum(m.bytes_per_device for _, m, _ in path if STEP_KINDS[m.kind].moves_data)))
+
+
 def resharding_cost(mesh: Mesh, shape: Sequence[int], dtype_bytes: float, source: Sharding, target: Sharding,
                     moves: PricedMoves) -> tuple[float, float]:
     """`plan_resharding(...)`'s seconds and the bytes per device its steps are priced on (steps
@@ -413,7 +418,7 @@ def resharding_cost(mesh: Mesh, shape: Sequence[int], dtype_bytes: float, source
     shape = tuple(shape)
     if source.has_halo or target.has_halo:
         path = _with_halos(mesh, shape, dtype_bytes, source, target, moves)
-        return sum(seconds for _, _, seconds in path), float(sum(m.bytes_per_device for _, m, _ in path if STEP_KINDS[m.kind].moves_data))
+        return _totals(path)
     space, first, last = _space(mesh, shape, dtype_bytes, source, target, moves)
     if not source.partial_axes:
         return space.tree(first).cost(last)

@@ -106,10 +106,11 @@ class FlatProblem:
             x[v] = hits[0] if len(hits) else 0
         return x
 
-    def objective(self, x: np.ndarray) -> float:
-        """Cost of a solution (kept-strategy indices) in float arithmetic."""
+    def objective(self, x: np.ndarray, cost: np.ndarray | None = None) -> float:
+        """Cost of a solution (kept-strategy indices) in float arithmetic, with `cost` for the
+        node costs when given (penalised ones)."""
         x = np.asarray(x, dtype=np.int64)
-        total = float(self.cost[self.soff[:-1] + x].sum())
+        total = float((self.cost if cost is None else cost)[self.soff[:-1] + x].sum())
         sizes = self.sizes()
         if self.m:
             total += float(self.mat[self.moff[:-1] + x[self.eu] * sizes[self.ev] + x[self.ev]].sum())

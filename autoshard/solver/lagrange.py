@@ -64,7 +64,7 @@ class Relaxation:
         for _ in range(passes):
             messages.trws_passes(1, self.order, work.soff, cost, use, pen, work.eu, work.ev, start, entries,
                                  work.aoff, work.anbr, work.aedge, work.arow, self.part, self.msg_off, self.msg, self.x)
-            penalised = _objective(work, cost, self.x) + float(pen @ use[work.soff[:-1] + self.x])
+            penalised = work.objective(self.x, cost) + float(pen @ use[work.soff[:-1] + self.x])
             if penalised < best_cost:
                 best, best_cost = self.x.copy(), penalised
         return best if self.contraction is None else self.contraction.expand(best)
@@ -96,14 +96,6 @@ class Relaxation:
         """Lower the multipliers of rows with room to spare."""
         loose = slack < 0
         self.lam[loose] *= factor
-
-
-def _objective(fp: FlatProblem, cost: np.ndarray, x: np.ndarray) -> float:
-    """`fp.objective(x)` with `cost` for the node costs."""
-    total = float(cost[fp.soff[:-1] + x].sum())
-    if fp.m:
-        total += float(fp.mat[fp.moff[:-1] + x[fp.eu] * fp.sizes()[fp.ev] + x[fp.ev]].sum())
-    return total
 
 
 class StepLength:
