@@ -82,7 +82,8 @@ def case(request) -> tuple[Plan, object]:
 def reference_timeline(plan: Plan) -> tuple[list[int], list[int]]:
     """Each value's bytes added into every step from its producer (or the start) to its last
     consumer, or to the end for parameters and graph outputs; a view holds nothing, and the value
-    it views is held as long as the view (or a view of it) is."""
+    it views is held as long as the view (or a view of it) is. A value overwritten in place is
+    held until the step before its new value is produced, which counts as what it overwrites."""
     graph, mesh = plan.graph, plan.mesh
     order = topological_order(graph)
     at = {op.name: i for i, op in enumerate(order)}
@@ -94,6 +95,9 @@ def reference_timeline(plan: Plan) -> tuple[list[int], list[int]]:
         first = at[producer.name] if producer else 0
         users = [at[op.name] for op in graph.ops if name in op.inputs]
         last = steps - 1 if tensor.role == "parameter" or name in graph.outputs else max(users, default=first)
+        new = next((t.name for t in graph.tensors.values() if t.updates == name), None)
+        if new is not None:
+            last = at[graph.producers[new].name] - 1
         views = [op.outputs[0] for op in graph.ops if op.op_kind.view and op.inputs[0] == name]
         return max([last] + [last_use(v) for v in views])
 
@@ -106,7 +110,7 @@ def reference_timeline(plan: Plan) -> tuple[list[int], list[int]]:
         size = tensor_bytes(tensor.shape, tensor.itemsize, plan.produced(name), mesh)
         for t in range(first, last + 1):
             usage[t] += size
-            if tensor.role == "parameter":
+            if tensor.role == "parameter" or (tensor.updates and graph.tensors[tensor.updates].role == "parameter"):
                 params[t] += size
     return usage, params
 

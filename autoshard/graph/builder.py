@@ -25,6 +25,7 @@ class TensorDecl:
     shape: Shape
     dtype: str
     role: str  # input, parameter or intermediate
+    batch_dim: int | None = None
 
 
 class GraphBuilder:
@@ -41,10 +42,16 @@ class GraphBuilder:
         # The framework module the ops being added come from (set by an importer); op -> module.
         self.module = ""
         self.modules: dict[str, str] = {}
+        # The repeated layer the ops being added belong to (None outside the layers); op -> layer.
+        self.layer: int | None = None
+        self.layers: dict[str, int] = {}
+        self.updates: dict[str, str] = {}  # new value -> the input or parameter it overwrites in place
+        self.grad_of: dict[str, str] = {}  # gradient -> its parameter
 
     # --- declarations --------------------------------------------------------------------
-    def input(self, name: str, shape: Sequence[int], dtype: str | None = None) -> str:
-        return self._declare(name, shape, dtype or self.dtype, "input")
+    def input(self, name: str, shape: Sequence[int], dtype: str | None = None, batch_dim: int | None = None) -> str:
+        """`batch_dim`: the dim that carries the batch, which microbatches split."""
+        return self._declare(name, shape, dtype or self.dtype, "input", batch_dim)
 
     def parameter(self, name: str, shape: Sequence[int], dtype: str | None = None) -> str:
         return self._declare(name, shape, dtype or self.dtype, "parameter")
@@ -65,7 +72,16 @@ class GraphBuilder:
         self._op_names.add(name)
         if self.module:
             self.modules[name] = self.module
+        if self.layer is not None:
+            self.layers[name] = self.layer
         return name
+
+    def update_in_place(self, new: str, old: str) -> None:
+        """Declare that `new` overwrites the storage of the input or parameter `old`."""
+        self.updates[new] = old
+
+    def declare_gradient(self, gradient: str, parameter: str) -> None:
+        self.grad_of[gradient] = parameter
 
     def mark_outputs(self, *tensors: str) -> None:
         self.outputs.extend(t for t in tensors if t not in self.outputs)
@@ -82,6 +98,7 @@ class GraphBuilder:
         for op in self.ops[ops:]:
             self._op_names.discard(op.name)
             self.modules.pop(op.name, None)
+            self.layers.pop(op.name, None)
         del self.ops[ops:]
 
     # --- queries -------------------------------------------------------------------------
@@ -94,13 +111,23 @@ class GraphBuilder:
     def tensors_with_role(self, role: str) -> list[str]:
         return [t.name for t in self.tensors.values() if t.role == role]
 
+    def parameter_layers(self) -> dict[str, int]:
+        """Parameter -> the least layer of the ops reading it (parameters no op in a layer reads are left out)."""
+        found: dict[str, int] = {}
+        for op in self.ops:
+            layer = self.layers.get(op.name)
+            for t in op.inputs:
+                if layer is not None and self.tensors[t].role == "parameter":
+                    found[t] = min(found.get(t, layer), layer)
+        return found
+
     def document(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
             "format": FORMAT, "name": self.name,
-            "tensors": {t.name: {"shape": list(t.shape), "dtype": t.dtype, **({"role": t.role} if t.role != "intermediate" else {})}
-                        for t in self.tensors.values()},
+            "tensors": {t.name: self._tensor_entry(t) for t in self.tensors.values()},
             "ops": [{"name": op.name, "kind": op.kind, "inputs": list(op.inputs), "outputs": [op.output], **op.attrs,
-                     **({"module": self.modules[op.name]} if op.name in self.modules else {})}
+                     **({"module": self.modules[op.name]} if op.name in self.modules else {}),
+                     **({"layer": self.layers[op.name]} if op.name in self.layers else {})}
                     for op in self.ops],
             "outputs": list(self.outputs),
         }
@@ -108,11 +135,21 @@ class GraphBuilder:
             doc["mesh"] = self.mesh
         return doc
 
+    def _tensor_entry(self, t: TensorDecl) -> dict[str, Any]:
+        entry: dict[str, Any] = {"shape": list(t.shape), "dtype": t.dtype}
+        if t.role != "intermediate":
+            entry["role"] = t.role
+        for key, value in (("updates", self.updates.get(t.name)), ("grad_of", self.grad_of.get(t.name)),
+                           ("batch_dim", t.batch_dim)):
+            if value is not None:
+                entry[key] = value
+        return entry
+
     # --- names ---------------------------------------------------------------------------
-    def _declare(self, name: str, shape: Sequence[int], dtype: str, role: str) -> str:
+    def _declare(self, name: str, shape: Sequence[int], dtype: str, role: str, batch_dim: int | None = None) -> str:
         if name in self.tensors:
             raise ValueError(f"tensor {name!r} is declared twice")
-        self.tensors[name] = TensorDecl(name, tuple(shape), dtype, role)
+        self.tensors[name] = TensorDecl(name, tuple(shape), dtype, role, batch_dim)
         return name
 
     def _unique(self, name: str) -> str:

@@ -26,6 +26,9 @@ class Tensor:
     shape: tuple[int, ...]
     dtype: str
     role: str = "intermediate"
+    updates: str | None = None  # the input or parameter whose storage this value overwrites (in place)
+    grad_of: str | None = None  # the parameter this value is the gradient of
+    batch_dim: int | None = None  # the dim of an input that carries the batch (split by microbatches)
 
     @property
     def itemsize(self) -> int:
@@ -45,6 +48,7 @@ class Op:
     attrs: Mapping[str, Any]
     nest: LoopNest
     module: str = ""  # the framework module the op came from (`layers.0.attention.wq`), if imported
+    layer: int | None = None  # the repeated layer the op belongs to (forward, backward or optimizer), if any
 
     @property
     def op_kind(self) -> OpKind:
@@ -92,27 +96,37 @@ class Graph:
         return {op.name: op for op in self.ops}
 
     @cached_property
+    def updated_by(self) -> dict[str, str]:
+        """Input or parameter -> the value that overwrites its storage in place."""
+        return {t.updates: t.name for t in self.tensors.values() if t.updates is not None}
+
+    @cached_property
+    def gradients(self) -> dict[str, str]:
+        """Parameter -> its gradient (values the graph declares with `grad_of`)."""
+        return {t.grad_of: t.name for t in self.tensors.values() if t.grad_of is not None}
+
+    @cached_property
     def order(self) -> tuple[Op, ...]:
         """Topological order of the ops, computed once (`topological_order`): among ready ops, the
-        one listed first. Raises ValueError on a cycle (documents are checked for them on load)."""
-        waiting = [0] * len(self.ops)  # per op: inputs whose producer has not run
-        readers: dict[str, list[int]] = {}
+        one listed first. An op writing a value in place runs after every other reader of the value
+        it overwrites. Raises ValueError on a cycle (documents are checked for them on load)."""
+        position = {op.name: index for index, op in enumerate(self.ops)}
+        waiting = [0] * len(self.ops)  # per op: ops that must run before it and have not
+        followers: dict[int, list[int]] = {}
         for index, op in enumerate(self.ops):
-            for t in dict.fromkeys(op.inputs):
-                if t in self.producers:
-                    waiting[index] += 1
-                    readers.setdefault(t, []).append(index)
+            for before in after_ops(self, op):
+                waiting[index] += 1
+                followers.setdefault(position[before.name], []).append(index)
         ready = [index for index, count in enumerate(waiting) if count == 0]
         heapq.heapify(ready)
         order = []
         while ready:
-            op = self.ops[heapq.heappop(ready)]
-            order.append(op)
-            for t in op.outputs:
-                for reader in readers.get(t, ()):
-                    waiting[reader] -= 1
-                    if waiting[reader] == 0:
-                        heapq.heappush(ready, reader)
+            index = heapq.heappop(ready)
+            order.append(self.ops[index])
+            for follower in followers.get(index, ()):
+                waiting[follower] -= 1
+                if waiting[follower] == 0:
+                    heapq.heappush(ready, follower)
         if len(order) != len(self.ops):
             raise ValueError(f"graph {self.name!r} has a cycle")
         return tuple(order)
@@ -122,6 +136,17 @@ class Graph:
 
     def total_flops(self) -> float:
         return sum(op.flops() for op in self.ops)
+
+
+def after_ops(graph: Graph, op: Op) -> list[Op]:
+    """The ops `op` must run after, each once: the producers of its inputs and, where it writes a
+    value in place, the other readers of the value it overwrites."""
+    found = {graph.producers[t].name: graph.producers[t] for t in op.inputs if t in graph.producers}
+    for t in op.outputs:
+        old = graph.tensors[t].updates
+        if old is not None:
+            found.update((reader.name, reader) for reader in graph.consumers[old] if reader is not op)
+    return list(found.values())
 
 
 def to_networkx(graph: Graph) -> nx.MultiDiGraph:
@@ -149,7 +174,9 @@ def live_ranges(graph: Graph, order: list[Op] | None = None) -> dict[str, tuple[
 
     Parameters live for the whole step; inputs from the start; a tensor dies after its last
     consumer, and graph outputs live to the end. A view's input (`OpKind.view`) lives as long as
-    the view does: the view holds its storage.
+    the view does: the view holds its storage. A value written in place takes over the storage
+    of the one it overwrites at the step it is produced: the old value is held until the step
+    before, the new one from then on, so the storage is counted once.
     """
     order = order if order is not None else topological_order(graph)
     end = max(len(order) - 1, 0)
@@ -164,6 +191,8 @@ def live_ranges(graph: Graph, order: list[Op] | None = None) -> dict[str, tuple[
         else:
             last = max((step[op.name] for op in graph.consumers[name]), default=first)
         ranges[name] = (first, last)
+    for old, new in graph.updated_by.items():
+        ranges[old] = (ranges[old][0], ranges[new][0] - 1)
     for op in reversed(order):  # a view of a view is extended first
         if op.op_kind.view:
             source, (first, last) = op.inputs[0], ranges[op.inputs[0]]

@@ -16,7 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Valida
 
 from autoshard.dtypes import DTYPES
 from autoshard.errors import InputError, Problem
+from autoshard.graph.layers import layer_problems
 from autoshard.graph.model import Constraint, Graph, Op, Tensor
+from autoshard.graph.state import STATE_FIELDS, state_problems
 from autoshard.mesh import Mesh
 from autoshard.ops import OP_KINDS, OpError
 from autoshard.reductions import REDUCTION_KINDS
@@ -30,6 +32,9 @@ class TensorModel(BaseModel):
     shape: list[StrictInt]
     dtype: str
     role: Literal["input", "parameter", "intermediate"] = "intermediate"
+    updates: str | None = None  # in place: the input or parameter whose storage this value overwrites
+    grad_of: str | None = None  # the parameter this value is the gradient of
+    batch_dim: StrictInt | None = None  # the dim of an input that carries the batch
 
 
 class OpModel(BaseModel):
@@ -41,6 +46,7 @@ class OpModel(BaseModel):
     outputs: list[str]
     attrs: dict[str, Any] = Field(default_factory=dict)
     module: str = ""  # where an imported op came from in its framework's module tree; not an attribute
+    layer: StrictInt | None = Field(default=None, ge=0)  # the repeated layer the op belongs to; not an attribute
 
 
 class PartialModel(BaseModel):
@@ -184,7 +190,7 @@ def _build(model: GraphModel, mesh: Mesh | None) -> Graph:
             if held > MAX_TENSOR_BYTES:
                 problems.append(Problem(f"{where}/shape", f"tensor {name!r} holds {held:.3g} bytes, over the limit of "
                                                           f"2**50 (1 PiB) per tensor"))
-        tensors[name] = Tensor(name, tuple(t.shape), t.dtype, t.role)
+        tensors[name] = Tensor(name, tuple(t.shape), t.dtype, t.role, t.updates, t.grad_of, t.batch_dim)
     if total_bytes > MAX_GRAPH_BYTES and not problems:
         problems.append(Problem("/tensors", f"the tensors hold {total_bytes:.3g} bytes together, over the limit of "
                                             f"2**56 (64 PiB)"))
@@ -204,12 +210,17 @@ def _build(model: GraphModel, mesh: Mesh | None) -> Graph:
         if name not in tensors:
             problems.append(Problem(f"/outputs/{j}", f"unknown tensor {name!r}"))
     constraints = _constraints(model, tensors, mesh, problems)
+    outputs = tuple(model.outputs) or tuple(n for n in producer if not any(n in op.inputs for op in ops))
+    problems.extend(state_problems(tensors, producer, outputs))
     if not problems:
-        _check_acyclic(ops, producer, problems)
+        _check_acyclic(ops, producer, problems, tensors)
     if problems:
         raise InputError(problems)
-    outputs = tuple(model.outputs) or tuple(n for n in producer if not any(n in op.inputs for op in ops))
-    return Graph(model.name, tensors, tuple(ops), outputs, tuple(constraints), model.mesh)
+    graph = Graph(model.name, tensors, tuple(ops), outputs, tuple(constraints), model.mesh)
+    problems.extend(layer_problems(graph))
+    if problems:
+        raise InputError(problems)
+    return graph
 
 
 def _build_op(i: int, m: OpModel, tensors: dict[str, Tensor], producer: dict[str, str], names: set[str],
@@ -264,7 +275,7 @@ def _build_op(i: int, m: OpModel, tensors: dict[str, Tensor], producer: dict[str
             problems.append(Problem(f"/tensors/{t}/shape", f"{label} ({m.kind}) produces shape {list(shape)} for {t!r}, but it is declared {list(declared.shape)}"))
         if dtype is not None and declared.dtype != dtype:
             problems.append(Problem(f"/tensors/{t}/dtype", f"{label} ({m.kind}) produces dtype {dtype} for {t!r}, but it is declared {declared.dtype}"))
-    return Op(m.name, m.kind, tuple(m.inputs), tuple(m.outputs), attrs, nest, m.module)
+    return Op(m.name, m.kind, tuple(m.inputs), tuple(m.outputs), attrs, nest, m.module, m.layer)
 
 
 def _constraints(model: GraphModel, tensors: dict[str, Tensor], mesh: Mesh | None,
@@ -304,10 +315,20 @@ def _sharding_problems(sharding: Sharding, shape: tuple[int, ...], mesh: Mesh | 
     return problems
 
 
-def _check_acyclic(ops: list[Op], producer: dict[str, str], problems: list[Problem]) -> None:
+def _check_acyclic(ops: list[Op], producer: dict[str, str], problems: list[Problem],
+                   tensors: dict[str, Tensor]) -> None:
     """Name one cycle, if the ops form any: peel off ops whose inputs are all made (Kahn); an op
-    left over reads a left-over op's tensor, so walking back through those must repeat."""
+    left over reads a left-over op's tensor, so walking back through those must repeat. An op
+    writing a value in place comes after the other readers of the value it overwrites."""
     makers = {op.name: [producer[t] for t in dict.fromkeys(op.inputs) if t in producer] for op in ops}
+    readers_of: dict[str, list[str]] = {}
+    for op in ops:
+        for t in dict.fromkeys(op.inputs):
+            readers_of.setdefault(t, []).append(op.name)
+    for t, maker in producer.items():
+        old = tensors[t].updates
+        if old is not None:
+            makers[maker] = list(dict.fromkeys(makers[maker] + [r for r in readers_of.get(old, ()) if r != maker]))
     waiting = {name: len(found) for name, found in makers.items()}
     readers: dict[str, list[str]] = {}
     for name, found in makers.items():
@@ -334,10 +355,11 @@ def _check_acyclic(ops: list[Op], producer: dict[str, str], problems: list[Probl
 def graph_to_json(graph: Graph) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "format": FORMAT, "name": graph.name,
-        "tensors": {t.name: {"shape": list(t.shape), "dtype": t.dtype, **({"role": t.role} if t.role != "intermediate" else {})}
+        "tensors": {t.name: {"shape": list(t.shape), "dtype": t.dtype, **({"role": t.role} if t.role != "intermediate" else {}),
+                             **{key: getattr(t, key) for key in STATE_FIELDS if getattr(t, key) is not None}}
                     for t in graph.tensors.values()},
         "ops": [{"name": op.name, "kind": op.kind, "inputs": list(op.inputs), "outputs": list(op.outputs), **_plain(op.attrs),
-                 **({"module": op.module} if op.module else {})}
+                 **({"module": op.module} if op.module else {}), **({"layer": op.layer} if op.layer is not None else {})}
                 for op in graph.ops],
         "outputs": list(graph.outputs),
     }

@@ -89,14 +89,15 @@ def build_gpt(config: GPTConfig, training: bool = False) -> GraphBuilder:
     c = config
     b = GraphBuilder(f"{c.style}_{c.layers}l_{c.hidden}h" + ("_training" if training else ""), c.dtype)
     blocks = _Blocks(b, c)
-    ids = b.input("ids", (c.batch, c.seq), "i32")
+    ids = b.input("ids", (c.batch, c.seq), "i32", batch_dim=0)
     x = b.op("embedding", [ids, b.parameter("embed.table", (c.vocab, c.hidden))], "embed")
     if blocks.gpt:
         x = b.op("add", [x, b.parameter("embed.position", (c.seq, c.hidden))], "embed.position_add")
     for layer in range(c.layers):
-        p = f"layer{layer}"
+        p, b.layer = f"layer{layer}", layer
         x = b.op("add", [x, blocks.attention(blocks.norm(x, f"{p}.attn_norm"), f"{p}.attn")], f"{p}.attn_residual")
         x = b.op("add", [x, blocks.mlp(blocks.norm(x, f"{p}.mlp_norm"), f"{p}.mlp")], f"{p}.mlp_residual")
+    b.layer = None
     x = blocks.norm(x, "final_norm")
     logits = b.op("matmul", [x, b.parameter("lm_head.w", (c.hidden, c.vocab))], "logits")
     if training:

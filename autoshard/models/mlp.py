@@ -31,12 +31,13 @@ class MLPConfig:
 
 def build_mlp(config: MLPConfig, training: bool = False) -> GraphBuilder:
     b = GraphBuilder("mlp_training" if training else "mlp", config.dtype)
-    x = b.input("x", (config.batch, config.hidden))
+    x = b.input("x", (config.batch, config.hidden), batch_dim=0)
     for layer in range(config.layers):
-        p = f"layer{layer}"
+        p, b.layer = f"layer{layer}", layer
         h = b.op("matmul", [x, b.parameter(f"{p}.w1", (config.hidden, config.ffn_size))], f"{p}.fc1")
         a = b.op(config.activation, [h], f"{p}.act")
         x = b.op("matmul", [a, b.parameter(f"{p}.w2", (config.ffn_size, config.hidden))], f"{p}.fc2")
+    b.layer = None
     if training:
         add_training_step(b, *weighted_sum_loss(b, x))
     else:

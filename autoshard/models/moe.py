@@ -64,13 +64,13 @@ def build_moe(config: MoEConfig, training: bool = False) -> GraphBuilder:
     c = config
     t, e, cap, h, f = c.tokens, c.experts, c.capacity, c.hidden, c.ffn_size
     b = GraphBuilder("moe_training" if training else "moe", c.dtype)
-    x = b.input("x", (c.batch, c.seq, h))
+    x = b.input("x", (c.batch, c.seq, h), batch_dim=0)
     tokens = b.op("reshape", [x], "tokens", shape=[t, h])
     for layer in range(c.layers):
-        p = f"layer{layer}"
+        p, b.layer = f"layer{layer}", layer
         logits = b.op("matmul", [tokens, b.parameter(f"{p}.router.w", (h, e))], f"{p}.router")
         gates = b.op("softmax", [logits], f"{p}.gates")
-        dispatch = b.input(f"{p}.dispatch", (t, e, cap))
+        dispatch = b.input(f"{p}.dispatch", (t, e, cap), batch_dim=0)  # tokens, batch-major
         spread = b.op("broadcast_in_dim", [gates], f"{p}.gates_per_slot", shape=[t, e, cap], broadcast_dimensions=[0, 1])
         combine = b.op("mul", [spread, dispatch], f"{p}.combine_weights")
         xe = b.op("dot_general", [dispatch, tokens], f"{p}.dispatch_tokens",
@@ -80,6 +80,7 @@ def build_moe(config: MoEConfig, training: bool = False) -> GraphBuilder:
         ye = b.op("batch_matmul", [act, b.parameter(f"{p}.experts.w2", (e, f, h))], f"{p}.experts.fc2")
         y = b.op("dot_general", [combine, ye], f"{p}.combine", lhs_contracting_dims=[1, 2], rhs_contracting_dims=[0, 1])
         tokens = b.op("add", [tokens, y], f"{p}.residual")
+    b.layer = None
     out = b.op("reshape", [tokens], "out", shape=[c.batch, c.seq, h])
     if training:
         add_training_step(b, *weighted_sum_loss(b, out))

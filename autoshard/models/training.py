@@ -1,7 +1,9 @@
 """A whole training step on a built forward graph: loss, backward ops, Adam update.
 
 Losses come with the gradient of the loss w.r.t. their input in closed form, so the backward
-pass starts from table ops and needs no constant seed. Adam keeps its moments as parameters in
+pass starts from table ops and needs no constant seed. Each parameter's gradient is declared
+(`grad_of`), and the new parameters and moments overwrite the old ones in place (`updates`), as
+real runs keep one copy of the state. Adam keeps its moments as parameters in
 f32 and takes its step-dependent scalars as inputs (they change every step, as a learning-rate
 schedule does), in Kingma and Ba's folded form:
 
@@ -23,7 +25,7 @@ ADAM_SCALARS = ("adam.one_minus_beta1", "adam.one_minus_beta2", "adam.step_size"
 
 def weighted_sum_loss(b: GraphBuilder, y: str) -> tuple[str, dict[str, str]]:
     """loss = sum(y * labels), so d loss / d y = labels (an input of y's shape)."""
-    labels = b.input("labels", b.shape(y), b.dtype_of(y))
+    labels = b.input("labels", b.shape(y), b.dtype_of(y), batch_dim=0)
     loss = b.op("reduce_sum", [b.op("mul", [y, labels], "loss.mul")], "loss")
     return loss, {y: labels}
 
@@ -36,7 +38,7 @@ def cross_entropy_loss(b: GraphBuilder, logits: str) -> tuple[str, dict[str, str
     dim stays splittable (partial maxima and sums). Its gradient, for any label weights, is
     softmax(logits) * sum(labels) - labels.
     """
-    labels = b.input("labels", b.shape(logits), b.dtype_of(logits))
+    labels = b.input("labels", b.shape(logits), b.dtype_of(logits), batch_dim=0)
     last = len(b.shape(logits)) - 1
     shifted = b.op("sub", [logits, b.op("reduce_max", [logits], "loss.max", dims=[last], keepdims=True)], "loss.shift")
     e = b.op("exp", [shifted], "loss.exp")
@@ -50,10 +52,14 @@ def cross_entropy_loss(b: GraphBuilder, logits: str) -> tuple[str, dict[str, str
 
 
 def add_adam(b: GraphBuilder, params: Sequence[str], grads: dict[str, str]) -> list[str]:
-    """Adam update of every parameter; returns the new parameters and moments."""
+    """Adam update of every parameter, in place: returns the new parameters and moments, each
+    declared to overwrite the old one. A parameter's update ops belong to its layer."""
     c1, c2, step, eps = (b.input(name, (), OPTIMIZER_DTYPE) for name in ADAM_SCALARS)
+    layers = b.parameter_layers()
+    outer = b.layer
     outputs = []
     for p in params:
+        b.layer = layers.get(p)
         g = grads[p]
         if b.dtype_of(g) != OPTIMIZER_DTYPE:
             g = b.op("cast", [g], f"adam.{p}.grad", dtype=OPTIMIZER_DTYPE)
@@ -68,13 +74,36 @@ def add_adam(b: GraphBuilder, params: Sequence[str], grads: dict[str, str]) -> l
         update = b.op("mul", [ratio, step], f"adam.{p}.update")
         if b.dtype_of(p) != OPTIMIZER_DTYPE:
             update = b.op("cast", [update], f"adam.{p}.update_cast", dtype=b.dtype_of(p))
-        outputs += [b.op("sub", [p, update], f"{p}.new"), new_m, new_v]
+        new_p = b.op("sub", [p, update], f"{p}.new")
+        for new, old in ((new_p, p), (new_m, m), (new_v, v)):
+            b.update_in_place(new, old)
+        outputs += [new_p, new_m, new_v]
+    b.layer = outer
     return outputs
+
+
+def declare_gradients(b: GraphBuilder, grads: dict[str, str]) -> dict[str, str]:
+    """Declare each parameter's gradient (`grad_of`). A gradient that is not an op's own result
+    (a seed such as the labels) or that two parameters share is first copied, so that each
+    parameter has a value of its own to accumulate microbatches into."""
+    layers = b.parameter_layers()
+    outer = b.layer
+    declared: dict[str, str] = {}
+    taken: set[str] = set()
+    for p, g in grads.items():
+        if b.tensors[g].role != "intermediate" or g in taken:
+            b.layer = layers.get(p)
+            g = b.op("cast", [g], f"grad.{p}", dtype=b.dtype_of(g))
+        taken.add(g)
+        b.declare_gradient(g, p)
+        declared[p] = g
+    b.layer = outer
+    return declared
 
 
 def add_training_step(b: GraphBuilder, loss: str, seeds: dict[str, str]) -> None:
     """Backward from the loss gradients to every parameter, then Adam; outputs the loss and the
     updated parameters and moments."""
     params = b.tensors_with_role("parameter")
-    grads = add_backward(b, seeds, params)
+    grads = declare_gradients(b, add_backward(b, seeds, params))
     b.mark_outputs(loss, *add_adam(b, params, grads))

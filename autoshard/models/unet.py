@@ -68,18 +68,23 @@ def build_unet(config: UNetConfig, training: bool = False) -> GraphBuilder:
     c = config
     b = GraphBuilder(f"unet_{c.levels}l_{c.height}x{c.width}" + ("_training" if training else ""), c.dtype)
     layers = _Layers(b)
-    x = b.input("image", (c.batch, c.height, c.width, c.channels))
+    x = b.input("image", (c.batch, c.height, c.width, c.channels), batch_dim=0)
     skips = []
+    # layers in data-flow order: down0 .. down{levels-1}, the bottleneck, up{levels-1} .. up0
     for level in range(c.levels):
+        b.layer = level
         x = layers.double_conv(x, c.base * 2 ** level, f"down{level}")
         skips.append(x)
         x = b.op("max_pool2d", [x], f"down{level}.pool", window=[2, 2])
+    b.layer = c.levels
     x = layers.double_conv(x, c.base * 2 ** c.levels, "bottleneck")
     for level in reversed(range(c.levels)):
+        b.layer = 2 * c.levels - level
         width = c.base * 2 ** level
         up = layers.conv(layers.upsample(x, f"up{level}.upsample"), width, f"up{level}.reduce")
         x = b.op("concat", [skips[level], up], f"up{level}.skip", axis=3)
         x = layers.double_conv(x, width, f"up{level}")
+    b.layer = None
     y = layers.conv(x, c.out_channels, "head", kernel=1)
     if training:
         add_training_step(b, *weighted_sum_loss(b, y))

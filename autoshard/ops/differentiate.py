@@ -22,6 +22,8 @@ class GraphBuilder(Protocol):
     implements it): the ops so far in program order, tensor shapes, and adding an op."""
 
     ops: Sequence[OpDecl]
+    layer: int | None  # the layer of the ops being added
+    layers: dict[str, int]  # op -> its layer
 
     def shape(self, tensor: str) -> tuple[int, ...]: ...
 
@@ -37,17 +39,22 @@ def add_backward(b: GraphBuilder, seeds: dict[str, str], wrt: Sequence[str]) -> 
     """Gradients of the tensors `wrt`, given the gradients `seeds` of some tensors built so far."""
     needed = _depends_on(b, set(wrt))
     pending: dict[str, list[str]] = {t: [g] for t, g in seeds.items()}
+    outer = b.layer
     for op in reversed(list(b.ops)):
         if op.output not in pending:
             continue
         dy = _total(b, op.output, pending.pop(op.output))
+        # an op's gradient ops belong to its layer
+        b.layer = b.layers.get(op.name)
         for index, tensor in enumerate(op.inputs):
             if tensor in needed:
                 pending.setdefault(tensor, []).append(_rule(op)(b, op, index, dy))
     missing = [t for t in wrt if t not in pending]
     if missing:
         raise ValueError(f"no gradient reaches {missing}: they do not feed the differentiated outputs")
-    return {t: _total(b, t, pending[t]) for t in wrt}
+    grads = {t: _total(b, t, pending[t]) for t in wrt}
+    b.layer = outer
+    return grads
 
 
 def _depends_on(b: GraphBuilder, sources: set[str]) -> set[str]:
@@ -60,7 +67,16 @@ def _depends_on(b: GraphBuilder, sources: set[str]) -> set[str]:
     return reached
 
 
+def _total_layer(b: GraphBuilder, parts: Sequence[str]) -> int | None:
+    """Gradients summed for one tensor belong to the least layer among the ops that read it in the
+    forward pass (the layer whose backward completes the sum), found through the parts' layers."""
+    found = [b.layers[p] for p in parts if p in b.layers]
+    return min(found, default=None)
+
+
 def _total(b: GraphBuilder, tensor: str, parts: list[str]) -> str:
+    if len(parts) > 1:
+        b.layer = _total_layer(b, parts)
     total = parts[0]
     for part in parts[1:]:
         total = b.op("add", [total, part], f"grad.{tensor}.sum")

@@ -2,7 +2,8 @@
 
 Nodes: one per op (its strategies are its options) and one per graph input or parameter (its
 strategies are the storage shardings). Edges: one per use of a tensor, whose matrix prices the
-resharding from the producer's sharding to the one the consumer reads. Node cost: the op's
+resharding from the producer's sharding to the one the consumer reads, and one per value written
+in place, pricing its resharding into the storage sharding of the value it overwrites. Node cost: the op's
 compute time, plus reducing a partial graph output. Memory: each node holds its results (a
 storage node its stored tensor) from the step it is produced to its last use.
 
@@ -32,6 +33,7 @@ from autoshard.sharding import Sharding
 from autoshard.solver.problem import Problem
 
 PICOSECONDS = 1e12
+WRITE_BACK = -1  # the input index of an edge that stores a value written in place into its old storage
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,8 @@ class Formulation:
     problem: Problem
     nodes: list[tuple[str, str]]  # ("op", op name) or ("storage", tensor name)
     choices: list[list[ShardingOption | Sharding]]
-    uses: list[tuple[str, str, int]]  # per edge: (tensor, consumer op, input index)
+    # per edge: (tensor, consumer op, input index), or (new value, overwritten value, WRITE_BACK)
+    uses: list[tuple[str, str, int]]
     hint: list[int] = field(default_factory=list)  # preferred strategy per node (from hints)
 
     def plan(self, solution: Sequence[int]) -> Plan:
@@ -183,7 +186,10 @@ def formulate(graph: Graph, mesh: Mesh, hw: Hardware, *, memory_budget_bytes: fl
     prices = ReshardingPrices(mesh, hw.collective_seconds)
     pins = {c.tensor: c.sharding for c in graph.constraints if c.required}
     hints = {c.tensor: c.sharding for c in graph.constraints if not c.required}
-    returned = frozenset(graph.outputs)
+    # a value written in place is handed over in its old value's storage sharding: priced on an
+    # edge to that storage node, not as a returned output (unless pinned)
+    written_back = {new: old for old, new in graph.updated_by.items() if new not in pins}
+    returned = frozenset(t for t in graph.outputs if t not in written_back)
 
     nodes: list[tuple[str, str]] = []
     kinds: list[int] = []  # per node: its signature's number
@@ -249,6 +255,19 @@ def formulate(graph: Graph, mesh: Mesh, hw: Hardware, *, memory_budget_bytes: fl
             edge_costs.append(matrix)
             edges.append((u, v))
             uses.append((t, op.name, i))
+    for new, old in written_back.items():
+        u, v = index[new], index[old]
+        tensor = graph.tensors[new]
+        out_pos = graph.producers[new].outputs.index(new)
+        key = (kinds[u], out_pos, kinds[v], WRITE_BACK)
+        matrix = matrices.get(key)
+        if matrix is None:
+            matrix = matrices[key] = _pair_matrix(
+                shared[kinds[u]].results[out_pos], shared[kinds[v]].results[0],
+                lambda s, d: _costs(*prices.table(tensor.shape, tensor.itemsize, s, d), 0.0, weights))
+        edge_costs.append(matrix)
+        edges.append((u, v))
+        uses.append((new, old, WRITE_BACK))
     problem = Problem(tuple(shared[k].costs for k in kinds), tuple(shared[k].usages for k in kinds),
                       np.array(intervals, dtype=np.int64).reshape(-1, 2),
                       np.array(edges, dtype=np.int64).reshape(-1, 2), tuple(edge_costs),

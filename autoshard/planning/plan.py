@@ -50,10 +50,14 @@ class Plan:
         return {}
 
     def final(self, tensor: str) -> Sharding:
-        """A graph output's delivered sharding: a pinned one if given, else as produced, reduced."""
+        """A graph output's delivered sharding: a pinned one if given; for a value written in
+        place, the storage sharding of the value it overwrites; else as produced, reduced."""
         for c in self.graph.constraints:
             if c.tensor == tensor and c.required:
                 return c.sharding
+        old = self.graph.tensors[tensor].updates
+        if old is not None and old in self.storage:
+            return self.storage[old]
         return self.produced(tensor).without_partial()
 
 

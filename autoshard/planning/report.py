@@ -195,7 +195,8 @@ def memory_timeline(plan: Plan, shardings: PlanShardings | None = None) -> tuple
         held.append(0 if maker is not None and maker.op_kind.view else sizes[key])  # a view holds its input's storage
         first.append(ranges[name][0])
         last.append(ranges[name][1])
-        is_parameter.append(tensor.role == "parameter")
+        state = graph.tensors[tensor.updates] if tensor.updates is not None else tensor  # a new value holds its old one's place
+        is_parameter.append(state.role == "parameter")
     steps = max(len(shardings.order), 1)
     # exact in int64: a graph holds at most 2**56 bytes (`graph.schema.MAX_GRAPH_BYTES`)
     held_a, first_a, last_a = np.array(held, np.int64), np.array(first, np.intp), np.array(last, np.intp)

@@ -96,28 +96,45 @@ def simulate_program(program: SpmdProgram, inputs: Mapping[str, np.ndarray] | No
     judged_as = comparison_dtypes(program.graph, widen)
     env: dict[int, Placed] = {v.id: Placed(distribute(inputs[v.tensor], program.mesh, v.sharding, v.shape),
                                            v.sharding, v.shape) for v in program.arguments}
+    stored = {v.tensor: v for v in program.arguments}
+    overwritten: dict[int, str] = {}  # argument value -> the value that overwrote its storage in place
     worst, checked = 0.0, 0
     try:
         for item in program.body:
             name = instruction_name(item)
             try:
-                produced = _run(item, env, program.mesh, widen)
+                produced = _run(item, env, program.mesh, widen, overwritten)
             except ProgramError as error:
                 raise _Diverged(Divergence(name, item.outputs[0].tensor, error.device, None, None, None, str(error))) from None
             for value, shards in produced:
                 env[value.id] = Placed(shards, value.sharding, value.shape)
                 worst = max(worst, _check(name, value, shards, program.mesh, reference, judged_as[value.dtype]))
                 checked += 1
+                old = program.graph.tensors[value.tensor].updates
+                if old is not None and isinstance(item, LocalOp):  # the old value's storage now holds the new one
+                    overwritten[stored[old].id] = value.tensor
+                    del env[stored[old].id]
     except _Diverged as failure:
         return Verdict(False, worst, failure.divergence, checked)
     missing = [v for v in program.results if v.id not in env]
     if missing:
         message = f"result {missing[0].tensor!r} (value %{missing[0].id}) is never computed"
         return Verdict(False, worst, Divergence("result", missing[0].tensor, None, None, None, None, message), checked)
+    for value in program.results:
+        old = program.graph.tensors[value.tensor].updates
+        if old is not None and value.sharding != stored[old].sharding:
+            message = (f"result {value.tensor!r} overwrites {old!r} in place, but is returned as {value.sharding} "
+                       f"while {old!r} is stored as {stored[old].sharding}")
+            return Verdict(False, worst, Divergence("result", value.tensor, None, None, None, None, message), checked)
     return Verdict(True, worst, None, checked)
 
 
-def _run(item: Instruction, env: dict[int, Placed], mesh: Mesh, widen: bool) -> list[tuple[Value, Shards]]:
+def _run(item: Instruction, env: dict[int, Placed], mesh: Mesh, widen: bool,
+         overwritten: Mapping[int, str]) -> list[tuple[Value, Shards]]:
+    stale = [v for v in item.inputs if v.id in overwritten]
+    if stale:
+        raise ProgramError(f"{instruction_name(item)} reads value %{stale[0].id} ({stale[0].tensor!r}) after "
+                           f"{overwritten[stale[0].id]!r} overwrote it in place")
     undefined = [v for v in item.inputs if v.id not in env]
     if undefined:
         raise ProgramError(f"{instruction_name(item)} reads value %{undefined[0].id} ({undefined[0].tensor!r}) "
