@@ -23,6 +23,7 @@ from torch.distributed.tensor import Shard  # noqa: E402
 from autoshard.errors import InputError  # noqa: E402
 from autoshard.frontends.torch import import_program, parallelize  # noqa: E402
 from autoshard.graph.evaluate import evaluate_graph  # noqa: E402
+from autoshard.graph.layers import op_phases  # noqa: E402
 from autoshard.sim.program import verify_plan  # noqa: E402
 
 README = (Path(__file__).parent.parent / "README.md").read_text()
@@ -192,3 +193,24 @@ def test_the_imported_training_step_differentiates_the_router_through_top_k():
     assert {"gate.weight.new", "experts.gate_up_proj.new", "experts.down_proj.new"} <= set(training.graph.outputs)
     result = sharded_plan(training.document, "dp=2,tp=2", memory_s_per_byte=1e-9)
     assert verify_plan(result.plan).passed
+
+
+@pytest.mark.parametrize("name", ["Llama", "GPT-NeoX", "OLMoE"])
+def test_layers_come_from_the_module_tree_and_backward_and_adam_inherit_them(name):
+    torch.manual_seed(0)
+    model, args, kwargs = ARCHITECTURES[name]()
+    program = torch.export.export(model.train(), args, kwargs).run_decompositions({})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the mask and position bookkeeping outside the layers is opaque
+        graph = import_program(program, name=name, training=True).graph
+    phases = op_phases(graph)
+    for op in graph.ops:
+        if phases[op.name] == "forward":
+            inside = IN_LAYERS.search(op.module) if op.module else None
+            assert op.layer == (int(re.search(r"\.(\d+)(\.|$)", op.module).group(1)) if inside else None), op.name
+    for phase in ("backward", "optimizer"):
+        assert {op.layer for op in graph.ops if phases[op.name] == phase} >= {0, 1}, phase
+    # every parameter of layer 1 is updated by optimizer ops of layer 1 only
+    for old, new in graph.updated_by.items():
+        if re.search(r"layers?\.1\.", old):
+            assert graph.producers[new].layer == 1, old

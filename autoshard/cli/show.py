@@ -1,9 +1,10 @@
-"""`autoshard show GRAPH.json`: a table of ops with their loops, FLOPs and bytes."""
+"""`autoshard show GRAPH.json`: a table of ops with their layer, phase, loops, FLOPs and bytes."""
 
 from __future__ import annotations
 
 import argparse
 
+from autoshard.graph.layers import op_phases
 from autoshard.graph.model import topological_order
 from autoshard.graph.schema import load_graph
 from autoshard.graph.summary import graph_summary, si, size
@@ -18,7 +19,7 @@ def loops_text(extents: tuple[int, ...], iterators: tuple[str, ...]) -> str:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("show", help="print the ops of a graph: kind, loops, FLOPs, bytes")
+    parser = sub.add_parser("show", help="print the ops of a graph: kind, layer, phase, loops, FLOPs, bytes")
     parser.add_argument("graph", help="graph JSON (format autoshard.graph/v1)")
     parser.add_argument("--limit", type=int, default=0, help="print at most this many ops (0: all)")
     parser.set_defaults(run=run)
@@ -27,11 +28,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     graph = load_graph(args.graph)
     print(graph_summary(graph))
-    rows = [("op", "kind", "loops (p parallel, r reduction, x invalid)", "FLOP", "bytes in+out")]
+    phases = op_phases(graph)
+    rows = [("op", "kind", "layer", "phase", "loops (p parallel, r reduction, x invalid)", "FLOP", "bytes in+out")]
     ops = topological_order(graph)
     for op in ops[: args.limit or None]:
         moved = sum(graph.tensors[t].bytes for t in op.operands)
-        rows.append((op.name, op.kind, loops_text(op.nest.extents, op.nest.iterator_types), si(op.flops()), size(moved)))
+        rows.append((op.name, op.kind, "-" if op.layer is None else str(op.layer), phases[op.name],
+                     loops_text(op.nest.extents, op.nest.iterator_types), si(op.flops()), size(moved)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())

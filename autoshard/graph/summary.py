@@ -25,6 +25,8 @@ def graph_summary(graph: Graph) -> str:
     params = graph.tensors_with_role("parameter")
     inputs = graph.tensors_with_role("input")
     param_count = sum(t.bytes // t.itemsize for t in params)
+    layers = len({op.layer for op in graph.ops if op.layer is not None})
     return (f"{graph.name}: {len(graph.ops)} ops, {len(graph.tensors)} tensors "
             f"({len(inputs)} inputs, {len(params)} parameters, {si(param_count)} parameter elements, "
-            f"{size(sum(t.bytes for t in params))}), {si(graph.total_flops(), 'FLOP')}")
+            f"{size(sum(t.bytes for t in params))}), {si(graph.total_flops(), 'FLOP')}"
+            + (f", {layers} layers" if layers else ""))

@@ -23,9 +23,10 @@ OPTIMIZER_DTYPE = "f32"
 ADAM_SCALARS = ("adam.one_minus_beta1", "adam.one_minus_beta2", "adam.step_size", "adam.eps_hat")
 
 
-def weighted_sum_loss(b: GraphBuilder, y: str) -> tuple[str, dict[str, str]]:
-    """loss = sum(y * labels), so d loss / d y = labels (an input of y's shape)."""
-    labels = b.input("labels", b.shape(y), b.dtype_of(y), batch_dim=0)
+def weighted_sum_loss(b: GraphBuilder, y: str, batch_dim: int | None = 0) -> tuple[str, dict[str, str]]:
+    """loss = sum(y * labels), so d loss / d y = labels (an input of y's shape, whose batch dim is
+    `batch_dim`, as y's is)."""
+    labels = b.input("labels", b.shape(y), b.dtype_of(y), batch_dim=batch_dim)
     loss = b.op("reduce_sum", [b.op("mul", [y, labels], "loss.mul")], "loss")
     return loss, {y: labels}
 
