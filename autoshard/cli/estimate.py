@@ -6,11 +6,13 @@ import argparse
 import json
 
 from autoshard.cli.args import add_hardware_args, hardware_from_args, mesh_from_args
+from autoshard.cli.plan import print_roles
 from autoshard.cli.simulate import plan_mesh
 from autoshard.graph.schema import load_graph, read_json
 from autoshard.graph.summary import si, size
 from autoshard.planning.plan import plan_from_json
 from autoshard.planning.report import estimate
+from autoshard.planning.roles import roles_document
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,8 +32,9 @@ def run(args: argparse.Namespace) -> int:
     graph = load_graph(args.graph, mesh)
     plan = plan_from_json(document, graph, mesh)
     report = estimate(plan, hardware_from_args(args, mesh))
+    roles = roles_document(plan)
     if args.json:
-        print(json.dumps(report.to_json(), indent=1))
+        print(json.dumps({**report.to_json(), "roles": roles}, indent=1))
         return 0
     rows = [("op", "kind", "option", "compute", "bound", "communication")]
     for entry in report.ops:
@@ -47,4 +50,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"  axis {axis}: {report.seconds_per_axis[axis] * 1e3:.4g} ms, {si(report.bytes_per_axis[axis], 'B')}")
     print(f"peak memory {size(report.peak_memory_bytes)} per device at op {report.peak_op!r} "
           f"(parameters {size(report.parameter_bytes)}, activations {size(report.activation_peak_bytes)})")
+    print_roles(roles, indent="")
     return 0

@@ -211,6 +211,7 @@ def print_summary(document: dict[str, Any], written: list[Path]) -> None:
     print(f"  peak memory {size(totals['peak_memory_bytes_per_device'])} per device at op {totals['peak_at']['op']!r} "
           f"(parameters {size(totals['parameter_bytes_per_device'])}, "
           f"activations {size(totals['activation_bytes_at_peak_per_device'])}; budget {size(solver['memory_budget_bytes'])})")
+    print_roles(document["roles"])
     print(f"  {len(document['reshardings'])} reshardings; problem: {solver['problem']['nodes']} nodes, "
           f"{solver['problem']['edges']} edges, {solver['problem']['strategies']} strategies")
     optimized = document.get("collective_optimizations")
@@ -225,3 +226,23 @@ def print_summary(document: dict[str, Any], written: list[Path]) -> None:
         print(f"  simulator: {verification['summary']}")
     if written:
         print(f"  wrote {', '.join(str(path) for path in written)}")
+
+
+AXIS_ROLE_WORDS = {"data": "data", "fully_sharded_data": "fully-sharded data", "tensor": "tensor", "context": "context",
+                   "expert": "expert", "pipeline": "pipeline"}
+TENSOR_ROLE_WORDS = {"parameter": "parameters", "gradient": "gradients", "optimizer_state": "optimizer state",
+                     "activation": "activations"}
+
+
+def print_roles(roles: dict[str, Any], indent: str = "  ") -> None:
+    """Two lines of plan.json's `roles`: what each mesh axis does, in which op classes, and the
+    bytes one device holds per tensor role."""
+    axes = []
+    for axis, found in roles["axes"].items():
+        said = ", ".join(f"{AXIS_ROLE_WORDS[role]} ({', '.join(classes)})" for role, classes in found.items())
+        axes.append(f"{axis} = {said or 'replicated'}")
+    note = "" if roles["batch_declared"] else " (no input declares a batch dim: data splits read as tensor)"
+    print(f"{indent}axis roles: {'; '.join(axes)}{note}")
+    held = ", ".join(f"{TENSOR_ROLE_WORDS[role]} {size(entry['bytes_per_device'])}"
+                     for role, entry in roles["tensors"].items() if entry["tensors"])
+    print(f"{indent}per device: {held} (state as stored; gradients and activations as produced, summed over the step)")

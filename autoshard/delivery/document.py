@@ -9,11 +9,13 @@ from autoshard.delivery.dtensor_placements import dtensor_document
 from autoshard.delivery.partition_specs import plan_partition_specs
 from autoshard.planning.make_plan import PlanResult
 from autoshard.planning.plan import plan_to_json
+from autoshard.planning.roles import plan_roles, roles_document
 
 
 def plan_document(result: PlanResult, topology: str) -> dict[str, Any]:
     """Per-op options and per-tensor shardings (readable by `plan_from_json`), plus per-edge
-    reshardings, totals, a per-op breakdown, the solver's status, objective, bound and gap, and the
+    reshardings, totals, a per-op breakdown, the solver's status, objective, bound and gap, the
+    roles of the mesh axes and tensors (`roles`; per op its `class` and `axis_roles`), and the
     shardings as PartitionSpecs (`partition_specs`) and as DTensor placements (`dtensor`)."""
     report = result.report.to_json()
     document = plan_to_json(result.plan)
@@ -25,8 +27,13 @@ def plan_document(result: PlanResult, topology: str) -> dict[str, Any]:
     for op in result.plan.graph.ops:
         if op.module:  # where an imported op came from, so that reports can group ops by layer
             document["ops"][op.name]["module"] = op.module
+    roles = plan_roles(result.plan)
+    for name, entry in document["ops"].items():
+        entry["class"] = roles.classes[name]
+        entry["axis_roles"] = dict(roles.ops[name])
     document["reshardings"] = report["reshardings"]
     document["totals"] = report["totals"]
+    document["roles"] = roles_document(result.plan, roles)
     document["solver"] = result.solver
     document["partition_specs"] = plan_partition_specs(result.plan)
     document["dtensor"] = dtensor_document(result.plan)
