@@ -41,7 +41,7 @@ from autoshard.solver.flat import FORBIDDEN, FlatProblem, flatten
 from autoshard.solver.group_relink import groups_fit, relink_groups
 from autoshard.solver.lagrange import Relaxation, StepLength
 from autoshard.solver.problem import Problem, within_gap
-from autoshard.solver.schedule import SCHEDULE, Schedule
+from autoshard.solver.schedule import SCHEDULE, Patience, Schedule, gained
 from autoshard.solver.search import BALL_STRATEGIES, Search, forbidden_nodes
 
 Progress = Callable[[str, float, float, float], None]  # (phase, cost, bound, elapsed_s)
@@ -111,8 +111,8 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
     run.descend_from_best()
     run.search.reset(run.search.best_x)  # the neighbourhoods start from the best solution
     run.hub_neighbourhoods()
-    run.random_neighbourhoods()
-    run.note_feasible()
+    run.take_turns()
+    run.finish()
     return HeuristicResult(run.search.best_x.copy(), run.search.best_obj, run.bound, run.stats)
 
 
@@ -147,6 +147,7 @@ class HeuristicRun:
         self.bound = -math.inf
         self.moves = max(schedule.tree_moves, schedule.tree_moves_per_node * fp.n)  # per sweep of tree moves
         self.relinked: set[bytes] = set()
+        self.rows_tried: set[bytes] = set()  # the sets of rows CP-SAT has solved under
         self.waiting: list[tuple[float, np.ndarray]] = []  # cheap decodes not relinked yet, cheapest first
         self.relink_free_from = self.start  # no relink in the rounds before (see `Schedule.relink_share`)
         self.fruitless_relinks = 0  # relinks in a row that ran and found nothing
@@ -156,6 +157,15 @@ class HeuristicRun:
         # ball) may take; on a 96-layer 3-D training step a round takes 9 s, a sweep 2-4 s.
         self.round_s = 0.0
         self.sweep_s = 0.0
+        self.label = "first plan"  # the phase that reports progress, and why the one before it stopped
+        self.phases: list[dict] = []  # each phase of the turns: its name, when it ran, why it stopped
+        self.stats["phases"] = self.phases
+        self.rounds_in_turns = 0  # rounds of the turns (the deterministic budget counts them)
+        self.widened = 1  # how many times larger than the improve phase's the `wider` balls are
+        self.restarts = 0
+        # The longest stretch without a gain (`schedule.gained`), from the start of the run.
+        self.gain_best, self.gain_bound, self.gain_at = math.inf, -math.inf, 0.0
+        self.longest_idle_s = 0.0
 
     def time_left(self) -> float:
         return self.deadline - time.monotonic()
@@ -166,12 +176,27 @@ class HeuristicRun:
         the time the first such plan was found (`first_feasible_s` in the stats); a better such
         plan goes to `incumbent`."""
         feasible = self.note_feasible()
+        self._note_gain(self.search.best_obj if feasible else math.inf)
         if self.progress is not None:
             self.progress(phase, self.search.best_obj if feasible else math.inf, self.bound,
                           time.monotonic() - self.start)
         if self.incumbent is not None and feasible and self.search.best_obj < self.offered:
             self.offered = self.search.best_obj
             self.incumbent(self.search.best_x.copy())
+
+    def _note_gain(self, best: float) -> None:
+        """Ends the current stretch without a gain when `best` or the bound gained."""
+        elapsed_s = time.monotonic() - self.start
+        if gained(best, self.bound, self.gain_best, self.gain_bound, self.schedule.bound_gain):
+            self.longest_idle_s = max(self.longest_idle_s, elapsed_s - self.gain_at)
+            self.gain_at = elapsed_s
+        self.gain_best, self.gain_bound = min(best, self.gain_best), max(self.bound, self.gain_bound)
+
+    def finish(self) -> None:
+        """The stats of the whole run: the first plan's time, the longest stretch without a gain."""
+        self._note_gain(self.search.best_obj if self.note_feasible() else math.inf)
+        elapsed_s = time.monotonic() - self.start
+        self.stats["longest_idle_s"] = round(max(self.longest_idle_s, elapsed_s - self.gain_at), 3)
 
     def note_feasible(self) -> bool:
         """Whether the best plan fits and chooses nothing forbidden; the first time it does, when."""
@@ -280,48 +305,55 @@ class HeuristicRun:
     def relax(self) -> None:
         """Relax-and-decode rounds: TRW-S under the multipliers decodes, tree moves clean up, the
         decode seeds the search or is relinked with the best, then the multipliers move."""
-        fp, schedule, relaxation, search = self.fp, self.schedule, self.relaxation, self.search
+        fp, schedule, search = self.fp, self.schedule, self.search
         spans = (fp.r1 - fp.r0)[fp.r1 > fp.r0]
-        unit = search.pen_unit / max(float(spans.mean()) if len(spans) else 1.0, 1.0) * schedule.first_multiplier
-        step = StepLength(relaxation)
-        stepping = False
-        rounds_without_better = 0
-        round_no = 0
-        memory_binds = False
-        rounds_without_gain = 0  # neither a better plan nor a bound closing the gap noticeably
-        while (self._relaxing(round_no, memory_binds) and not self.proved_optimal()
-               and (self.deterministic or rounds_without_gain < schedule.relax_patience)):
-            round_no += 1
-            round_start = time.monotonic()
-            best_before, bound_before = search.best_obj, self.bound
-            x = relaxation.run(schedule.passes_stepping if stepping else schedule.passes)
-            round_bound = relaxation.bound()
-            self.bound = max(self.bound, round_bound)
-            subgradient = self.slack_of(x)
-            sweep_start = time.monotonic()
-            _penalised_cleanup(fp, x, relaxation.penalties(), self.moves, self.seed + round_no, schedule.cleanup_block)
-            self.sweep_s = time.monotonic() - sweep_start
-            slack = self.slack_of(x)
-            self.stats["relaxation_rounds"] += 1
-            self._take_decode(x, slack, memory_binds)
-            if search.best_obj < best_before:
-                rounds_without_better = 0
-            stepping = stepping or (search.best_obj < FORBIDDEN and rounds_without_better >= schedule.stepping_after)
-            if stepping:
-                relaxation.step_towards(subgradient, round_bound, search.best_obj,
-                                        step.after(round_bound, search.best_obj))
-            elif np.all(slack <= 0):
-                relaxation.relax_loose(slack)
-            else:
-                relaxation.raise_on(slack, unit)
-                self._raise_until_fit(unit)
-            rounds_without_better += 1
-            gap_closed = (self.bound - bound_before) / max(search.best_obj - self.bound, 1.0)
-            paid = search.best_obj < best_before or gap_closed > schedule.relax_gain
-            rounds_without_gain = 0 if paid or not stepping else rounds_without_gain + 1
-            memory_binds = memory_binds or bool(relaxation.lam.any())
-            self.round_s = time.monotonic() - round_start
-            self.report("relax")
+        self.unit = search.pen_unit / max(float(spans.mean()) if len(spans) else 1.0, 1.0) * schedule.first_multiplier
+        self.step = StepLength(self.relaxation)
+        self.stepping = False
+        self.rounds_without_better = 0
+        self.round_no = 0
+        self.memory_binds = False
+        self.rounds_without_gain = 0  # neither a better plan nor a bound closing the gap noticeably
+        self.label = "relax"
+        while (self._relaxing(self.round_no, self.memory_binds) and not self.proved_optimal()
+               and (self.deterministic or self.rounds_without_gain < schedule.relax_patience)):
+            self._relax_round()
+
+    def _relax_round(self) -> None:
+        """One round of `relax`, from the multipliers and step lengths the rounds before left."""
+        fp, schedule, relaxation, search = self.fp, self.schedule, self.relaxation, self.search
+        self.round_no += 1
+        round_start = time.monotonic()
+        best_before, bound_before = search.best_obj, self.bound
+        x = relaxation.run(schedule.passes_stepping if self.stepping else schedule.passes)
+        round_bound = relaxation.bound()
+        self.bound = max(self.bound, round_bound)
+        subgradient = self.slack_of(x)
+        sweep_start = time.monotonic()
+        _penalised_cleanup(fp, x, relaxation.penalties(), self.moves, self.seed + self.round_no, schedule.cleanup_block)
+        self.sweep_s = time.monotonic() - sweep_start
+        slack = self.slack_of(x)
+        self.stats["relaxation_rounds"] += 1
+        self._take_decode(x, slack, self.memory_binds)
+        if search.best_obj < best_before:
+            self.rounds_without_better = 0
+        self.stepping = self.stepping or (search.best_obj < FORBIDDEN
+                                          and self.rounds_without_better >= schedule.stepping_after)
+        if self.stepping:
+            relaxation.step_towards(subgradient, round_bound, search.best_obj,
+                                    self.step.after(round_bound, search.best_obj))
+        elif np.all(slack <= 0):
+            relaxation.relax_loose(slack)
+        else:
+            relaxation.raise_on(slack, self.unit)
+            self._raise_until_fit(self.unit)
+        self.rounds_without_better += 1
+        gap_closed = (self.bound - bound_before) / max(search.best_obj - self.bound, 1.0)
+        paid = search.best_obj < best_before or gap_closed > schedule.relax_gain
+        self.rounds_without_gain = 0 if paid or not self.stepping else self.rounds_without_gain + 1
+        self.memory_binds = self.memory_binds or bool(relaxation.lam.any())
+        self.round_s = time.monotonic() - round_start
+        self.report(self.label)
 
     def _raise_until_fit(self, unit: float) -> None:
         """Where the messages run on merged one-to-one groups (`contraction.py`: milliseconds a
@@ -443,30 +475,32 @@ class HeuristicRun:
             self.stats["descents_improving"] += 1
             self.search.reset(y)
 
-    def solve_on_binding_rows(self) -> None:
+    def solve_on_binding_rows(self, max_s: float | None = None) -> bool:
         """CP-SAT over the whole instance with only the rows of the largest multipliers (the ones
         the relaxation found binding), when the best fits but is not within `binding_rows_gap` of
         the bound, and the full model (solved by `solve` after the heuristic when it is small
         enough) is too large; an answer that breaks another row is relinked with the best. Where
         memory decides, the cheapest plan can differ from what the decodes find in tens of
-        thousands of nodes at once."""
+        thousands of nodes at once. Each set of rows once, in at most `max_s`; returns whether it ran."""
         fp, schedule, search = self.fp, self.schedule, self.search
         if not fp.fits(search.best_x) or within_gap(search.best_obj, self.bound, schedule.binding_rows_gap) \
                 or model_fits(fp):
-            return
+            return False
         lam = self.relaxation.lam
         top = np.argsort(-lam, kind="stable")[:schedule.binding_rows]
         keep = np.zeros(fp.num_rows, dtype=bool)
         keep[top[lam[top] > 0]] = True
-        if not keep.any():
-            return
-        result = search.on_rows(keep, schedule.binding_rows_share * self.time_left(), self.workers,
+        if not keep.any() or keep.tobytes() in self.rows_tried:
+            return False
+        self.rows_tried.add(keep.tobytes())
+        budget_s = schedule.binding_rows_share * self.time_left()
+        result = search.on_rows(keep, budget_s if max_s is None else min(budget_s, max_s), self.workers,
                                 deterministic_time=schedule.binding_rows_work if self.deterministic else None)
         if result is None:
-            return
+            return False
         self.stats["binding_rows"] = f"{int(keep.sum())} rows: {result.status} in {result.wall_s:.1f} s"
         if result.x is None:  # nothing in time (infeasible it cannot be: the best fits every row)
-            return
+            return True
         if fp.objective(result.x) < search.best_obj:
             if fp.fits(result.x):
                 search.reset(result.x)
@@ -474,22 +508,23 @@ class HeuristicRun:
             else:
                 self.relink(result.x, share=schedule.binding_relink_share)
         self.bound = max(self.bound, result.bound)
+        return True
 
-    def neighbourhood(self, nodes: np.ndarray) -> float:
-        """One CP-SAT neighbourhood of the best solution, a descent after an improvement; returns
-        the seconds it took."""
+    def neighbourhood(self, nodes: np.ndarray, scale: int = 1) -> float:
+        """One CP-SAT neighbourhood of the current solution (`scale` times the usual time), a
+        descent after an improvement; returns the seconds it took."""
         schedule = self.schedule
         lns_start = time.monotonic()
         if self.deterministic:
-            budget = schedule.lns_deterministic_limit_s
+            budget = schedule.lns_deterministic_limit_s * scale
         else:
-            budget = min(schedule.lns_max_s, max(schedule.lns_min_s, self.time_left() - schedule.lns_reserve_s))
-        change = self.search.lns(nodes, budget, deterministic_time=schedule.lns_work if self.deterministic else None)
+            budget = min(schedule.lns_max_s * scale, max(schedule.lns_min_s, self.time_left() - schedule.lns_reserve_s))
+        change = self.search.lns(nodes, budget,
+                                 deterministic_time=schedule.lns_work * scale if self.deterministic else None)
         self.stats["lns"] += 1
         self.stats["lns_improving"] += int(change < 0)
         if change < 0:
             self.descend_from_best()  # leaves the search at the best solution, as the improving LNS did
-        self.report("improve")
         return time.monotonic() - lns_start
 
     def _time_for(self, last_s: float) -> bool:
@@ -498,12 +533,14 @@ class HeuristicRun:
 
     def hub_neighbourhoods(self) -> None:
         """Tree moves never move a hub: all hubs at once, then a ball around each, those whose
-        neighbours all fit in one first (turning a hub with all of them is a move nothing else makes)."""
-        lns_s = 0.0
+        neighbours all fit in one first (turning a hub with all of them is a move nothing else
+        makes); under the phases' budget, as the turns after it."""
+        self.run_phase("hubs", self._hubs_phase(), "after the relaxation")
+
+    def _hubs_phase(self) -> Iterator[None]:
         for nodes in self._around_hubs():
-            if (not self.deterministic and not self._time_for(lns_s)) or self.proved_optimal():
-                break
-            lns_s = self.neighbourhood(nodes)
+            self.neighbourhood(nodes)
+            yield
 
     def _around_hubs(self) -> Iterator[np.ndarray]:
         hubs = _hubs(self.fp)
@@ -514,19 +551,136 @@ class HeuristicRun:
         for hub in sorted(hubs.tolist(), key=lambda hub: bool(degree[hub] >= ball_size)):
             yield self.search.ball(hub, ball_size)
 
-    def random_neighbourhoods(self) -> None:
-        """Rounds of tree moves and a ball around an expensive edge or a random node, in turns."""
-        schedule, search = self.schedule, self.search
-        lns_rounds = 0
-        round_s = self.sweep_s
-        while self._another_round(lns_rounds, round_s) and not self.proved_optimal():
-            lns_rounds += 1
+    def take_turns(self) -> None:
+        """The phases of `Schedule.cycle` in turns, each until its budget is spent (`Patience`:
+        rounds or seconds without a better plan or bound), it has nothing left to do, or the time
+        is up; the run ends once a whole cycle of them gained nothing. The progress line names the
+        phase and why the one before it stopped; `stats["phases"]` keeps the sequence."""
+        cycle = self.schedule.cycle
+        phases = {"improve": self._improve_phase, "relax": self._relax_phase, "wider": self._wider_phase,
+                  "restart": self._restart_phase, "rows": self._rows_phase}
+        idle = 0  # phases in a row that gained nothing
+        turn = 0
+        self.rounds_in_turns = 0  # the hubs' balls do not count against the deterministic rounds
+        while idle < len(cycle):
+            name = cycle[turn % len(cycle)]
+            turn += 1
+            previous = self.phases[-1] if self.phases else None
+            after = f"after {previous['phase']}: {previous['stopped']}" if previous else "after the relaxation"
+            stopped, gains = self.run_phase(name, phases[name](), after)
+            if stopped in ("time up", "within the gap limit"):
+                return
+            idle = 0 if gains else idle + 1
+        self.phases[-1]["stopped"] += "; every phase of a cycle gained nothing, the run ends"
+        self.report(f"done ({self.phases[-1]['phase']}: {self.phases[-1]['stopped']})")
+
+    def run_phase(self, name: str, rounds: Iterator[None], after: str) -> tuple[str, int]:
+        """Runs `rounds` (a phase: one step per item) while its budget lasts; returns why it stopped
+        and how many of its rounds gained. Each round reports progress as "<name> (<after>)"."""
+        schedule = self.schedule
+        self.label = f"{name} ({after})"
+        started = time.monotonic()
+        patience = Patience(schedule.patience_rounds,
+                            None if self.deterministic else schedule.patience_share * self.time_limit_s,
+                            self._best_fitting(), self.bound, started, schedule.bound_gain)
+        last_s = self.sweep_s
+        stopped = "nothing to do"
+        while True:
+            if self.proved_optimal():
+                stopped = "within the gap limit"
+                break
+            if not self._another_round(self.rounds_in_turns, last_s):
+                stopped = "time up"
+                break
             round_start = time.monotonic()
-            search.tree_moves(self.moves, schedule.tree_block)
-            self.stats["tree_moves"] += self.moves
-            centre = _expensive_node(self.fp, search.x, search.rng, schedule.random_centre)
-            self.neighbourhood(search.ball(centre, schedule.ball_size))
-            round_s = time.monotonic() - round_start
+            if next(rounds, StopIteration) is StopIteration:
+                break
+            self.rounds_in_turns += 1
+            last_s = time.monotonic() - round_start
+            self.report(self.label)
+            spent = patience.spent(self._best_fitting(), self.bound, time.monotonic())
+            if spent is not None:
+                stopped = spent
+                break
+            stopped = "done"
+        if hasattr(rounds, "close"):
+            rounds.close()  # the phase's own ending (a relaxation's waiting relinks) runs now
+        self.phases.append({"phase": name, "from_s": round(started - self.start, 3),
+                            "to_s": round(time.monotonic() - self.start, 3), "stopped": stopped,
+                            "gains": patience.gains})
+        return stopped, patience.gains
+
+    def _best_fitting(self) -> float:
+        return self.search.best_obj if self.note_feasible() else math.inf
+
+    def _improve_phase(self) -> Iterator[None]:
+        """Rounds of tree moves and a ball around an expensive edge or a random node, in turns."""
+        while True:
+            self._ball_round(1)
+            yield
+
+    def _wider_phase(self) -> Iterator[None]:
+        """The improve phase's rounds with balls `Schedule.wider_growth` times larger each time
+        it runs (up to `wider_max`): where memory binds, a ball of 120 nodes has no room to turn."""
+        self.widened = min(self.widened * self.schedule.wider_growth, self.schedule.wider_max)
+        while True:
+            self._ball_round(self.widened)
+            yield
+
+    def _ball_round(self, scale: int) -> None:
+        schedule, search = self.schedule, self.search
+        search.tree_moves(self.moves, schedule.tree_block)
+        self.stats["tree_moves"] += self.moves
+        centre = _expensive_node(self.fp, search.x, search.rng, schedule.random_centre)
+        self.neighbourhood(search.ball(centre, schedule.ball_size * scale, BALL_STRATEGIES * scale), scale)
+
+    def _relax_phase(self) -> Iterator[None]:
+        """More relaxation rounds from where the last left the multipliers: they lift the bound,
+        and their decodes are crossed into the best or relinked with it (another region of the
+        plans than the neighbourhoods reach); then the waiting relinks and a descent."""
+        try:
+            while True:
+                self._relax_round()
+                yield
+        finally:
+            self.relink_waiting()
+            self.descend_from_best()
+            self.search.reset(self.search.best_x)
+
+    def _restart_phase(self) -> Iterator[None]:
+        """Another start: the low-memory labelling (with another seed for its moves), then sweeps of
+        tree moves on the true costs from it, each a round; what they reach is crossed into the
+        best (`crossover.py`) and relinked with it when cheaper. The best stays the neighbourhoods'
+        start afterwards."""
+        fp, search, schedule = self.fp, self.search, self.schedule
+        self.restarts += 1
+        labelled = low_memory_labelling(fp, self.seed + self.restarts, schedule.passes_stepping,
+                                        schedule.first_plan_moves_per_centre, schedule.tree_block,
+                                        self.relaxation.contraction)
+        if not fp.fits(labelled) or len(forbidden_nodes(fp, labelled)):
+            return
+        search.reset(labelled)
+        try:
+            for _ in range(schedule.first_plan_sweeps):
+                before = fp.objective(search.x)
+                search.tree_moves(self.moves, schedule.tree_block)
+                self.stats["tree_moves"] += self.moves
+                yield
+                if fp.objective(search.x) > (1.0 - schedule.first_plan_gain) * before:
+                    break
+        finally:
+            reached = search.x.copy()
+            self._cross_into_best(reached)
+            if fp.objective(reached) < search.best_obj and reached.tobytes() not in self.relinked:
+                self.relink(reached)
+            search.reset(search.best_x)
+
+    def _rows_phase(self) -> Iterator[None]:
+        """CP-SAT over the whole instance under the rows the multipliers now mark as binding
+        (`solve_on_binding_rows`), once per set of rows, in the phase's time."""
+        if self.solve_on_binding_rows(max_s=None if self.deterministic
+                                      else self.schedule.patience_share * self.time_limit_s):
+            yield
 
     def _another_round(self, rounds: int, last_s: float) -> bool:
         return rounds < self.schedule.deterministic_rounds if self.deterministic else self._time_for(last_s)
