@@ -27,10 +27,10 @@ parallelism in attention, sequence parallelism around it) or `tensor` (any other
 parameter's or a model dim split at use). `data` becomes `fully_sharded_data` where the op uses a
 parameter (reads it, or computes its gradient) that is stored split over the axis: the axis splits
 the parameter's storage and the batch of its users, so the parameter is gathered before use
-(FSDP, ZeRO-3). In the optimizer, an unlabelled split is `fully_sharded_data` when the axis
-splits the batch at the parameter's users (the update and the state are split over data
-replicas, ZeRO) and `tensor` otherwise. `pipeline` is in the vocabulary for stages over an axis;
-no plan has them yet. Without a declared batch dim no axis can be told to be data: its splits
+(FSDP, ZeRO-3). In the optimizer, a split of any dim but an expert dim is `fully_sharded_data`
+when the axis splits the batch at the parameter's users (the update and the state are split over
+data replicas, ZeRO) and `tensor` otherwise. `pipeline` is in the vocabulary for stages over an
+axis; no plan has them yet. Without a declared batch dim no axis can be told to be data: its splits
 read as tensor.
 
 Roles are reported per op class (`op_classes`): `optimizer` (the optimizer phase), `experts` (ops
@@ -241,9 +241,11 @@ def plan_roles(plan: Plan) -> Roles:
         found: dict[str, str] = {}
         for axis, label in split_labels(op):
             role = _ROLE_OF_LABEL[label]
-            if classes[op.name] == "optimizer":
-                if label is None and any(axis in data_axes.get(p, ()) for p in owned.get(op.name, ())):
-                    role = "fully_sharded_data"
+            if classes[op.name] == "optimizer" and label != "expert":
+                # the optimizer splits a parameter's own dims: data replicas or tensor shards (a
+                # position table's sequence dim is a parameter dim here)
+                data = any(axis in data_axes.get(p, ()) for p in owned.get(op.name, ()))
+                role = "fully_sharded_data" if data else "tensor"
             elif role == "data" and any(axis in stored_split[p] and axis in data_axes[p] for p in uses[op.name]):
                 role = "fully_sharded_data"
             found[axis] = role
