@@ -246,8 +246,8 @@ def plan_roles(plan: Plan) -> Roles:
                 # position table's sequence dim is a parameter dim here)
                 data = any(axis in data_axes.get(p, ()) for p in owned.get(op.name, ()))
                 role = "fully_sharded_data" if data else "tensor"
-            elif role == "data" and any(axis in stored_split[p] and axis in data_axes[p] for p in uses[op.name]):
-                role = "fully_sharded_data"
+            elif role == "data" and any(axis in stored_split[p] for p in uses[op.name]):
+                role = "fully_sharded_data"  # stored split over a batch axis of this use: gathered for it
             found[axis] = role
         per_op[op.name] = found
     batch_declared = any(t.batch_dim is not None for t in graph.tensors.values())
