@@ -1,0 +1,397 @@
+"""A layer solved once: plan a graph of repeated layers from one solve per layer kind.
+
+Each kind (`layer_kinds`) is formulated and solved once, on its representative's part
+(`parts.part_problem`), with the reshardings between two consecutive layers of the kind added as
+edges from the representative to itself (the steady state of a stack of identical layers). Its
+frontier holds the fastest plan and, when the fastest plans of all layers do not fit the memory
+budget together, plans solved under tighter memory limits. A knapsack over layers picks one
+frontier point per layer (memory summed per layer: each part's peak, a conservative stand-in for
+its share of the step's peak); the ops outside every layer (embedding, head, loss and their
+backward and optimizer ops) are then solved with the layers fixed, the reshardings to and from
+them priced on their own nodes. The result is an ordinary `Plan`, priced and checked against the
+budget by `estimate`.
+
+The certified bound. Split the whole formulation's nodes into parts: each layer (its ops and the
+stored tensors only it reads) and the rest. The whole objective of any plan is the sum over parts
+of their own node and edge costs plus the costs of the edges between parts. The latter are
+resharding prices, never negative, and each part's own costs are those of its part problem (same
+nodes, same strategies, same matrices). So the whole objective is at least the sum over parts of
+their least own cost, and dropping the memory limit only lowers each least cost: a certified
+lower bound of each part problem without a memory limit (the solver's bound), times the kind's
+layer count, plus the rest's, is a certified lower bound of the whole graph. It holds for any
+plan within memory, so it bounds the whole-graph optimum; it is weaker than a whole-graph bound
+by the boundary reshardings and by the memory limit when that binds.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from autoshard.errors import InfeasibleError, InputError
+from autoshard.graph.model import Graph
+from autoshard.graph.summary import size
+from autoshard.mesh import Mesh
+from autoshard.phases import PhaseTimes
+from autoshard.planning.costs import Hardware
+from autoshard.planning.formulation import PICOSECONDS, ReshardingPrices, Weights
+from autoshard.planning.layer_kinds import LayerKind, layer_kinds
+from autoshard.planning.make_plan import PlanResult, SolveSettings
+from autoshard.planning.parts import (PartProblem, part_problem, price_table, produced_by_choice, required_by_choice,
+                                      with_terms)
+from autoshard.planning.plan import Plan, validate_plan
+from autoshard.planning.report import estimate
+from autoshard.solver import Problem, score, solve
+from autoshard.solver.problem import certified_lower
+
+# Memory limits of a kind's further frontier points, as shares of its fastest plan's peak.
+FRONTIER_SHARES = (0.7, 0.45)
+KIND_SHARE = 0.8  # of the time limit, for the layer kinds (the rest: the ops outside the layers)
+MEMORY_BUCKETS = 1024  # the knapsack's memory resolution: budget / buckets per step, rounded up
+MEMORY_RETRIES = 3
+
+
+@dataclass(frozen=True)
+class FrontierPoint:
+    solution: tuple[int, ...]  # per node of the kind's part problem
+    cost_ps: int  # the layer's own nodes and edges
+    boundary_ps: int  # reshardings from the layer before of the kind (steady state, estimated)
+    memory_bytes: int  # peak of the layer's own nodes
+
+
+@dataclass
+class KindPlan:
+    kind: LayerKind
+    part: PartProblem
+    wrap: list[tuple[int, int, np.ndarray]]  # edges from the representative to itself
+    lower_bound_ps: int
+    frontier: list[FrontierPoint]
+
+
+@dataclass(frozen=True)
+class Use:
+    """One edge of the whole formulation: `tensor` from `source` (an op, or a stored tensor) into
+    `target` (an op's input `index`, or with index -1 the stored tensor it is written back into)."""
+
+    tensor: str
+    source: tuple[str, str]  # ("op", name) or ("storage", tensor)
+    target: tuple[str, str]
+    index: int
+
+
+def plan_layer_once(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = SolveSettings(),
+                    phases: PhaseTimes | None = None) -> PlanResult:
+    """Plan `graph` by solving each layer kind once and composing (module docstring)."""
+    phases = PhaseTimes() if phases is None else phases
+    started = time.perf_counter()
+    kinds = layer_kinds(graph)
+    if not kinds:
+        raise InputError("the graph declares no layers (no op has a `layer`); planning layer by layer needs them",
+                         "/ops")
+    budget = int(settings.memory_budget_bytes if settings.memory_budget_bytes is not None else hw.hbm_bytes)
+    weights, prices = settings.weights, ReshardingPrices(mesh, hw.collective_seconds)
+    home = _homes(graph, kinds)
+    rest_ops = [op.name for op in graph.order if home[("op", op.name)] == -1]
+    rest_owned = frozenset(t for t, tensor in graph.tensors.items()
+                           if tensor.role != "intermediate" and home[("storage", t)] == -1)
+    rest_tensors = list(dict.fromkeys([t for n in rest_ops for t in graph.op_by_name[n].operands]
+                                      + [graph.tensors[t].updates for n in rest_ops for t in graph.op_by_name[n].outputs
+                                         if graph.tensors[t].updates] + sorted(rest_owned)))
+    with phases.phase("formulate"):
+        parts = [part_problem(graph, k.parts[0].ops, k.parts[0].tensors, k.parts[0].owned, mesh, hw, weights,
+                              settings.mesh_order_splits) for k in kinds]
+        rest = part_problem(graph, rest_ops, rest_tensors, rest_owned, mesh, hw, weights, settings.mesh_order_splits)
+        wraps = [_wrap_edges(graph, k, p, prices, weights) for k, p in zip(kinds, parts)]
+    formulated = time.perf_counter()
+    kind_s = settings.time_limit_s * KIND_SHARE / len(kinds)
+    rest_s = settings.time_limit_s - kind_s * len(kinds)
+    with phases.phase("solve", reports_itself=True):
+        plans = [_solve_kind(k, p, w, kind_s, settings) for k, p, w in zip(kinds, parts, wraps)]
+        rest_bound = _solve(rest.problem, rest_s / 2, settings)
+        rest_memory = score(rest.problem, rest_bound.solution).peak_usage if rest.problem.num_nodes else 0
+        if sum(len(k.parts) * p.frontier[0].memory_bytes for k, p in zip(kinds, plans)) + rest_memory > budget:
+            for plan in plans:
+                _extend_frontier(plan, kind_s, settings)
+    layer_budget = budget - rest_memory
+    uses = _uses(graph)
+    for attempt in range(MEMORY_RETRIES):
+        with phases.phase("solve", reports_itself=True):
+            picks = _pick_points(plans, layer_budget)
+            if picks is None:
+                raise InfeasibleError(_too_big(plans, rest_memory, budget))
+            options, storage = _layer_choices(graph, plans, picks)
+            rest_solution = _solve_rest(graph, mesh, rest, rest_bound.solution, options, storage, uses, prices,
+                                        weights, rest_s / 2, settings, max(layer_budget + rest_memory
+                                                                           - _picked_memory(plans, picks), 0))
+            _rest_choices(rest, rest_solution, options, storage)
+        with phases.phase("pricing"):
+            plan = Plan(graph, mesh, options, storage)
+            validate_plan(plan)
+            report = estimate(plan, hw)
+        if report.peak_memory_bytes <= budget:
+            break
+        if attempt == 0 and len(plans[0].frontier) == 1:
+            with phases.phase("solve", reports_itself=True):
+                for kind_plan in plans:
+                    _extend_frontier(kind_plan, kind_s, settings)
+        layer_budget -= int(report.peak_memory_bytes - budget)
+    else:
+        raise InfeasibleError(f"the composed plan needs {size(report.peak_memory_bytes)} per device, over the budget "
+                              f"{size(budget)}, after {MEMORY_RETRIES} tries with tighter layer plans; plan the whole "
+                              f"graph instead (without --layer-once)")
+    with phases.phase("pricing"):
+        boundary_ps = sum(_use_price(plan, u, prices, weights) for u in uses if home[u.source] != home[u.target])
+        own_ps = sum(kind_plan.frontier[c].cost_ps for kind_plan, chosen in zip(plans, picks) for c in chosen)
+        rest_ps = score(rest.problem, rest_solution).cost if rest.problem.num_nodes else 0
+        objective = own_ps + rest_ps + boundary_ps
+        lower = min(sum(len(k.parts) * p.lower_bound_ps for k, p in zip(kinds, plans))
+                    + (rest_bound.lower_bound if rest.problem.num_nodes else 0), objective)
+    gap = (objective - lower) / objective if objective > 0 else 0.0
+    solver = _summary(kinds, plans, picks, rest, objective, lower, gap, own_ps, rest_ps, boundary_ps,
+                      formulated - started, time.perf_counter() - formulated, budget)
+    return PlanResult(plan, report, solver, phases)
+
+
+def _homes(graph: Graph, kinds: list[LayerKind]) -> dict[tuple[str, str], int]:
+    """Per formulation node (("op", name) or ("storage", tensor)): the layer it belongs to, -1 for
+    the rest."""
+    home: dict[tuple[str, str], int] = {("op", op.name): -1 for op in graph.ops}
+    home.update((("storage", t), -1) for t, tensor in graph.tensors.items() if tensor.role != "intermediate")
+    for kind in kinds:
+        for part in kind.parts:
+            home.update((("op", name), part.layer) for name in part.ops)
+            home.update((("storage", t), part.layer) for t in part.owned)
+    return home
+
+
+def _uses(graph: Graph) -> list[Use]:
+    """The whole formulation's edges: one per use of a tensor, one per value written back in place
+    (unless pinned: a pinned new value is returned as pinned instead)."""
+    pins = {c.tensor for c in graph.constraints if c.required}
+    found = []
+    for op in graph.ops:
+        for index, t in enumerate(op.inputs):
+            producer = graph.producers.get(t)
+            source = ("op", producer.name) if producer is not None else ("storage", t)
+            found.append(Use(t, source, ("op", op.name), index))
+    for old, new in graph.updated_by.items():
+        if new not in pins:
+            found.append(Use(new, ("op", graph.producers[new].name), ("storage", old), -1))
+    return found
+
+
+def _use_price(plan: Plan, use: Use, prices: ReshardingPrices, weights: Weights) -> int:
+    source = plan.produced(use.tensor)
+    target = plan.storage[use.target[1]] if use.index < 0 else plan.required(plan.graph.op_by_name[use.target[1]],
+                                                                            use.index)
+    tensor = plan.graph.tensors[use.tensor]
+    seconds, comm = prices(tensor.shape, tensor.itemsize, source, target)
+    return int(np.round(seconds * PICOSECONDS * weights.time + comm * PICOSECONDS * weights.comm_s_per_byte))
+
+
+def _wrap_edges(graph: Graph, kind: LayerKind, part: PartProblem, prices: ReshardingPrices,
+                weights: Weights) -> tuple[dict[int, np.ndarray], list[tuple[int, int, np.ndarray]]]:
+    """The reshardings between consecutive layers of `kind` (a layer reading what the one before
+    or after produced), each once, as terms on the representative's nodes: an edge from the
+    producing op's node to the reading op's node, or a unary term when they are one node."""
+    position = {name: (j, i) for j, p in enumerate(kind.parts) for i, name in enumerate(p.ops)}
+    found: set[tuple[int, int, int, int]] = set()
+    for j, p in enumerate(kind.parts):
+        for q, name in enumerate(p.ops):
+            for a, t in enumerate(graph.op_by_name[name].inputs):
+                producer = graph.producers.get(t)
+                where = position.get(producer.name) if producer is not None else None
+                if where is not None and where[0] != j:
+                    found.add((where[1], producer.outputs.index(t), q, a))
+    rep = kind.parts[0].ops
+    unary: dict[int, np.ndarray] = {}
+    edges = []
+    for p, b, q, a in sorted(found):
+        u, v = part.node_of[("op", rep[p])], part.node_of[("op", rep[q])]
+        tensor = graph.op_by_name[rep[p]].outputs[b]
+        matrix = price_table(prices, graph.tensors[tensor],
+                             produced_by_choice(graph, ("op", rep[p]), tensor, part.choices(u)),
+                             required_by_choice(graph, rep[q], a, part.choices(v)), weights)
+        if u == v:
+            unary[u] = unary.get(u, 0) + np.diagonal(matrix)
+        else:
+            edges.append((u, v, matrix))
+    return unary, edges
+
+
+def _solve(problem: Problem, time_s: float, settings: SolveSettings, hint: Any = None) -> Any:
+    return solve(problem, time_limit_s=max(time_s, 0.1), workers=settings.workers, seed=settings.seed, hint=hint,
+                 deterministic=settings.deterministic, gap_limit=settings.gap_limit)
+
+
+def _solve_kind(kind: LayerKind, part: PartProblem, wrap: tuple[dict[int, np.ndarray], list], time_s: float,
+                settings: SolveSettings) -> KindPlan:
+    """The kind's certified bound (its own problem, no memory limit) and its fastest plan (with the
+    reshardings between consecutive layers)."""
+    bound = _solve(part.problem, time_s / 3, settings)
+    steady = with_terms(part.problem, *wrap, None)
+    fastest = _solve(steady, time_s / 3, settings, hint=bound.solution)
+    return KindPlan(kind, part, wrap, bound.lower_bound, [_point(part, steady, fastest.solution)])
+
+
+def _point(part: PartProblem, steady: Problem, solution: tuple[int, ...]) -> FrontierPoint:
+    own = score(part.problem, solution)
+    return FrontierPoint(tuple(solution), own.cost, score(steady, solution).cost - own.cost, own.peak_usage)
+
+
+def _extend_frontier(kind_plan: KindPlan, time_s: float, settings: SolveSettings) -> None:
+    """Add plans of the kind solved under tighter memory limits (each kept if it holds less)."""
+    if len(kind_plan.frontier) > 1:
+        return
+    part = kind_plan.part
+    steady = with_terms(part.problem, *kind_plan.wrap, None)
+    for share in FRONTIER_SHARES:
+        limited = with_terms(part.problem, *kind_plan.wrap, int(share * kind_plan.frontier[0].memory_bytes))
+        found = _solve(limited, time_s / 3 / len(FRONTIER_SHARES), settings)
+        if found.feasible:
+            point = _point(part, steady, found.solution)
+            if point.memory_bytes < kind_plan.frontier[-1].memory_bytes:
+                kind_plan.frontier.append(point)
+
+
+def _pick_points(plans: list[KindPlan], budget: int) -> list[list[int]] | None:
+    """Per kind, per layer, the frontier point to use: least summed cost (own and boundary) with
+    summed memory within `budget`, by a knapsack over layers with memory rounded up to
+    `MEMORY_BUCKETS` steps of the budget; None when nothing fits. Within a kind the faster points
+    go to the first layers, so equal points sit next to each other."""
+    if budget <= 0:
+        return None
+    unit = budget / MEMORY_BUCKETS
+    unreachable = np.iinfo(np.int64).max // 4
+    best = np.full(MEMORY_BUCKETS + 1, unreachable, dtype=np.int64)
+    best[0] = 0
+    layers = [(i, kind_plan) for i, kind_plan in enumerate(plans) for _ in kind_plan.kind.parts]
+    steps = [[math.ceil(p.memory_bytes / unit) for p in kind_plan.frontier] for kind_plan in plans]
+    picked = []
+    for i, kind_plan in layers:
+        new = np.full_like(best, unreachable)
+        pick = np.full(best.shape, -1)
+        for c, point in enumerate(kind_plan.frontier):
+            step = steps[i][c]
+            if step > MEMORY_BUCKETS:
+                continue
+            shifted = np.full_like(best, unreachable)
+            shifted[step:] = best[:len(best) - step] + (point.cost_ps + point.boundary_ps)
+            better = shifted < new
+            new[better], pick[better] = shifted[better], c
+        picked.append(pick)
+        best = new
+    at = int(np.argmin(best))
+    if best[at] >= unreachable:
+        return None
+    chosen: list[list[int]] = [[] for _ in plans]
+    for (i, _), pick in zip(reversed(layers), reversed(picked)):
+        c = int(pick[at])
+        chosen[i].append(c)
+        at -= steps[i][c]
+    return [sorted(c) for c in chosen]
+
+
+def _picked_memory(plans: list[KindPlan], picks: list[list[int]]) -> int:
+    return sum(kind_plan.frontier[c].memory_bytes for kind_plan, chosen in zip(plans, picks) for c in chosen)
+
+
+def _layer_choices(graph: Graph, plans: list[KindPlan], picks: list[list[int]]) -> tuple[dict, dict]:
+    """Every layer op's option and every layer-owned tensor's storage, from its kind's
+    representative at the chosen frontier point (ops and tensors matched by canonical position)."""
+    options: dict = {}
+    storage: dict = {}
+    for kind_plan, chosen in zip(plans, picks):
+        rep, part = kind_plan.kind.parts[0], kind_plan.part
+        for layer, c in zip(kind_plan.kind.parts, chosen):
+            solution = kind_plan.frontier[c].solution
+            for name, rep_name in zip(layer.ops, rep.ops):
+                node = part.node_of[("op", rep_name)]
+                options[name] = part.choices(node)[solution[node]]
+            for t, rep_t in zip(layer.tensors, rep.tensors):
+                if t in layer.owned:
+                    node = part.node_of[("storage", rep_t)]
+                    storage[t] = part.choices(node)[solution[node]]
+    return options, storage
+
+
+def _solve_rest(graph: Graph, mesh: Mesh, rest: PartProblem, hint: tuple[int, ...], options: dict, storage: dict,
+                uses: list[Use], prices: ReshardingPrices, weights: Weights, time_s: float,
+                settings: SolveSettings, limit_bytes: int) -> tuple[int, ...]:
+    """The rest's plan with the layers fixed: each resharding to or from a layer is a cost on the
+    rest's node at its end."""
+    if rest.problem.num_nodes == 0:
+        return ()
+    fixed = Plan(graph, mesh, options, storage)
+    unary: dict[int, np.ndarray] = {}
+    for use in uses:
+        source, target = rest.node_of.get(use.source), rest.node_of.get(use.target)
+        if (source is None) == (target is None):
+            continue  # inside the rest (its own edge), or between layers
+        tensor = graph.tensors[use.tensor]
+        if target is not None:
+            choices = rest.choices(target)
+            targets = choices if use.index < 0 else required_by_choice(graph, use.target[1], use.index, choices)
+            terms = price_table(prices, tensor, [fixed.produced(use.tensor)], targets, weights)[0]
+            node = target
+        else:
+            wanted = (fixed.storage[use.target[1]] if use.index < 0
+                      else fixed.required(graph.op_by_name[use.target[1]], use.index))
+            sources = produced_by_choice(graph, use.source, use.tensor, rest.choices(source))
+            terms = price_table(prices, tensor, sources, [wanted], weights)[:, 0]
+            node = source
+        unary[node] = unary.get(node, 0) + terms
+    found = _solve(with_terms(rest.problem, unary, [], limit_bytes), time_s, settings, hint=hint)
+    if not found.feasible:  # the composed plan's peak is checked against the budget after
+        found = _solve(with_terms(rest.problem, unary, [], None), time_s, settings, hint=hint)
+    return found.solution
+
+
+def _rest_choices(rest: PartProblem, solution: tuple[int, ...], options: dict, storage: dict) -> None:
+    for node, pick in enumerate(solution):
+        kind, name = rest.formulation.nodes[rest.kept[node]]
+        (options if kind == "op" else storage)[name] = rest.choices(node)[pick]
+
+
+def _too_big(plans: list[KindPlan], rest_bytes: int, budget: int) -> str:
+    least = sum(len(p.kind.parts) * min(point.memory_bytes for point in p.frontier) for p in plans)
+    return (f"the layers' least-memory plans need {size(least)} per device together and the ops outside them "
+            f"{size(rest_bytes)}, over the memory budget {size(budget)}; plan the whole graph instead "
+            f"(without --layer-once), or raise the budget")
+
+
+def _summary(kinds: list[LayerKind], plans: list[KindPlan], picks: list[list[int]], rest: PartProblem,
+             objective: int, lower: int, gap: float, own_ps: int, rest_ps: int, boundary_ps: int,
+             formulate_s: float, solve_s: float, budget: int) -> dict[str, Any]:
+    """The plan document's `solver` section, with `composition`: how the plan was composed."""
+    problems = [p.part.problem for p in plans] + [rest.problem]
+    return {
+        "status": "optimal" if lower >= objective else "feasible",
+        "objective_ps": objective,
+        "objective_s": objective / PICOSECONDS,
+        "lower_bound_ps": lower,
+        "gap": gap,
+        "formulate_s": formulate_s,
+        "solve_s": solve_s,
+        "first_feasible_s": None,
+        "problem": {"nodes": sum(p.num_nodes for p in problems), "edges": sum(p.num_edges for p in problems),
+                    "strategies": int(sum(int(np.sum(p.num_strategies())) for p in problems))},
+        "memory_budget_bytes": budget,
+        "composition": {
+            "method": "layer-once",
+            "kinds": len(kinds),
+            "layers": sum(len(k.parts) for k in kinds),
+            "layer_ps": own_ps,
+            "rest_ps": rest_ps,
+            "boundary_ps": boundary_ps,
+            "per_kind": [{"signature": k.signature, "layers": list(k.layers), "lower_bound_ps": p.lower_bound_ps,
+                          "frontier": [{"cost_ps": f.cost_ps, "boundary_ps": f.boundary_ps,
+                                        "memory_bytes": f.memory_bytes, "layers": chosen.count(c)}
+                                       for c, f in enumerate(p.frontier)]}
+                         for k, p, chosen in zip(kinds, plans, picks)],
+        },
+    }

@@ -1,0 +1,116 @@
+"""A layer solved once: structural layer kinds, and the composed plan against the whole-graph solve."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autoshard.cli.main import main
+from autoshard.errors import InputError
+from autoshard.graph.layers import layer_ops
+from autoshard.graph.schema import graph_from_json
+from autoshard.mesh import Mesh
+from autoshard.models import GPTConfig, MLPConfig, gpt, mlp
+from autoshard.planning.compose import plan_layer_once
+from autoshard.planning.formulation import formulate
+from autoshard.planning.hardware import bind_hardware
+from autoshard.planning.layer_kinds import layer_kinds, layer_part
+from autoshard.planning.make_plan import SolveSettings, make_plan
+from autoshard.sim.program import verify_plan
+from autoshard.solver import score
+
+SETTINGS = SolveSettings(time_limit_s=10, deterministic=True)
+
+
+def tiny_gpt(layers: int = 2, hidden: int = 64) -> dict:
+    return gpt(GPTConfig(layers=layers, hidden=hidden, heads=4, seq=16, batch=4, vocab=128), training=True)
+
+
+def whole_objective(plan, hw) -> int:
+    """The whole graph's formulation objective of `plan`."""
+    formulation = formulate(plan.graph, plan.mesh, hw)
+    picks = [choices.index(plan.options[name] if kind == "op" else plan.storage[name])
+             for (kind, name), choices in zip(formulation.nodes, formulation.choices)]
+    return score(formulation.problem, picks).cost
+
+
+def test_identical_layers_hash_equal():
+    assert [kind.layers for kind in layer_kinds(graph_from_json(tiny_gpt(3)))] == [(0, 1, 2)]
+    # the MLP's first layer reads the graph's input (and computes no gradient of it), its last
+    # reads the loss gradient straight from the labels: kinds of their own
+    kinds = layer_kinds(graph_from_json(mlp(MLPConfig(layers=4, batch=8, hidden=32), training=True)))
+    assert [kind.layers for kind in kinds] == [(0,), (1, 2), (3,)]
+
+
+def test_a_layer_with_another_attribute_or_shape_hashes_apart():
+    document = tiny_gpt(3)
+    next(op for op in document["ops"] if op["name"] == "layer1.mlp_norm")["eps"] = 1e-6
+    assert [kind.layers for kind in layer_kinds(graph_from_json(document))] == [(0, 2), (1,)]
+
+    narrow, wide = graph_from_json(tiny_gpt(2, hidden=64)), graph_from_json(tiny_gpt(2, hidden=128))
+    assert (layer_part(narrow, 0, layer_ops(narrow)[0]).signature
+            != layer_part(wide, 0, layer_ops(wide)[0]).signature)
+
+
+def test_the_composed_gpt_step_simulates_and_brackets_the_whole_graph_solve():
+    graph = graph_from_json(tiny_gpt(3))
+    mesh = Mesh.parse("dp=2,tp=2")
+    hw = bind_hardware("dgx-h100", mesh)
+    composed = plan_layer_once(graph, mesh, hw, SETTINGS)
+    whole = make_plan(graph, mesh, hw, SETTINGS)
+    assert verify_plan(composed.plan, hw.collective_seconds).passed
+    solver = composed.solver
+    assert solver["composition"]["kinds"] == 1 and solver["composition"]["layers"] == 3
+    # the composed objective is the whole formulation's objective of the composed plan
+    assert solver["objective_ps"] == whole_objective(composed.plan, hw)
+    assert solver["objective_ps"] >= whole.solver["lower_bound_ps"]
+    assert solver["lower_bound_ps"] <= whole.solver["objective_ps"]
+
+
+@pytest.mark.parametrize("mesh_text", ["tp=2", "dp=2,tp=2"])
+def test_the_composed_bound_is_below_the_whole_graph_optimum(mesh_text):
+    graph = graph_from_json(mlp(MLPConfig(layers=4, batch=8, hidden=32), training=True))
+    mesh = Mesh.parse(mesh_text)
+    hw = bind_hardware("dgx-h100", mesh)
+    exact = SolveSettings(time_limit_s=20, deterministic=True, gap_limit=0.0)
+    whole = make_plan(graph, mesh, hw, exact)
+    composed = plan_layer_once(graph, mesh, hw, exact)
+    assert whole.solver["status"] == "optimal"
+    assert composed.solver["lower_bound_ps"] <= whole.solver["objective_ps"] <= composed.solver["objective_ps"]
+    assert verify_plan(composed.plan, hw.collective_seconds).passed
+
+
+def test_a_tight_budget_takes_smaller_frontier_points_and_is_met():
+    graph = graph_from_json(tiny_gpt(4))
+    mesh = Mesh.parse("dp=2,tp=2")
+    hw = bind_hardware("dgx-h100", mesh)
+    loose = plan_layer_once(graph, mesh, hw, SETTINGS)
+    budget = int(0.8 * loose.report.peak_memory_bytes)
+    tight = plan_layer_once(graph, mesh, hw, SolveSettings(time_limit_s=10, deterministic=True,
+                                                           memory_budget_bytes=budget))
+    assert tight.report.peak_memory_bytes <= budget
+    assert len(tight.solver["composition"]["per_kind"][0]["frontier"]) > 1
+    assert tight.solver["objective_ps"] >= loose.solver["lower_bound_ps"]
+
+
+def test_a_graph_without_layers_is_refused():
+    document = mlp(MLPConfig(layers=2, batch=8, hidden=32))
+    for op in document["ops"]:
+        op.pop("layer", None)
+    graph = graph_from_json(document)
+    mesh = Mesh.parse("tp=2")
+    with pytest.raises(InputError, match="declares no layers"):
+        plan_layer_once(graph, mesh, bind_hardware("dgx-h100", mesh), SETTINGS)
+
+
+def test_plan_layer_once_on_the_command_line(tmp_path, capsys):
+    graph = tmp_path / "gpt.json"
+    graph.write_text(json.dumps(tiny_gpt(2)))
+    out = tmp_path / "out"
+    assert main(["plan", str(graph), "--mesh", "dp=2,tp=2", "--topology", "dgx-h100", "--deterministic",
+                 "--layer-once", "-o", str(out)]) == 0
+    document = json.loads((out / "plan.json").read_text())
+    assert document["solver"]["composition"]["kinds"] == 1
+    assert document["verification"]["status"] == "passed"
+    assert "composed from 1 layer kind" in capsys.readouterr().out
