@@ -16,6 +16,7 @@ from autoshard.graph.builder import document_text
 from autoshard.graph.schema import load_graph
 from autoshard.graph.summary import si, size
 from autoshard.phases import PhaseTimes
+from autoshard.planning.compose import plan_layer_once
 from autoshard.planning.formulation import Weights, weight_name_problem
 from autoshard.planning.make_plan import MAX_SEED, SolveSettings, make_plan, memory_budget_problem
 from autoshard.sim.verify import VERIFY_POLICIES, policy_problem
@@ -26,6 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("graph", help="graph JSON (format autoshard.graph/v1)")
     add_hardware_args(parser)
     add_solve_args(parser)
+    parser.add_argument("--layer-once", action="store_true",
+                        help="solve each kind of repeated layer once and compose the plan (the bound is summed "
+                             "over the parts); needs ops with a `layer`")
     parser.set_defaults(run=run)
 
 
@@ -164,7 +168,10 @@ def run(args: argparse.Namespace) -> int:
         graph = load_graph(args.graph, mesh)
         hw = hardware_from_args(args, mesh)
         settings, stages = checked_settings(args)
-    result = make_plan(graph, mesh, hw, settings, progress=ProgressLine(), phases=phases)
+    if args.layer_once:
+        result = plan_layer_once(graph, mesh, hw, settings, phases=phases)
+    else:
+        result = make_plan(graph, mesh, hw, settings, progress=ProgressLine(), phases=phases)
     delivered = deliver(result, hw, args.topology, emit=stages, dialect=args.dialect, arguments=args.arguments,
                         verify=args.verify, optimize_collectives=not args.no_collective_opt,
                         nodes=args.nodes, slice_shape=parse_slice(args.slice))
@@ -204,6 +211,10 @@ def print_summary(document: dict[str, Any], written: list[Path]) -> None:
           f"({document['topology']}): {solver['status']}, gap {100 * solver['gap']:.2f}% "
           f"(objective {solver['objective_s']:.6g} s, bound {solver['lower_bound_ps'] / 1e12:.6g} s), "
           f"solved in {solver['solve_s']:.2f} s")
+    composition = solver.get("composition")
+    if composition:
+        print(f"  composed from {composition['kinds']} layer kind(s) solved once for {composition['layers']} layers; "
+              f"reshardings between parts {composition['boundary_ps'] / 1e12:.4g} s")
     print(f"  step time {totals['step_s'] * 1e3:.4g} ms = compute {totals['compute_s'] * 1e3:.4g} ms "
           f"+ communication {totals['communication_s'] * 1e3:.4g} ms ({si(totals['communication_bytes'], 'B')} per device)")
     for axis, seconds in sorted(totals["communication_s_per_axis"].items()):
