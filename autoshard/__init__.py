@@ -29,18 +29,20 @@ _FRONT_DOOR = {
     "bind_hardware": "autoshard.planning.hardware",
     "SolveSettings": "autoshard.planning.make_plan",
     "make_plan": "autoshard.planning.make_plan",
+    "plan_layer_once": "autoshard.planning.compose",
     "Weights": "autoshard.planning.formulation",
     "estimate": "autoshard.planning.report",
     "deliver": "autoshard.delivery.deliver",
     "verify_plan": "autoshard.sim.program",
 }
-__all__ = ["__version__", "Mesh", "Sharding", "load_graph", "bind_hardware", "SolveSettings", "make_plan", "Weights",
-           "estimate", "deliver", "verify_plan"]  # the names of _FRONT_DOOR
+__all__ = ["__version__", "Mesh", "Sharding", "load_graph", "bind_hardware", "SolveSettings", "make_plan",
+           "plan_layer_once", "Weights", "estimate", "deliver", "verify_plan"]  # the names of _FRONT_DOOR
 
 if TYPE_CHECKING:
     from autoshard.delivery.deliver import deliver
     from autoshard.graph.schema import load_graph
     from autoshard.mesh import Mesh
+    from autoshard.planning.compose import plan_layer_once
     from autoshard.planning.formulation import Weights
     from autoshard.planning.hardware import bind_hardware
     from autoshard.planning.make_plan import SolveSettings, make_plan
