@@ -28,6 +28,7 @@ from autoshard.planning.costs import Hardware, op_cost, result_bytes, tensor_byt
 from autoshard.planning.options import ShardingOption, operand_shardings, result_shardings
 from autoshard.planning.options import enumerate_options, enumerate_storage
 from autoshard.planning.plan import Plan
+from autoshard.planning.symmetry import interchangeable_axes, many_axes
 from autoshard.resharding import PricedMoves, resharding_cost
 from autoshard.sharding import Sharding
 from autoshard.solver.problem import Problem
@@ -105,8 +106,9 @@ class Formulation:
 class ReshardingPrices:
     """Resharding seconds and bytes per (shape, itemsize, source, target), computed once."""
 
-    def __init__(self, mesh: Mesh, price: Callable[[str, tuple[str, ...], float], float]):
-        self.mesh, self.moves = mesh, PricedMoves(price)
+    def __init__(self, mesh: Mesh, price: Callable[[str, tuple[str, ...], float], float],
+                 classes: tuple[tuple[str, ...], ...] = ()):
+        self.mesh, self.moves = mesh, PricedMoves(price, classes)
         self._ids: dict[Sharding, int] = {}  # shardings as ints: cheap cache keys
         # (shape, itemsize) -> source id -> target id -> (seconds, bytes): a table's pairs are
         # looked up with one int key each
@@ -183,7 +185,7 @@ def formulate(graph: Graph, mesh: Mesh, hw: Hardware, *, memory_budget_bytes: fl
     order = topological_order(graph)
     step = {op.name: i for i, op in enumerate(order)}
     ranges = live_ranges(graph, order)
-    prices = ReshardingPrices(mesh, hw.collective_seconds)
+    prices = ReshardingPrices(mesh, hw.collective_seconds, interchangeable_axes(mesh, hw))
     pins = {c.tensor: c.sharding for c in graph.constraints if c.required}
     hints = {c.tensor: c.sharding for c in graph.constraints if not c.required}
     # a value written in place is handed over in its old value's storage sharding: priced on an
@@ -208,7 +210,7 @@ def formulate(graph: Graph, mesh: Mesh, hw: Hardware, *, memory_budget_bytes: fl
     def add_storage(tensor: Tensor) -> None:
         signature = ("storage", tensor.shape, tensor.itemsize, pins.get(tensor.name))
         k = kind_of(signature, lambda: _storage_kind(tensor.shape, tensor.itemsize, pins.get(tensor.name), mesh, weights,
-                                                          mesh_order))
+                                                          mesh_order, many_axes(mesh)))
         index[tensor.name] = len(nodes)
         nodes.append(("storage", tensor.name))
         kinds.append(k)
@@ -291,15 +293,17 @@ def _hashable(value: Any) -> Any:
 
 
 def _storage_kind(shape: tuple[int, ...], itemsize: int, pin: Sharding | None, mesh: Mesh, weights: Weights,
-                  mesh_order: bool) -> _NodeKind:
-    options = [pin] if pin is not None else enumerate_storage(shape, mesh, mesh_order)
+                  mesh_order: bool, runs: bool) -> _NodeKind:
+    options = [pin] if pin is not None else enumerate_storage(shape, mesh, mesh_order, runs)
     held = np.array([tensor_bytes(shape, itemsize, s, mesh) for s in options], dtype=np.int64)
     return _NodeKind(options, _costs(0.0, 0.0, held, weights), held, (options,))
 
 
 def _op_kind(graph: Graph, op: Op, mesh: Mesh, hw: Hardware, pins: dict[str, Sharding], returned: frozenset[str],
              prices: ReshardingPrices, weights: Weights, mesh_order: bool) -> _NodeKind:
-    options = enumerate_options(op.nest, mesh, mesh_order)
+    # many-axis meshes offer fewer options (planning/symmetry.py); a pinned op is offered every one
+    runs = many_axes(mesh) and not any(t in pins for t in op.outputs)
+    options = enumerate_options(op.nest, mesh, mesh_order, runs)
     for position, t in enumerate(op.outputs):
         if t in pins and t not in returned:
             # A pinned intermediate is produced as pinned (partial allowed: reducing it is

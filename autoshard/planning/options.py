@@ -24,6 +24,7 @@ from typing import Iterator, Mapping, Sequence
 from autoshard.errors import ShardingError
 from autoshard.mesh import Mesh
 from autoshard.ops.loops import INVALID, LoopNest, loop_position
+from autoshard.planning.symmetry import consecutive
 from autoshard.sharding import Sharding
 
 
@@ -178,10 +179,12 @@ def _axis_assignments(axes: Sequence[str], slots: int, mesh_order: bool = False)
             yield tuple(tuple(o) for o in orders)
 
 
-def enumerate_options(nest: LoopNest, mesh: Mesh, mesh_order: bool = False) -> list[ShardingOption]:
+def enumerate_options(nest: LoopNest, mesh: Mesh, mesh_order: bool = False,
+                      runs: bool = False) -> list[ShardingOption]:
     """All legal options of an op on `mesh`, the fully replicated one first. With `mesh_order`,
     a loop split over several axes takes them in mesh order only (the one order DTensor's
-    placements express), and no loop is split that would need halos (DTensor has none)."""
+    placements express), and no loop is split that would need halos (DTensor has none). With
+    `runs`, each loop takes consecutive mesh axes in mesh order (`autoshard.planning.symmetry`)."""
     splittable = nest.splittable_loops()
     if mesh_order:
         splittable = tuple(l for l in splittable if not any(any(w.halo) for w in nest.windows(l)))
@@ -193,7 +196,7 @@ def enumerate_options(nest: LoopNest, mesh: Mesh, mesh_order: bool = False) -> l
         loop_axes: list[tuple[str, ...]] = [() for _ in nest.extents]
         for loop, group in zip(splittable, assignment):
             loop_axes[loop] = group
-        if _fits(nest, loop_axes, mesh, merged):
+        if _fits(nest, loop_axes, mesh, merged) and (not runs or consecutive(loop_axes, mesh)):
             options.append(ShardingOption(tuple(loop_axes)))
     return options
 
@@ -224,9 +227,11 @@ def _fits(nest: LoopNest, loop_axes: Sequence[tuple[str, ...]], mesh: Mesh, merg
     return True
 
 
-def enumerate_storage(shape: Sequence[int], mesh: Mesh, mesh_order: bool = False) -> list[Sharding]:
+def enumerate_storage(shape: Sequence[int], mesh: Mesh, mesh_order: bool = False,
+                      runs: bool = False) -> list[Sharding]:
     """Shardings a graph input or parameter may be stored in, replicated first (a dim split over
-    several axes takes them in mesh order only, with `mesh_order`)."""
+    several axes takes them in mesh order only, with `mesh_order`; consecutive axes in mesh
+    order only, with `runs`)."""
     axes = [a for a in mesh.axis_names if mesh.axis_size(a) > 1]
     out = []
     for assignment in _axis_assignments(axes, len(shape), mesh_order):
@@ -236,7 +241,7 @@ def enumerate_storage(shape: Sequence[int], mesh: Mesh, mesh_order: bool = False
             if group and (ways > size or -(-size // ways) * (ways - 1) >= size):
                 ok = False
                 break
-        if ok:
+        if ok and (not runs or consecutive(assignment, mesh)):
             out.append(Sharding(assignment))
     return out
 

@@ -26,6 +26,7 @@ from autoshard.reductions import REDUCTIONS
 from autoshard.resharding.geometry import received_elements
 from autoshard.resharding.moves import (Context, Move, build_step, canonical_state, goal_after, halo_move,
                                         offered_moves, price_move, priced_permute)
+from autoshard.resharding.relabel import representative_pair
 from autoshard.resharding.steps import STEP_KINDS, CollectiveStep, Price, Resharding
 from autoshard.sharding import Sharding
 
@@ -171,8 +172,10 @@ class PricedMoves:
     a graph's identical layers ask about the same states for many sources and targets. Pass
     one to `plan_resharding` / `resharding_cost` for every resharding priced by `price`."""
 
-    def __init__(self, price: Price):
+    def __init__(self, price: Price, classes: Sequence[Sequence[str]] = ()):
         self._price, self._prices = price, {}
+        # interchangeable mesh axes under `price`: `resharding_cost` prices one pair per renaming
+        self.classes = tuple(tuple(c) for c in classes)
         self._tensors: dict[tuple, _Tensor] = {}
         self._spaces: dict[tuple, _Space] = {}
 
@@ -416,6 +419,8 @@ def resharding_cost(mesh: Mesh, shape: Sequence[int], dtype_bytes: float, source
     """`plan_resharding(...)`'s seconds and the bytes per device its steps are priced on (steps
     that move nothing, all_slice, left out), without building the steps."""
     shape = tuple(shape)
+    if moves.classes:
+        source, target = representative_pair(mesh, source, target, moves.classes)
     if source.has_halo or target.has_halo:
         path = _with_halos(mesh, shape, dtype_bytes, source, target, moves)
         return _totals(path)
