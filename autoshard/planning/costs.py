@@ -52,10 +52,25 @@ def op_cost(graph: Graph, op: Op, option: ShardingOption, mesh: Mesh, hw: Hardwa
     shardings = operand_shardings(nest, option) + result_shardings(nest, option)
     moved = sum(tensor_bytes(graph.tensors[t].shape, graph.tensors[t].itemsize, s, mesh)
                 for t, s in zip(op.operands, shardings))
-    dtype = graph.tensors[op.inputs[0]].dtype if op.inputs else graph.tensors[op.outputs[0]].dtype
-    compute_s = flops / (hw.peak_flops(dtype) * hw.matmul_efficiency(dtype)) if flops else 0.0
+    compute_s = flops / flops_per_s(graph, op, hw) if flops else 0.0
     memory_s = moved / hw.hbm_bytes_per_s
     return OpCost(flops, moved, max(compute_s, memory_s), "compute" if compute_s >= memory_s else "memory")
+
+
+def flops_per_s(graph: Graph, op: Op, hw: Hardware) -> float:
+    """The rate an op computes at on one device: the chip's peak for its (first input's) dtype
+    times the matmul efficiency."""
+    dtype = graph.tensors[op.inputs[0]].dtype if op.inputs else graph.tensors[op.outputs[0]].dtype
+    return hw.peak_flops(dtype) * hw.matmul_efficiency(dtype)
+
+
+def least_compute_s(graph: Graph, op: Op, devices: int, hw: Hardware) -> float:
+    """At most `op_cost(...).seconds` of any option on any mesh of `devices` devices: an option
+    splits the loops over at most every device (each mesh axis once), so a device computes at
+    least the op's FLOPs over the devices (more where a split is uneven or loops stay whole), at
+    the same rate; the roofline's memory side only adds."""
+    flops = op.flops()
+    return flops / (devices * flops_per_s(graph, op, hw)) if flops else 0.0
 
 
 def result_bytes(graph: Graph, op: Op, option: ShardingOption, mesh: Mesh) -> int:

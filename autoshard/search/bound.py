@@ -17,17 +17,30 @@ A few passes of TRW-S on the problem without its memory rows (the solver's own r
 every multiplier at 0) lift it further: their dual bound weighs every edge against both its ends,
 so an op that splits its work is charged for the communication its neighbours then need. Dropping
 the memory rows only relaxes the problem, so that bound holds too; the larger of the two is taken.
+
+A candidate whose formulation the search had no time for gets `analytic_bound_ps` instead, which
+needs no formulation: every term of the objective is at least 0, an op's node cost at least its
+FLOPs spread over every device at the chip's rate (`least_compute_s`), and a stored tensor (an
+input or parameter: weights and optimizer state) is held at least its bytes over the devices.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from autoshard.graph.model import Graph
+from autoshard.planning.costs import Hardware, least_compute_s
+from autoshard.planning.formulation import PICOSECONDS, TIE_BREAK_PS_PER_BYTE, Weights
 from autoshard.solver.flat import flatten
 from autoshard.solver.lagrange import Relaxation
 from autoshard.solver.problem import Problem, certified_lower
 
 TRWS_PASSES = 8  # a few: the bound rises fastest in the first passes, and a solve runs hundreds
+# Below 1 by far more than the rounding of a float product or quotient: the formulation computes
+# a share of the work in another order than `least_compute_s`.
+_ROUNDING_MARGIN = 1 - 1e-9
 
 
 def objective_lower_bound_ps(problem: Problem, passes: int = TRWS_PASSES) -> int:
@@ -57,3 +70,19 @@ def least_peak_bytes(problem: Problem) -> int:
     for (start, end), usage in zip(problem.intervals, problem.node_usages):
         live[start:end] += int(usage.min())
     return int(live.max())
+
+
+def analytic_bound_ps(graph: Graph, devices: int, hw: Hardware, weights: Weights) -> int:
+    """A lower bound on the objective of any plan of `graph` on any mesh of `devices` devices of
+    `hw`'s chip, without formulating it. Each node's cost is rounded to whole picoseconds on its
+    own, so each term here is rounded down on its own."""
+    bound = 0
+    for op in graph.ops:
+        seconds = least_compute_s(graph, op, devices, hw) * _ROUNDING_MARGIN
+        bound += math.floor(seconds * PICOSECONDS * weights.time)
+    ps_per_byte = weights.memory_s_per_byte * PICOSECONDS + TIE_BREAK_PS_PER_BYTE
+    for tensor in graph.tensors.values():
+        if tensor.role != "intermediate" and tensor.name not in graph.producers:
+            held = math.prod(tensor.shape) * tensor.itemsize / devices * _ROUNDING_MARGIN
+            bound += math.floor(held * ps_per_byte)
+    return bound

@@ -27,6 +27,8 @@ def entry_json(rank: int | None, entry: Entry) -> dict[str, Any]:
                       "slice": list(candidate.slice_shape) if candidate.slice_shape else None},
         "outcome": entry.outcome,
         "lower_bound_s": entry.bound_ps / PICOSECONDS if entry.bound else None,
+        # "formulation": from the candidate's formulation; "analytic": from its FLOPs and stored bytes alone
+        "lower_bound_from": ("analytic" if entry.bound.get("analytic") else "formulation") if entry.bound else None,
         "least_peak_memory_bytes": entry.bound["least_peak_bytes"] if entry.bound else None,
         "bound_s_spent": entry.bound["bound_s"] if entry.bound else None,
     }

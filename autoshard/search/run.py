@@ -3,7 +3,8 @@ rest best-bound first on a pool of workers, and rank what was found.
 
 Pruning is certified: a candidate is dropped only when its lower bound is at least the objective
 of a plan already found (or its least peak memory is over the budget), so no dropped candidate
-could have beaten the winner. Under `deterministic`, candidate `i` (in bound order) is decided
+could have beaten the winner. A candidate the time budget leaves unbounded gets an analytic bound
+(`analytic_bound_ps`), so the certified bound covers every candidate. Under `deterministic`, candidate `i` (in bound order) is decided
 against the plans of candidates up to `i - slots` only, whichever finished first, so the same
 flags give the same ranking on local processes and on Ray.
 """
@@ -20,9 +21,10 @@ from autoshard.errors import AutoshardError, InputError, Problem
 from autoshard.graph.schema import load_graph
 from autoshard.planning.formulation import PICOSECONDS
 from autoshard.planning.make_plan import SolveSettings
+from autoshard.search.bound import analytic_bound_ps
 from autoshard.search.candidates import MAX_AXES, Candidate, enumerate_candidates
 from autoshard.search.fanout import Pool, open_pool
-from autoshard.search.tasks import SearchInputs, bind_candidate
+from autoshard.search.tasks import SearchInputs, bind_candidate, budget_bytes
 
 POLL_S = 0.2  # how often a waiting search looks at its cancel flag and its time budget
 
@@ -101,15 +103,23 @@ def search(graph_document: dict[str, Any], options: SearchOptions, *, progress: 
     enumeration = enumerate_candidates(options.topology, options.devices, max_axes=options.max_axes,
                                        fixed=options.fixed)
     inputs = SearchInputs(graph_document, options.topology, options.settings)
-    entries = []
+    entries, hardwares = [], {}
     for candidate in enumeration.candidates:
-        hardware = bind_candidate(inputs, candidate)
+        hardware = hardwares[candidate] = bind_candidate(inputs, candidate)
         entries.append(Entry(candidate, {a: hardware.axis_link_class(a) for a in candidate.axis_names}))
-    load_graph(graph_document)  # a bad graph is refused before any worker starts (its constraints: per candidate)
+    graph = load_graph(graph_document)  # a bad graph is refused before any worker starts (its constraints: per candidate)
+
+    def analytic(entry: Entry) -> dict[str, Any]:
+        """The bound of a candidate the search had no time to formulate (no least peak memory: 0)."""
+        hardware = hardwares[entry.candidate]
+        return {"bound_ps": analytic_bound_ps(graph, options.devices, hardware, options.settings.weights),
+                "least_peak_bytes": 0, "memory_budget_bytes": budget_bytes(inputs, hardware), "bound_s": 0.0,
+                "analytic": True}
+
     pool = open_pool(inputs, options.jobs, options.ray)
     running: dict[Any, Entry] = {}
     try:
-        _bound_all(pool, entries, running, deadline, cancelled, progress)
+        _bound_all(pool, entries, running, deadline, cancelled, progress, analytic)
         _solve_best_first(pool, entries, running, options, deadline, cancelled, progress)
     except BaseException:
         pool.close(cancel=list(running))
@@ -129,13 +139,16 @@ def _wait(pool: Pool, running: dict[Any, Entry], cancelled: Callable[[], bool]) 
 
 
 def _bound_all(pool: Pool, entries: list[Entry], running: dict[Any, Entry], deadline: float,
-               cancelled: Callable[[], bool], progress: Progress | None) -> None:
+               cancelled: Callable[[], bool], progress: Progress | None,
+               analytic: Callable[[Entry], dict[str, Any]]) -> None:
     queue = list(entries)
     finished = 0
     while queue or running:
         if queue and time.perf_counter() >= deadline:
             for entry in queue:
-                entry.outcome, entry.reason = "unsolved", "the search's time budget was spent before its bound"
+                entry.outcome, entry.bound = "unsolved", analytic(entry)
+                entry.reason = ("the search's time budget was spent before its bound; its bound is analytic (its "
+                                "FLOPs over every device at peak, its inputs and parameters over every device)")
             queue.clear()
         while queue and len(running) < pool.slots:
             entry = queue.pop(0)
@@ -223,7 +236,8 @@ def _bound_order(entry: Entry) -> tuple:
 def _result(entries: list[Entry], placements: int, wall_s: float, where: str) -> SearchResult:
     solved = sorted((e for e in entries if e.outcome == "solved"), key=_objective_order)
     rest = sorted((e for e in entries if e.outcome != "solved"), key=_bound_order)
-    # every candidate's plans cost at least its solver's bound if solved, else its own bound; one
+    # every candidate's plans cost at least its solver's bound if solved, else its own bound (an
+    # analytic one if the time budget left it unformulated: every candidate has one); one
     # whose least peak memory is over the budget, or with no formulation, has no plan at all (a
     # solve that found none in its time limit may still have one: its bound counts)
     floors = [e.solved["lower_bound_ps"] for e in solved]
