@@ -5,7 +5,9 @@ Two families, each instance described in `corpus_manifest.json` (parameters, see
   2-D or 3-D mesh, with the memory limit set to `budget_factor` times the peak of the
   smallest-usage plan (each node at its least-usage strategy);
 - `contest`: a contest instance made harder: its memory limit moved to
-  `smallest peak + memory_fraction * (limit - smallest peak)`, and/or "crosscut" edges added:
+  `smallest peak + memory_fraction * (limit - smallest peak)`, or to `peak_factor` times the
+  peak of the best plan known at the contest's limit (its witness: the limit sits within 0.1-1 %
+  of what the best plan needs, issue 37), and/or "crosscut" edges added:
   `hubs` random nodes, each tied to `per_hub` random others by a matrix that allows one column
   per row (all other entries FORBIDDEN_COST, the allowed ones cost 0, as the contest's crosscut
   edges do). The allowed entries always include the pair a witness solution uses, so the
@@ -87,6 +89,8 @@ def contest_problem(spec: dict, contest_dir: Path, witnesses: dict[str, list[int
     if digest != spec["source_sha256"]:
         raise SystemExit(f"{source}: SHA-256 {digest}, the manifest expects {spec['source_sha256']}")
     problem = read_iopddl(source)
+    if "peak_factor" in spec:
+        return at_best_peak(problem, spec, witnesses)
     fraction = spec.get("memory_fraction", 1.0)
     least = smallest_peak(problem)
     limit = least + int(fraction * (problem.usage_limit - least))
@@ -102,6 +106,20 @@ def contest_problem(spec: dict, contest_dir: Path, witnesses: dict[str, list[int
         save_witnesses(witnesses)  # at once: the instances made so far depend on it
     witness = np.asarray(witnesses[spec["name"]], dtype=np.int64)
     return with_crosscut(problem, witness, np.random.default_rng(spec["seed"]), **spec["crosscut"])
+
+
+def at_best_peak(problem: Problem, spec: dict, witnesses: dict[str, list[int]]) -> Problem:
+    """The contest instance with its limit at `peak_factor` times the peak of its best known plan
+    (the witness, from a solve of `witness_solve_s` at the contest's limit when there is none
+    yet): memory-tight, and that plan still fits."""
+    if spec["name"] not in witnesses:
+        found = solve(problem, time_limit_s=spec["witness_solve_s"], workers=1, seed=spec["seed"])
+        if not found.feasible:
+            raise SystemExit(f"{spec['name']}: no plan in {spec['witness_solve_s']:g} s")
+        witnesses[spec["name"]] = list(found.solution)
+        save_witnesses(witnesses)
+    peak = score(problem, witnesses[spec["name"]]).peak_usage
+    return dataclasses.replace(problem, usage_limit=int(peak * spec["peak_factor"]), name=spec["name"])
 
 
 def with_crosscut(problem: Problem, witness: np.ndarray, rng: np.random.Generator, *, hubs: int,
