@@ -11,16 +11,18 @@ backward and optimizer ops) are then solved with the layers fixed, the reshardin
 them priced on their own nodes. The result is an ordinary `Plan`, priced and checked against the
 budget by `estimate`.
 
-The certified bound. Split the whole formulation's nodes into parts: each layer (its ops and the
-stored tensors only it reads) and the rest. The whole objective of any plan is the sum over parts
-of their own node and edge costs plus the costs of the edges between parts. The latter are
-resharding prices, never negative, and each part's own costs are those of its part problem (same
-nodes, same strategies, same matrices). So the whole objective is at least the sum over parts of
-their least own cost, and dropping the memory limit only lowers each least cost: a certified
-lower bound of each part problem without a memory limit (the solver's bound), times the kind's
-layer count, plus the rest's, is a certified lower bound of the whole graph. It holds for any
-plan within memory, so it bounds the whole-graph optimum; it is weaker than a whole-graph bound
-by the boundary reshardings and by the memory limit when that binds.
+The certified bound. Split the whole formulation's nodes into parts: the rest joined with the
+layers beside it (`joined_parts`: the reshardings between them are its own edges), and each
+other layer on its own (its ops and the stored tensors only it reads). The whole objective of any
+plan is the sum over parts of their own node and edge costs plus the costs of the edges between
+parts. The latter are resharding prices, never negative, and each part's own costs are those of
+its problem (same nodes, same strategies, same matrices). So the whole objective is at least the
+sum over parts of their least own cost, and dropping the memory limit only lowers each least
+cost: a certified lower bound of each part without a memory limit (the solver's bound), a kind's
+once per layer of it on its own, plus the joined rest's, is a certified lower bound of the whole
+graph. It holds for every plan within memory, so it bounds the whole-graph optimum; it is weaker
+than a whole-graph bound by the reshardings between layers and by the memory limit when that
+binds.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from autoshard.mesh import Mesh
 from autoshard.phases import PhaseTimes
 from autoshard.planning.costs import Hardware
 from autoshard.planning.formulation import PICOSECONDS, ReshardingPrices, Weights
+from autoshard.planning.joined_parts import Piece, Use, joined_problem, layer_piece, uses_of
 from autoshard.planning.layer_kinds import LayerKind, layer_kinds
 from autoshard.planning.make_plan import PlanResult, SolveSettings
 from autoshard.planning.parts import (PartProblem, part_problem, price_table, produced_by_choice, required_by_choice,
@@ -68,19 +71,8 @@ class KindPlan:
     kind: LayerKind
     part: PartProblem
     wrap: list[tuple[int, int, np.ndarray]]  # edges from the representative to itself
-    lower_bound_ps: int
+    lower_bound_ps: int  # its layers' share of the certified bound (those beside the rest are in the rest's)
     frontier: list[FrontierPoint]
-
-
-@dataclass(frozen=True)
-class Use:
-    """One edge of the whole formulation: `tensor` from `source` (an op, or a stored tensor) into
-    `target` (an op's input `index`, or with index -1 the stored tensor it is written back into)."""
-
-    tensor: str
-    source: tuple[str, str]  # ("op", name) or ("storage", tensor)
-    target: tuple[str, str]
-    index: int
 
 
 def plan_layer_once(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = SolveSettings(),
@@ -106,25 +98,31 @@ def plan_layer_once(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSetti
                               settings.mesh_order_splits) for k in kinds]
         rest = part_problem(graph, rest_ops, rest_tensors, rest_owned, mesh, hw, weights, settings.mesh_order_splits)
         wraps = [_wrap_edges(graph, k, p, prices, weights) for k, p in zip(kinds, parts)]
+        uses = uses_of(graph)
+        beside = _beside_rest(uses, home)
+        pieces = [Piece(rest, rest.node_of)] + [layer_piece(p, k.parts[0], layer) for k, p in zip(kinds, parts)
+                                                for layer in k.parts if layer.layer in beside]
+        rest_joined = joined_problem(graph, pieces, uses, prices, weights)
     formulated = time.perf_counter()
     kind_s = settings.time_limit_s * KIND_SHARE / len(kinds)
     rest_s = settings.time_limit_s - kind_s * len(kinds)
     with phases.phase("solve", reports_itself=True):
-        plans = [_solve_kind(k, p, w, kind_s, settings) for k, p, w in zip(kinds, parts, wraps)]
-        rest_bound = _solve(rest.problem, rest_s / 2, settings)
-        rest_memory = score(rest.problem, rest_bound.solution).peak_usage if rest.problem.num_nodes else 0
+        plans = [_solve_kind(graph, k, p, w, beside, uses, prices, weights, kind_s, settings)
+                 for k, p, w in zip(kinds, parts, wraps)]
+        rest_bound = _solve(rest_joined, rest_s / 2, settings)
+        rest_hint = rest_bound.solution[:rest.problem.num_nodes]
+        rest_memory = score(rest.problem, rest_hint).peak_usage if rest.problem.num_nodes else 0
         if sum(len(k.parts) * p.frontier[0].memory_bytes for k, p in zip(kinds, plans)) + rest_memory > budget:
             for plan in plans:
                 _extend_frontier(plan, kind_s, settings)
     layer_budget = budget - rest_memory
-    uses = _uses(graph)
     for attempt in range(MEMORY_RETRIES):
         with phases.phase("solve", reports_itself=True):
             picks = _pick_points(plans, layer_budget)
             if picks is None:
                 raise InfeasibleError(_too_big(plans, rest_memory, budget))
             options, storage = _layer_choices(graph, plans, picks)
-            rest_solution = _solve_rest(graph, mesh, rest, rest_bound.solution, options, storage, uses, prices,
+            rest_solution = _solve_rest(graph, mesh, rest, rest_hint, options, storage, uses, prices,
                                         weights, rest_s / 2, settings, max(layer_budget + rest_memory
                                                                            - _picked_memory(plans, picks), 0))
             _rest_choices(rest, rest_solution, options, storage)
@@ -148,8 +146,7 @@ def plan_layer_once(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSetti
         own_ps = sum(kind_plan.frontier[c].cost_ps for kind_plan, chosen in zip(plans, picks) for c in chosen)
         rest_ps = score(rest.problem, rest_solution).cost if rest.problem.num_nodes else 0
         objective = own_ps + rest_ps + boundary_ps
-        lower = min(sum(len(k.parts) * p.lower_bound_ps for k, p in zip(kinds, plans))
-                    + (rest_bound.lower_bound if rest.problem.num_nodes else 0), objective)
+        lower = min(sum(p.lower_bound_ps for p in plans) + rest_bound.lower_bound, objective)
     gap = (objective - lower) / objective if objective > 0 else 0.0
     solver = _summary(kinds, plans, picks, rest, objective, lower, gap, own_ps, rest_ps, boundary_ps,
                       formulated - started, time.perf_counter() - formulated, budget)
@@ -168,19 +165,14 @@ def _homes(graph: Graph, kinds: list[LayerKind]) -> dict[tuple[str, str], int]:
     return home
 
 
-def _uses(graph: Graph) -> list[Use]:
-    """The whole formulation's edges: one per use of a tensor, one per value written back in place
-    (unless pinned: a pinned new value is returned as pinned instead)."""
-    pins = {c.tensor for c in graph.constraints if c.required}
-    found = []
-    for op in graph.ops:
-        for index, t in enumerate(op.inputs):
-            producer = graph.producers.get(t)
-            source = ("op", producer.name) if producer is not None else ("storage", t)
-            found.append(Use(t, source, ("op", op.name), index))
-    for old, new in graph.updated_by.items():
-        if new not in pins:
-            found.append(Use(new, ("op", graph.producers[new].name), ("storage", old), -1))
+def _beside_rest(uses: list[Use], home: dict[tuple[str, str], int]) -> set[int]:
+    """The layers next to the rest: reading what its ops produce, or producing what they read (the
+    stored tensors every layer reads, such as the optimizer's scalars, do not count)."""
+    found = set()
+    for use in uses:
+        ends = (home[use.source], home[use.target])
+        if ends.count(-1) == 1 and (use.source if ends[0] == -1 else use.target)[0] == "op":
+            found.add(max(ends))
     return found
 
 
@@ -228,14 +220,37 @@ def _solve(problem: Problem, time_s: float, settings: SolveSettings, hint: Any =
                  deterministic=settings.deterministic, gap_limit=settings.gap_limit)
 
 
-def _solve_kind(kind: LayerKind, part: PartProblem, wrap: tuple[dict[int, np.ndarray], list], time_s: float,
+def _solve_kind(graph: Graph, kind: LayerKind, part: PartProblem, wrap: tuple[dict[int, np.ndarray], list],
+                beside: set[int], uses: list[Use], prices: ReshardingPrices, weights: Weights, time_s: float,
                 settings: SolveSettings) -> KindPlan:
-    """The kind's certified bound (its own problem, no memory limit) and its fastest plan (with the
-    reshardings between consecutive layers)."""
-    bound = _solve(part.problem, time_s / 3, settings)
+    """The kind's fastest plan (with the reshardings between consecutive layers) and its share of
+    the certified bound: its layers not beside the rest, two by two with the reshardings between
+    the two (the bound of each distinct pair), an odd one on its own (no memory limit)."""
+    single = _solve(part.problem, time_s / 4, settings)
+    rest_of_kind = [layer for layer in kind.parts if layer.layer not in beside]
+    pairs: dict[frozenset, list[tuple[Piece, Piece]]] = {}
+    for first, second in zip(rest_of_kind[0::2], rest_of_kind[1::2]):
+        pieces = (layer_piece(part, kind.parts[0], first), layer_piece(part, kind.parts[0], second))
+        pairs.setdefault(_between(pieces, uses), []).append(pieces)
+    bound = (len(rest_of_kind) % 2) * single.lower_bound
+    for group in pairs.values():
+        joined = joined_problem(graph, list(group[0]), uses, prices, weights)
+        bound += len(group) * _solve(joined, time_s / 4 / len(pairs), settings).lower_bound
     steady = with_terms(part.problem, *wrap, None)
-    fastest = _solve(steady, time_s / 3, settings, hint=bound.solution)
-    return KindPlan(kind, part, wrap, bound.lower_bound, [_point(part, steady, fastest.solution)])
+    fastest = _solve(steady, time_s / 4, settings, hint=single.solution)
+    return KindPlan(kind, part, wrap, bound, [_point(part, steady, fastest.solution)])
+
+
+def _between(pieces: tuple[Piece, Piece], uses: list[Use]) -> frozenset:
+    """The edges between two layers of a kind, in the representative's nodes: pairs with the same
+    edges have the same bound."""
+    side = {key: (index, node) for index, piece in enumerate(pieces) for key, node in piece.nodes.items()}
+    found = set()
+    for use in uses:
+        source, target = side.get(use.source), side.get(use.target)
+        if source is not None and target is not None and source[0] != target[0]:
+            found.add((source, target, use.index))
+    return frozenset(found)
 
 
 def _point(part: PartProblem, steady: Problem, solution: tuple[int, ...]) -> FrontierPoint:
@@ -251,7 +266,7 @@ def _extend_frontier(kind_plan: KindPlan, time_s: float, settings: SolveSettings
     steady = with_terms(part.problem, *kind_plan.wrap, None)
     for share in FRONTIER_SHARES:
         limited = with_terms(part.problem, *kind_plan.wrap, int(share * kind_plan.frontier[0].memory_bytes))
-        found = _solve(limited, time_s / 3 / len(FRONTIER_SHARES), settings)
+        found = _solve(limited, time_s / 4 / len(FRONTIER_SHARES), settings)
         if found.feasible:
             point = _point(part, steady, found.solution)
             if point.memory_bytes < kind_plan.frontier[-1].memory_bytes:
