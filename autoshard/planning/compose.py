@@ -12,15 +12,16 @@ them priced on their own nodes. The result is an ordinary `Plan`, priced and che
 budget by `estimate`.
 
 The certified bound. Split the whole formulation's nodes into parts: the rest joined with the
-layers beside it (`joined_parts`: the reshardings between them are its own edges), and each
-other layer on its own (its ops and the stored tensors only it reads). The whole objective of any
+layers beside it (`joined_parts`: the reshardings between them are its own edges), the other
+layers of each kind two by two in layer order (with the reshardings between the two), an odd one
+on its own (a layer's nodes: its ops and the stored tensors only it reads). The whole objective of any
 plan is the sum over parts of their own node and edge costs plus the costs of the edges between
 parts. The latter are resharding prices, never negative, and each part's own costs are those of
 its problem (same nodes, same strategies, same matrices). So the whole objective is at least the
 sum over parts of their least own cost, and dropping the memory limit only lowers each least
-cost: a certified lower bound of each part without a memory limit (the solver's bound), a kind's
-once per layer of it on its own, plus the joined rest's, is a certified lower bound of the whole
-graph. It holds for every plan within memory, so it bounds the whole-graph optimum; it is weaker
+cost: the sum of a certified lower bound of each part without a memory limit (the solver's bound;
+one solve per kind's single layer and per distinct pair of layers) is a certified lower bound of
+the whole graph. It holds for every plan within memory, so it bounds the whole-graph optimum; it is weaker
 than a whole-graph bound by the reshardings between layers and by the memory limit when that
 binds.
 """
