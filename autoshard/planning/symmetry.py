@@ -9,8 +9,8 @@ loop is split over consecutive mesh axes in mesh order (`b, c` of `a, b, c, d`; 
 tensor sharding made of runs is produced and read by every op alike (a producer and its consumers
 agree), and so is every plan that gives each role (data, tensor, ...) a run of the mesh, as meshes
 are laid out (`dp, fsdp, tp`). A plan that splits one dim over, say, the first and the third axis
-is not offered. The count then grows polynomially in the number of axes (a matmul on four axes:
-163 options; on five: 424). The solver's and the search's bounds are bounds over the options
+is not offered. The count then grows polynomially in the number of axes (the example MLP's matmul: on four axes
+162 options, on five 417). The solver's and the search's bounds are bounds over the options
 offered: on such meshes they say that no plan among those offered costs less.
 
 Two mesh axes are interchangeable when they have the same size and run over the same links in
