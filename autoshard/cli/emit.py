@@ -14,6 +14,7 @@ from autoshard.errors import InputError
 from autoshard.graph.schema import load_graph, read_json
 from autoshard.mesh import Mesh
 from autoshard.mlir import emit_annotated, emit_partitioned
+from autoshard.planning.microbatches import microbatch, stated_microbatches
 from autoshard.planning.plan import plan_from_json
 
 
@@ -39,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
     document = read_json(args.plan)
     mesh = plan_mesh(document, args.mesh)
     _check_hardware_flags(args, mesh)
-    plan = plan_from_json(document, load_graph(args.graph, mesh), mesh)
+    # a plan made for microbatches is the step on one microbatch
+    plan = plan_from_json(document, microbatch(load_graph(args.graph, mesh), stated_microbatches(document)).graph, mesh)
     if args.stage == "annotated":
         text = emit_annotated(plan, dialect=args.dialect)
     else:

@@ -8,8 +8,10 @@ import json
 from autoshard.cli.args import add_hardware_args, hardware_from_args, mesh_from_args
 from autoshard.cli.plan import print_roles
 from autoshard.cli.simulate import plan_mesh
+from autoshard.errors import InputError, Problem
 from autoshard.graph.schema import load_graph, read_json
 from autoshard.graph.summary import si, size
+from autoshard.planning.microbatches import microbatch, stated_microbatches
 from autoshard.planning.plan import plan_from_json
 from autoshard.planning.report import estimate
 from autoshard.planning.roles import roles_document
@@ -21,6 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_hardware_args(parser)
     parser.add_argument("--plan", required=True,
                         help="plan JSON: per-op options and/or per-tensor shardings (autoshard.plan/v1 or its minimal form)")
+    parser.add_argument("--microbatches", type=int,
+                        help="price the step as M microbatches (default: as many as the plan was made for, or 1)")
     parser.add_argument("--json", action="store_true", help="print the breakdown as JSON")
     parser.set_defaults(run=run)
 
@@ -30,8 +34,13 @@ def run(args: argparse.Namespace) -> int:
     document = read_json(args.plan)
     plan_mesh(document, args.mesh)  # a plan made for another mesh is refused, as `emit` and `simulate` do
     graph = load_graph(args.graph, mesh)
-    plan = plan_from_json(document, graph, mesh)
-    report = estimate(plan, hardware_from_args(args, mesh))
+    try:
+        microbatching = microbatch(graph, stated_microbatches(document, args.microbatches))
+    except InputError as error:  # the library names its parameter; the user set the flag
+        raise InputError([Problem("--microbatches" if p.where == "microbatches" else p.where, p.message)
+                          for p in error.problems]) from None
+    plan = plan_from_json(document, microbatching.graph, mesh)
+    report = estimate(plan, hardware_from_args(args, mesh), microbatching if microbatching.count > 1 else None)
     roles = roles_document(plan)
     if args.json:
         print(json.dumps({**report.to_json(), "roles": roles}, indent=1))

@@ -27,6 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("graph", help="graph JSON (format autoshard.graph/v1)")
     add_hardware_args(parser)
     add_solve_args(parser)
+    parser.add_argument("--microbatches", type=int, default=1,
+                        help="run forward and backward on 1/M of the batch, M times, accumulating the gradients; "
+                             "the optimizer once (default 1; needs inputs that declare a batch_dim)")
     parser.add_argument("--layer-once", action="store_true",
                         help="solve each kind of repeated layer once and compose the plan (the bound is summed "
                              "over the parts); needs ops with a `layer`")
@@ -102,6 +105,12 @@ def checked_settings(args: argparse.Namespace) -> tuple[SolveSettings, tuple[str
         problems.append(Problem("--gap-limit", f"must be a number in [0, 1), got {args.gap_limit:g}"))
     if args.workers < 1:
         problems.append(Problem("--workers", f"must be at least 1, got {args.workers}"))
+    microbatches = getattr(args, "microbatches", 1)  # `search` has no such flag yet
+    if microbatches < 1:
+        problems.append(Problem("--microbatches", f"must be at least 1, got {microbatches}"))
+    if microbatches > 1 and getattr(args, "layer_once", False):
+        problems.append(Problem("--microbatches", "composing layers solved once does not take microbatches yet; "
+                                                  "drop --layer-once or --microbatches"))
     if not 0 <= args.seed <= MAX_SEED:
         problems.append(Problem("--seed", f"must be in [0, 2**63 - 1], got {args.seed}"))
     weights = parse_weights(args.weights, problems)
@@ -129,7 +138,8 @@ def checked_settings(args: argparse.Namespace) -> tuple[SolveSettings, tuple[str
         raise InputError(problems)
     settings = SolveSettings(time_limit_s=args.time_limit, gap_limit=args.gap_limit, workers=args.workers,
                              seed=args.seed, memory_budget_bytes=budget, weights=weights,
-                             deterministic=args.deterministic, mesh_order_splits=args.mesh_order_splits)
+                             deterministic=args.deterministic, mesh_order_splits=args.mesh_order_splits,
+                             microbatches=microbatches)
     return settings, stages
 
 
@@ -215,6 +225,9 @@ def print_summary(document: dict[str, Any], written: list[Path]) -> None:
     if composition:
         print(f"  composed from {composition['kinds']} layer kind(s) solved once for {composition['layers']} layers; "
               f"reshardings between parts {composition['boundary_ps'] / 1e12:.4g} s")
+    if document.get("microbatches", 1) > 1:
+        print(f"  {document['microbatches']} microbatches: forward and backward once per microbatch, gradients "
+              f"accumulated, the optimizer once per step")
     print(f"  step time {totals['step_s'] * 1e3:.4g} ms = compute {totals['compute_s'] * 1e3:.4g} ms "
           f"+ communication {totals['communication_s'] * 1e3:.4g} ms ({si(totals['communication_bytes'], 'B')} per device)")
     for axis, seconds in sorted(totals["communication_s_per_axis"].items()):

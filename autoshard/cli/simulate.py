@@ -13,8 +13,10 @@ from autoshard.errors import InputError, Problem
 from autoshard.graph.schema import load_graph, read_json
 from autoshard.mesh import Mesh
 from autoshard.planning.hardware import bind_hardware
+from autoshard.planning.microbatches import microbatch, stated_microbatches
 from autoshard.planning.plan import check_plan_mesh, plan_from_json, stated_mesh
 from autoshard.resharding import Price, bytes_moved_price
+from autoshard.sim.microbatch import simulate_microbatched
 from autoshard.sim.program import simulate_program
 
 
@@ -86,12 +88,16 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"must be >= 0, got {args.seed}", "--seed")
     document = read_json(args.plan)
     mesh = plan_mesh(document, args.mesh)
-    graph = load_graph(args.graph, mesh)
-    plan = plan_from_json(document, graph, mesh)
+    microbatching = microbatch(load_graph(args.graph, mesh), stated_microbatches(document))
+    plan = plan_from_json(document, microbatching.graph, mesh)
     limit = parse_bytes(args.max_memory, "--max-memory")
     try:
         program, _ = partitioned_program(plan, resharding_price(args, document, mesh), not args.no_collective_opt)
-        verdict = simulate_program(program, seed=args.seed, max_bytes=limit, widen=not args.declared_dtypes)
+        if microbatching.count > 1:  # as the step runs: forward and backward per microbatch
+            verdict = simulate_microbatched(program, microbatching, seed=args.seed, max_bytes=limit,
+                                            widen=not args.declared_dtypes)
+        else:
+            verdict = simulate_program(program, seed=args.seed, max_bytes=limit, widen=not args.declared_dtypes)
     except InputError as error:
         # The library names its parameter; the user set the flag.
         raise InputError([Problem("--max-memory" if p.where == "max_bytes" else p.where, p.message)

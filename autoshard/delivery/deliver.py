@@ -87,7 +87,7 @@ def deliver(result: PlanResult, hardware: Hardware, topology: str, *, emit: Sequ
             "changes": [{"rewrite": c.rewrite, "detail": c.detail, "seconds_before": c.seconds_before,
                          "seconds_after": c.seconds_after} for c in changes]}
     with phases.phase("verification"):
-        document["verification"] = verify_program(program, verify, seed, verify_max_bytes)
+        document["verification"] = verify_program(program, verify, seed, verify_max_bytes, result.microbatching)
     ir = {}
     with phases.phase("ir_emission"):
         if "annotated" in emit:

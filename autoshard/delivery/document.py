@@ -35,6 +35,8 @@ def plan_document(result: PlanResult, topology: str) -> dict[str, Any]:
     document["totals"] = report["totals"]
     document["roles"] = roles_document(result.plan, roles)
     document["solver"] = result.solver
+    if result.microbatching is not None:
+        document["microbatches"] = result.microbatching.count
     document["partition_specs"] = plan_partition_specs(result.plan)
     document["dtensor"] = dtensor_document(result.plan)
     return document

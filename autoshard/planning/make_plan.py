@@ -17,6 +17,7 @@ from autoshard.mesh import Mesh
 from autoshard.phases import PhaseTimes
 from autoshard.planning.costs import Hardware
 from autoshard.planning.formulation import PICOSECONDS, Formulation, Weights, formulate
+from autoshard.planning.microbatches import Microbatching, microbatch, repeat_formulation
 from autoshard.planning.plan import Plan
 from autoshard.planning.report import Report, estimate
 from autoshard.solver import Problem, score, solve
@@ -41,6 +42,7 @@ class SolveSettings:
     # A dim split over several mesh axes takes them in mesh order only: the plans DTensor's
     # placements can express (`autoshard.frontends.torch`).
     mesh_order_splits: bool = False
+    microbatches: int = 1  # forward and backward run on 1/M of the batch, M times; the optimizer once
 
     def __post_init__(self) -> None:
         if not 0 <= self.seed <= MAX_SEED:
@@ -50,6 +52,8 @@ class SolveSettings:
         problem = memory_budget_problem(self.memory_budget_bytes)
         if problem is not None:
             raise InputError(problem, "memory_budget_bytes")
+        if isinstance(self.microbatches, bool) or not isinstance(self.microbatches, int) or self.microbatches < 1:
+            raise InputError(f"must be a positive integer, got {self.microbatches!r}", "microbatches")
 
 
 def memory_budget_problem(budget_bytes: float | None) -> str | None:
@@ -61,10 +65,11 @@ def memory_budget_problem(budget_bytes: float | None) -> str | None:
 
 @dataclass
 class PlanResult:
-    plan: Plan
+    plan: Plan  # with microbatches, of the step on one microbatch
     report: Report
     solver: dict[str, Any]
     phases: PhaseTimes  # formulate, solve and pricing so far; `deliver` adds its own
+    microbatching: Microbatching | None = None  # None: the step runs on the whole batch at once
 
 
 class BestSoFar:
@@ -75,15 +80,18 @@ class BestSoFar:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._formulation: Formulation | None = None
+        self._microbatching: Microbatching | None = None
         self._hw: Hardware | None = None
         self._budget_bytes = 0.0
         self._started = self._built = 0.0
         self._solution: np.ndarray | None = None
         self._bound_ps = -math.inf
 
-    def start(self, formulation: Formulation, hw: Hardware, budget_bytes: float, started: float, built: float) -> None:
+    def start(self, formulation: Formulation, hw: Hardware, budget_bytes: float, started: float, built: float,
+              microbatching: Microbatching | None = None) -> None:
         with self._lock:
             self._formulation, self._hw, self._budget_bytes = formulation, hw, budget_bytes
+            self._microbatching = microbatching
             self._started, self._built = started, built
 
     def offer(self, solution: np.ndarray) -> None:
@@ -97,7 +105,7 @@ class BestSoFar:
     def result(self) -> PlanResult | None:
         """The last offered plan, priced, its solver status "interrupted"; None before any."""
         with self._lock:
-            formulation, hw, solution = self._formulation, self._hw, self._solution
+            formulation, hw, solution, microbatching = self._formulation, self._hw, self._solution, self._microbatching
             bound_ps, budget_bytes, started, built = self._bound_ps, self._budget_bytes, self._started, self._built
         if formulation is None or hw is None or solution is None:
             return None
@@ -107,7 +115,7 @@ class BestSoFar:
         plan = formulation.plan(tuple(int(s) for s in solution))
         solver = _solver_summary(formulation.problem, "interrupted", cost, lower, gap, built - started,
                                  time.perf_counter() - built, budget_bytes, first_feasible_s=None)
-        return PlanResult(plan, estimate(plan, hw), solver, PhaseTimes())
+        return PlanResult(plan, estimate(plan, hw, microbatching), solver, PhaseTimes(), microbatching)
 
 
 def make_plan(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = SolveSettings(),
@@ -120,12 +128,16 @@ def make_plan(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = 
     started = time.perf_counter()
     budget_bytes = settings.memory_budget_bytes if settings.memory_budget_bytes is not None else hw.hbm_bytes
     with phases.phase("formulate"):
-        formulation = formulate(graph, mesh, hw, memory_budget_bytes=budget_bytes, weights=settings.weights,
+        microbatching = microbatch(graph, settings.microbatches) if settings.microbatches > 1 else None
+        formulation = formulate(microbatching.graph if microbatching else graph, mesh, hw,
+                                memory_budget_bytes=budget_bytes, weights=settings.weights,
                                 mesh_order=settings.mesh_order_splits)
+        if microbatching is not None:
+            formulation = repeat_formulation(formulation, microbatching)
     built = time.perf_counter()
     incumbent = None
     if best_so_far is not None:
-        best_so_far.start(formulation, hw, budget_bytes, started, built)
+        best_so_far.start(formulation, hw, budget_bytes, started, built, microbatching)
         incumbent = best_so_far.offer
         progress = _recording_bound(best_so_far, progress)
     with phases.phase("solve", reports_itself=True):
@@ -137,11 +149,11 @@ def make_plan(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = 
         raise InfeasibleError(explain_infeasible(formulation, budget_bytes))
     with phases.phase("pricing"):  # decoding the solution into a plan and pricing it
         plan = formulation.plan(result.solution)
-        report = estimate(plan, hw)
+        report = estimate(plan, hw, microbatching)
     solver = _solver_summary(formulation.problem, result.status, int(result.cost), int(result.lower_bound), result.gap,
                              built - started, time.perf_counter() - built, budget_bytes,
                              first_feasible_s=result.stats.get("first_feasible_s"))
-    return PlanResult(plan, report, solver, phases)
+    return PlanResult(plan, report, solver, phases, microbatching)
 
 
 def _recording_bound(best_so_far: BestSoFar, progress: Callable[[str, float, float, float], None] | None

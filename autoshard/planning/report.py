@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 
@@ -21,6 +21,9 @@ from autoshard.planning.options import ShardingOption, operand_shardings, result
 from autoshard.planning.plan import Plan
 from autoshard.resharding import PricedMoves, Resharding, plan_resharding, step_kind
 from autoshard.sharding import Sharding
+
+if TYPE_CHECKING:
+    from autoshard.planning.microbatches import Microbatching
 
 
 @dataclass
@@ -119,10 +122,14 @@ def plan_reshardings(plan: Plan, price: Callable[[str, tuple[str, ...], float], 
     return out
 
 
-def estimate(plan: Plan, hw: Hardware) -> Report:
+def estimate(plan: Plan, hw: Hardware, microbatching: Microbatching | None = None) -> Report:
+    """What `plan` costs on `hw`. With `microbatching`, `plan` is of the step on one microbatch:
+    each op and each resharding into it count as often as the op runs per step (a value delivered
+    as an output, as often as its producer), and gradients hold their accumulators."""
     graph, mesh = plan.graph, plan.mesh
     report = Report()
     shardings = PlanShardings.of(plan)
+    runs = microbatching.repeats if microbatching is not None else {}
     costs: dict[tuple, OpCost] = {}
     for op in shardings.order:
         option = plan.options[op.name]
@@ -132,11 +139,12 @@ def estimate(plan: Plan, hw: Hardware) -> Report:
                tuple((graph.tensors[t].shape, graph.tensors[t].dtype) for t in op.operands))
         if key not in costs:
             costs[key] = op_cost(graph, op, option, mesh, hw)
-        cost = costs[key]
-        report.compute_s += cost.seconds
-        report.ops.append({"op": op.name, "kind": op.kind, "option": option.to_json(), "compute_s": cost.seconds,
-                           "flops_per_device": cost.flops, "bytes_per_device": cost.bytes, "bound": cost.bound,
-                           "communication_s": 0.0, "communication_bytes": 0.0})
+        cost, times = costs[key], runs.get(op.name, 1)
+        report.compute_s += cost.seconds * times
+        report.ops.append({"op": op.name, "kind": op.kind, "option": option.to_json(), "compute_s": cost.seconds * times,
+                           "flops_per_device": cost.flops * times, "bytes_per_device": cost.bytes * times,
+                           "bound": cost.bound, "communication_s": 0.0, "communication_bytes": 0.0,
+                           **({"runs": times} if microbatching is not None else {})})
     by_name = {entry["op"]: entry for entry in report.ops}
     per_axis_bytes: dict[str, float] = defaultdict(float)
     per_axis_s: dict[str, float] = defaultdict(float)
@@ -148,23 +156,27 @@ def estimate(plan: Plan, hw: Hardware) -> Report:
         steps = steps_json.get(id(resharding))
         if steps is None:
             steps = steps_json[id(resharding)] = [s.to_json() for s in resharding.steps]
-        moved = sum(_communicated(s) for s in resharding.steps)
+        # made as often as its consumer runs; an output as often as its producer
+        maker = graph.producers.get(tensor)
+        times = runs.get(consumer if consumer in runs else maker.name if maker is not None else "", 1)
+        seconds, moved = resharding.seconds * times, sum(_communicated(s) for s in resharding.steps) * times
         report.reshardings.append({"tensor": tensor, "consumer": consumer, "input": index,
                                    "from": resharding.source.to_json(), "to": resharding.target.to_json(),
-                                   "steps": steps, "seconds": resharding.seconds, "bytes_per_device": moved})
-        report.communication_s += resharding.seconds
+                                   "steps": steps, "seconds": seconds, "bytes_per_device": moved,
+                                   **({"runs": times} if microbatching is not None else {})})
+        report.communication_s += seconds
         report.communication_bytes += moved
         for s in resharding.steps:
             for axis in s.mesh_axes:
                 # a collective over several axes is charged to each of them
-                per_axis_bytes[axis] += _communicated(s)
-                per_axis_s[axis] += s.seconds
+                per_axis_bytes[axis] += _communicated(s) * times
+                per_axis_s[axis] += s.seconds * times
         if consumer in by_name:
-            by_name[consumer]["communication_s"] += resharding.seconds
+            by_name[consumer]["communication_s"] += seconds
             by_name[consumer]["communication_bytes"] += moved
     report.bytes_per_axis = dict(per_axis_bytes)
     report.seconds_per_axis = dict(per_axis_s)
-    _memory(plan, report, shardings)
+    _memory(plan, report, shardings, microbatching.accumulated if microbatching is not None else None)
     return report
 
 
@@ -173,9 +185,12 @@ def _communicated(step) -> float:
     return step.bytes_per_device if step_kind(step.kind).moves_data else 0.0
 
 
-def memory_timeline(plan: Plan, shardings: PlanShardings | None = None) -> tuple[np.ndarray, np.ndarray]:
+def memory_timeline(plan: Plan, shardings: PlanShardings | None = None,
+                    accumulated: Mapping[str, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Bytes each device holds at every step (ops in topological order), and the parameters'
     share of them: each value counts at its size as produced or stored over its `live_ranges`.
+    `accumulated`: values accumulated over microbatches, with their accumulator's bytes per byte
+    of the value; an accumulator is held from the start of the step.
 
     A running total (add a value at its first step, take it off after its last) costs values
     plus steps; adding each value into every step it is live costs their product, which a
@@ -193,6 +208,9 @@ def memory_timeline(plan: Plan, shardings: PlanShardings | None = None) -> tuple
             sizes[key] = tensor_bytes(tensor.shape, tensor.itemsize, key[2], mesh)
         maker = graph.producers.get(name)
         held.append(0 if maker is not None and maker.op_kind.view else sizes[key])  # a view holds its input's storage
+        if accumulated and name in accumulated:
+            held[-1] *= accumulated[name]
+            ranges[name] = (0, ranges[name][1])
         first.append(ranges[name][0])
         last.append(ranges[name][1])
         state = graph.tensors[tensor.updates] if tensor.updates is not None else tensor  # a new value holds its old one's place
@@ -212,9 +230,9 @@ def _running_total(steps: int, held: np.ndarray, first: np.ndarray, last: np.nda
     return np.cumsum(change[:steps])
 
 
-def _memory(plan: Plan, report: Report, shardings: PlanShardings) -> None:
+def _memory(plan: Plan, report: Report, shardings: PlanShardings, accumulated: Mapping[str, int] | None) -> None:
     order = shardings.order
-    usage, params = memory_timeline(plan, shardings)
+    usage, params = memory_timeline(plan, shardings, accumulated)
     peak = int(np.argmax(usage))  # the first step at the peak
     report.peak_memory_bytes = int(usage[peak])
     report.peak_step = peak

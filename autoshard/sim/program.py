@@ -14,7 +14,7 @@ Floats are computed in float64 by default, on the devices and in the reference (
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -38,7 +38,7 @@ from autoshard.spmd.program import Communicate, Instruction, LocalOp, SpmdProgra
 DEFAULT_MAX_BYTES = 2 * 2 ** 30  # numpy on one host: every device's shards live at once
 
 
-class _Diverged(Exception):
+class Diverged(Exception):
     def __init__(self, divergence: Divergence):
         self.divergence = divergence
 
@@ -93,40 +93,73 @@ def simulate_program(program: SpmdProgram, inputs: Mapping[str, np.ndarray] | No
     if widen:
         inputs = widen_inputs(inputs)
     reference = evaluate_graph(widen_graph(program.graph) if widen else program.graph, inputs)
-    judged_as = comparison_dtypes(program.graph, widen)
-    env: dict[int, Placed] = {v.id: Placed(distribute(inputs[v.tensor], program.mesh, v.sharding, v.shape),
-                                           v.sharding, v.shape) for v in program.arguments}
-    stored = {v.tensor: v for v in program.arguments}
-    overwritten: dict[int, str] = {}  # argument value -> the value that overwrote its storage in place
-    worst, checked = 0.0, 0
+    execution = Execution(program, widen)
+    env = execution.arguments(inputs)
     try:
-        for item in program.body:
+        execution.run(program.body, env, reference)
+    except Diverged as failure:
+        return execution.verdict(failure.divergence)
+    return execution.verdict(results_problem(program, env))
+
+
+class Execution:
+    """A program's run in progress: how its values are judged, which stored values were
+    overwritten in place, and the largest error and number of values checked so far."""
+
+    def __init__(self, program: SpmdProgram, widen: bool):
+        self.program, self.widen = program, widen
+        self.judged_as = comparison_dtypes(program.graph, widen)
+        self.stored = {v.tensor: v for v in program.arguments}
+        self.overwritten: dict[int, str] = {}  # argument value -> the value that overwrote its storage in place
+        self.worst, self.checked = 0.0, 0
+
+    def arguments(self, inputs: Mapping[str, np.ndarray]) -> dict[int, Placed]:
+        """The program's arguments laid out from global `inputs`."""
+        return {v.id: Placed(distribute(inputs[v.tensor], self.program.mesh, v.sharding, v.shape), v.sharding, v.shape)
+                for v in self.program.arguments}
+
+    def run(self, items: Sequence[Instruction], env: dict[int, Placed], reference: Mapping[str, np.ndarray]) -> None:
+        """Run `items` in order, checking each value made against `reference`; raises `Diverged`."""
+        for item in items:
             name = instruction_name(item)
             try:
-                produced = _run(item, env, program.mesh, widen, overwritten)
+                produced = _run(item, env, self.program.mesh, self.widen, self.overwritten)
             except ProgramError as error:
-                raise _Diverged(Divergence(name, item.outputs[0].tensor, error.device, None, None, None, str(error))) from None
+                raise Diverged(Divergence(name, item.outputs[0].tensor, error.device, None, None, None, str(error))) from None
             for value, shards in produced:
-                env[value.id] = Placed(shards, value.sharding, value.shape)
-                worst = max(worst, _check(name, value, shards, program.mesh, reference, judged_as[value.dtype]))
-                checked += 1
-                old = program.graph.tensors[value.tensor].updates
+                self.record(name, value, shards, env, reference)
+                old = self.program.graph.tensors[value.tensor].updates
                 if old is not None and isinstance(item, LocalOp):  # the old value's storage now holds the new one
-                    overwritten[stored[old].id] = value.tensor
-                    del env[stored[old].id]
-    except _Diverged as failure:
-        return Verdict(False, worst, failure.divergence, checked)
+                    self.overwritten[self.stored[old].id] = value.tensor
+                    del env[self.stored[old].id]
+
+    def record(self, name: str, value: Value, shards: Shards, env: dict[int, Placed],
+               reference: Mapping[str, np.ndarray]) -> None:
+        """`value` now holds `shards`, checked against `reference`; raises `Diverged`."""
+        env[value.id] = Placed(shards, value.sharding, value.shape)
+        self.worst = max(self.worst, _check(name, value, shards, self.program.mesh, reference,
+                                            self.judged_as[value.dtype]))
+        self.checked += 1
+
+    def verdict(self, divergence: Divergence | None) -> Verdict:
+        return Verdict(divergence is None, self.worst, divergence, self.checked)
+
+
+def results_problem(program: SpmdProgram, env: Mapping[int, Placed]) -> Divergence | None:
+    """Why the program's results are not what it returns, or None: one never computed, or a value
+    written in place returned in another sharding than its old value's storage."""
+    stored = {v.tensor: v for v in program.arguments}
     missing = [v for v in program.results if v.id not in env]
     if missing:
         message = f"result {missing[0].tensor!r} (value %{missing[0].id}) is never computed"
-        return Verdict(False, worst, Divergence("result", missing[0].tensor, None, None, None, None, message), checked)
+        return Divergence("result", missing[0].tensor, None, None, None, None, message)
     for value in program.results:
         old = program.graph.tensors[value.tensor].updates
         if old is not None and value.sharding != stored[old].sharding:
             message = (f"result {value.tensor!r} overwrites {old!r} in place, but is returned as {value.sharding} "
                        f"while {old!r} is stored as {stored[old].sharding}")
-            return Verdict(False, worst, Divergence("result", value.tensor, None, None, None, None, message), checked)
-    return Verdict(True, worst, None, checked)
+            return Divergence("result", value.tensor, None, None, None, None, message)
+    return None
 
 
 def _run(item: Instruction, env: dict[int, Placed], mesh: Mesh, widen: bool,
@@ -172,13 +205,13 @@ def _check(name: str, value: Value, shards: Shards, mesh: Mesh, reference: Mappi
     try:
         comparison = compare_shards(shards, mesh, value.sharding, reference[value.tensor], dtype, what)
     except ProgramError as error:
-        raise _Diverged(Divergence(name, value.tensor, error.device, None, None, None, str(error))) from None
+        raise Diverged(Divergence(name, value.tensor, error.device, None, None, None, str(error))) from None
     m = comparison.mismatch
     if m is not None:
         message = (f"{value.tensor!r}{list(m.index)} = {m.actual:.6g}, expected {m.expected:.6g} (error "
                    f"{abs(m.actual - m.expected):.3g} > tolerance {comparison.tolerance:.3g}; value %{value.id}, "
                    f"sharding {value.sharding})")
-        raise _Diverged(Divergence(name, value.tensor, m.device, m.index, m.actual, m.expected, message))
+        raise Diverged(Divergence(name, value.tensor, m.device, m.index, m.actual, m.expected, message))
     return comparison.max_error
 
 

@@ -11,6 +11,8 @@ from typing import Any
 
 from autoshard.errors import InputError, Problem
 from autoshard.graph.summary import size
+from autoshard.planning.microbatches import Microbatching
+from autoshard.sim.microbatch import simulate_microbatched
 from autoshard.sim.program import simulate_program, simulation_bytes
 from autoshard.spmd.program import SpmdProgram
 
@@ -24,21 +26,25 @@ def policy_problem(policy: str, where: str) -> Problem:
 
 
 def verify_program(program: SpmdProgram, policy: str, seed: int = 0,
-                   max_bytes: float = ALWAYS_LIMIT_BYTES) -> dict[str, Any]:
+                   max_bytes: float = ALWAYS_LIMIT_BYTES, microbatching: Microbatching | None = None) -> dict[str, Any]:
     """The verdict as JSON: `status` passed, failed or skipped (with `reason`); when run, the
     max error, the number of values checked and the first divergence (op, device, message).
-    No simulation holds more than `max_bytes` of host memory, whatever the policy."""
+    No simulation holds more than `max_bytes` of host memory, whatever the policy. With
+    `microbatching`, `program` is the step on one microbatch, run as the step runs it."""
     if policy not in VERIFY_POLICIES:
         raise InputError([policy_problem(policy, "verify")])
     if policy == "never":
         return {"status": "skipped", "reason": "verification not requested"}
-    needed = simulation_bytes(program)
+    needed = simulation_bytes(program) * (2 if microbatching is not None else 1)
     limit = min(AUTO_LIMIT_BYTES, max_bytes) if policy == "auto" else max_bytes
     if needed > limit:
         return {"status": "skipped", "needs_bytes": needed,
                 "reason": f"simulating this plan needs about {size(needed)} of host memory, over the "
                           f"{size(limit)} that verification '{policy}' allows; verify a smaller version of the graph "
                           f"with `autoshard simulate`"}
-    verdict = simulate_program(program, seed=seed, max_bytes=limit)
+    if microbatching is not None and microbatching.count > 1:
+        verdict = simulate_microbatched(program, microbatching, seed=seed, max_bytes=limit)
+    else:
+        verdict = simulate_program(program, seed=seed, max_bytes=limit)
     return {"status": "passed" if verdict.passed else "failed", "seed": seed, "summary": verdict.summary(),
             **verdict.to_json()}
