@@ -164,7 +164,8 @@ def plan_inputs(canonical: Mapping[str, Any]) -> PlanInputs:
                              gap_limit=options.get("gap_limit", SolveSettings.gap_limit),
                              memory_budget_bytes=options.get("memory_budget_bytes"),
                              weights=Weights(**options["weights"]),
-                             deterministic=options.get("deterministic", False))
+                             deterministic=options.get("deterministic", False),
+                             microbatches=options.get("microbatches", 1))
     return PlanInputs(graph_from_json(canonical["graph"], mesh), mesh,
                       bind_topology(canonical["topology"], canonical["topology_options"], mesh),
                       topology_name(canonical["topology"]), settings, tuple(options["emit"]), options["dialect"],

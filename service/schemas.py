@@ -100,6 +100,8 @@ class PlanOptions(_Wire):
     deterministic: bool = Field(False, description="bound the solver by a fixed amount of work instead of the "
                                                    "clock: the same request gives the same plan (apart from its "
                                                    "timing fields); time_limit_s no longer stops the solve")
+    microbatches: int = Field(1, ge=1, description="forward and backward on 1/M of the batch, M times, gradients "
+                                                   "accumulated, the optimizer once (inputs must declare batch_dim)")
 
 
 class PlanRequest(_Wire):
@@ -116,6 +118,8 @@ class EstimateRequest(_Wire):
     topology: str | dict[str, Any] = TopologyField
     topology_options: TopologyOptions = Field(default_factory=TopologyOptions)
     plan: dict[str, Any] = Field(description="per-op options and/or per-tensor shardings (autoshard.plan/v1)")
+    microbatches: int | None = Field(None, ge=1, description="price the step as M microbatches (default: as many "
+                                                              "as the plan was made for, or 1)")
 
 
 class ValidateRequest(_Wire):

@@ -310,3 +310,20 @@ def test_the_openapi_schema_states_the_graph_document_and_that_a_plan_needs_a_me
     # the route holds to it, even for a plan of null
     response = http.post("/v1/validate", json={"graph": MLP, "plan": None})
     assert response.status_code == 422 and error_of(response)["problems"][0]["where"] == "/mesh"
+
+
+def test_a_plan_for_microbatches_is_made_and_priced_as_microbatches(tmp_path):
+    from autoshard.models.mlp import MLPConfig, mlp
+
+    graph = mlp(MLPConfig(layers=1, batch=4, hidden=8, ffn=8, dtype="f32"), training=True)
+    with TestClient(create_app(settings_for(tmp_path, max_body_bytes=400_000, max_ops=100, max_tensors=100))) as http:
+        client = Client(http=http)
+        job = client.submit(graph, "dp=2", "dgx-h100", options=OPTIONS | {"microbatches": 2}, wait_s=60)
+        assert job.status == "done" and job.plan["microbatches"] == 2
+        assert job.plan["verification"]["status"] == "passed"
+        assert client.estimate(graph, "dp=2", job.plan)["totals"] == job.plan["totals"]
+        body = {"graph": graph, "mesh": "dp=2", "topology": "dgx-h100", "plan": job.plan, "microbatches": 3}
+        response = http.post("/v1/estimate", json=body)
+    assert response.status_code == 422
+    assert {p["where"] for p in error_of(response)["problems"]} == {"/graph/tensors/x/batch_dim",
+                                                                      "/graph/tensors/labels/batch_dim"}

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 
-from autoshard.errors import InputError
+from autoshard.errors import InputError, Problem
+from autoshard.planning.microbatches import microbatch, stated_microbatches
 from autoshard.planning.plan import check_plan_mesh, plan_from_json
 from autoshard.planning.report import estimate
 from service import deps
@@ -23,8 +24,14 @@ def estimate_plan(body: EstimateRequest, settings: Settings = Depends(deps.setti
     graph = parse_graph(body.graph, mesh, settings)
     hardware = bind_topology(body.topology, body.topology_options.model_dump(exclude_none=True), mesh)
     try:
+        microbatching = microbatch(graph, stated_microbatches(body.plan, body.microbatches))
+    except InputError as error:
+        # the request's own field, the plan's, or the graph's batch dims
+        where = {"microbatches": "/microbatches", "/microbatches": "/plan/microbatches"}
+        raise InputError([Problem(where.get(p.where, "/graph" + p.where), p.message) for p in error.problems]) from None
+    try:
         check_plan_mesh(body.plan, mesh, "/mesh")  # as the CLI's estimate, emit and simulate do
-        plan = plan_from_json(body.plan, graph, mesh)
+        plan = plan_from_json(body.plan, microbatching.graph, mesh)
     except InputError as error:
         raise under("/plan", error) from None
-    return Estimate(**estimate(plan, hardware).to_json())
+    return Estimate(**estimate(plan, hardware, microbatching if microbatching.count > 1 else None).to_json())
