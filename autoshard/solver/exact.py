@@ -28,6 +28,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from autoshard.solver.flat import FORBIDDEN, FlatProblem
+from autoshard.solver.schedule import gained
 
 COEF_BUDGET = 2**50
 EXACT_PAIR_LIMIT = 400_000
@@ -48,6 +49,7 @@ class ExactResult:
     infeasible: bool
     wall_s: float
     status: str
+    stalled: bool = False     # stopped by `patience_s` without a gain, not by the time limit
 
 
 @dataclass
@@ -220,37 +222,97 @@ def _add_memory_rows(model: cp_model.CpModel, fp: FlatProblem, var_of: np.ndarra
             model.add_bool_or([])  # base load alone exceeds the limit
 
 
+class Stall:
+    """Stops a CP-SAT search (`stop`) once it has gone `patience_s` seconds without a gain: a
+    better solution, or, when `bounds` count, a bound that closes `bound_gain` of the gap
+    (`schedule.gained`). A neighbourhood's bound is its own, not the instance's: there only
+    solutions count. The watch runs in a thread of its own while the search runs (`watch`)."""
+
+    def __init__(self, patience_s: float, stop: Callable[[], None], bounds: bool, bound_gain: float = 1e-3):
+        self.patience_s, self.stop, self.bounds, self.bound_gain = patience_s, stop, bounds, bound_gain
+        self.best, self.bound = math.inf, -math.inf
+        self.last = time.monotonic()
+        self.stalled = False
+        self._done = threading.Event()
+
+    def note(self, best: float, bound: float) -> None:
+        """A solution of cost `best`, or a bound `bound`, from the search's callbacks."""
+        if gained(best, bound if self.bounds else -math.inf, self.best, self.bound, self.bound_gain):
+            self.best, self.bound = min(best, self.best), max(bound if self.bounds else -math.inf, self.bound)
+            self.last = time.monotonic()
+
+    def _watch(self) -> None:
+        while not self._done.wait(min(0.05, self.patience_s)):
+            if time.monotonic() - self.last >= self.patience_s:
+                self.stalled = True
+                self.stop()
+                return
+
+    def watch(self) -> "Stall":
+        self.last = time.monotonic()
+        threading.Thread(target=self._watch, daemon=True).start()
+        return self
+
+    def __enter__(self) -> "Stall":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+
+
 class _Progress(cp_model.CpSolverSolutionCallback):
+    """Each new solution (and, through `on_bound`, each better bound) goes to `progress(cost,
+    bound, elapsed_s)`, the solution to `solution(x)`, and both to the stall watch."""
+
     def __init__(self, scale: int, callback: Callable[[float, float, float], None] | None,
-                 solution: Callable[[np.ndarray], None] | None, decode: Callable[[np.ndarray], np.ndarray]):
+                 solution: Callable[[np.ndarray], None] | None, decode: Callable[[np.ndarray], np.ndarray],
+                 stall: Stall | None):
         super().__init__()
         self._scale, self._callback = scale, callback
         self._solution, self._decode = solution, decode
+        self._stall = stall
         self._start = time.monotonic()
         self.found = False
+        self.cost, self.bound = math.inf, -math.inf
 
     def on_solution_callback(self) -> None:
         self.found = True
-        if self._callback is not None:
-            self._callback(self.objective_value * self._scale, self.best_objective_bound * self._scale,
-                           time.monotonic() - self._start)
+        self.cost = self.objective_value * self._scale
+        self.bound = max(self.bound, self.best_objective_bound * self._scale)
+        self._tell()
         if self._solution is not None:
             self._solution(self._decode(np.asarray(self.response_proto.solution, dtype=np.int64)))
+
+    def on_bound(self, bound: float) -> None:
+        """CP-SAT's best-bound callback (objective units): bound progress without a solution."""
+        if bound * self._scale > self.bound:
+            self.bound = bound * self._scale
+            self._tell()
+
+    def _tell(self) -> None:
+        if self._stall is not None:
+            self._stall.note(self.cost, self.bound)
+        if self._callback is not None:
+            self._callback(self.cost, self.bound, time.monotonic() - self._start)
 
 
 def solve_exact(fp: FlatProblem, *, time_limit_s: float, workers: int = 1, seed: int = 0,
                 hint: np.ndarray | None = None, deterministic_time: float | None = None,
                 progress: Callable[[float, float, float], None] | None = None, gap_limit: float = 0.0,
                 light_presolve: bool = False, solution: Callable[[np.ndarray], None] | None = None,
-                give_up_s: float | None = None) -> ExactResult:
+                give_up_s: float | None = None, patience_s: float | None = None,
+                bounds_count: bool = True) -> ExactResult:
     """Solve `fp` with CP-SAT; `deterministic_time` (CP-SAT's own units) replaces the wall limit
     for reproducible runs. `progress(cost, bound, elapsed_s)` is called on each new solution, and
-    `solution(x)` with it (kept-strategy indices).
+    `solution(x)` with it (kept-strategy indices), and on each better bound (its cost then the
+    last solution's, inf before one).
     The search stops once (cost - bound) / cost <= `gap_limit`; `optimal` only on a proof.
     `light_presolve` (for neighbourhoods that only need to improve on their hint): one presolve
     pass, no probing, no symmetry detection: a large relink otherwise spends most of its time in
     presolve and finds the same answer (benchmarks/RESULTS.md). `give_up_s` (wall-clock runs
-    only): stop, status UNKNOWN, when no solution has been found after that many seconds."""
+    only): stop, status UNKNOWN, when no solution has been found after that many seconds.
+    `patience_s` (wall-clock runs only): stop (`stalled` in the result) after that many seconds
+    without a better solution or, when `bounds_count`, a better bound (`Stall`)."""
     start = time.monotonic()
     built = _build(fp)
     if hint is not None:
@@ -290,26 +352,35 @@ def solve_exact(fp: FlatProblem, *, time_limit_s: float, workers: int = 1, seed:
         picked[fp.soff[:-1][fp.sizes() == 1]] = True
         return np.flatnonzero(picked) - fp.soff[:-1]
 
-    callback = _Progress(built.scale, progress, solution, decode)
+    stall = None
+    if patience_s is not None and deterministic_time is None:
+        stall = Stall(patience_s, solver.stop_search, bounds_count)
+    callback = _Progress(built.scale, progress, solution, decode, stall)
+    solver.best_bound_callback = callback.on_bound
     timer = None
     if give_up_s is not None and deterministic_time is None:
         timer = threading.Timer(give_up_s, lambda: None if callback.found else solver.stop_search())
         timer.start()
     try:
-        status = solver.solve(built.model, callback)
+        if stall is not None:
+            with stall.watch():
+                status = solver.solve(built.model, callback)
+        else:
+            status = solver.solve(built.model, callback)
     finally:
         if timer is not None:
             timer.cancel()
     wall = time.monotonic() - start
+    stalled = stall is not None and stall.stalled
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         x = decode(np.asarray(solver.response_proto.solution, dtype=np.int64))
         bound = solver.best_objective_bound * built.scale
         # Stopping on the gap limit also reports OPTIMAL: only a bound that meets the cost proves it.
         proved = solver.best_objective_bound >= solver.objective_value
         optimal = status == cp_model.OPTIMAL and proved and built.scale == 1
-        return ExactResult(x, bound, optimal, False, wall, solver.status_name(status))
+        return ExactResult(x, bound, optimal, False, wall, solver.status_name(status), stalled)
     if status == cp_model.INFEASIBLE:
         return ExactResult(None, math.inf, False, True, wall, "INFEASIBLE")
     if status == cp_model.MODEL_INVALID:
         raise RuntimeError(f"CP-SAT rejected the model: {built.model.validate()}")
-    return ExactResult(None, -math.inf, False, False, wall, solver.status_name(status))
+    return ExactResult(None, -math.inf, False, False, wall, solver.status_name(status), stalled)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 from ortools.sat.python import cp_model
 
+from autoshard.solver.exact import Stall
 from autoshard.solver.flat import FORBIDDEN, FlatProblem
 
 # Differing groups times rows: the dense table of usage changes per row stays under this.
@@ -28,12 +29,14 @@ def groups_fit(fp: FlatProblem, group: np.ndarray, best: np.ndarray, other: np.n
 
 
 def relink_groups(fp: FlatProblem, group: np.ndarray, best: np.ndarray, other: np.ndarray, time_limit_s: float,
-                  seed: int, deterministic_time: float | None = None) -> np.ndarray | None:
+                  seed: int, deterministic_time: float | None = None,
+                  patience_s: float | None = None) -> np.ndarray | None:
     """The cheapest answer found in `time_limit_s` (CP-SAT's `deterministic_time` instead, when
     given) that keeps `best`'s choices or takes `other`'s in each group where they differ
     (`group`: each node's group), fits in memory and chooses nothing forbidden, if cheaper than
     `best` (which must fit and choose nothing forbidden); else None, also when they are too far
-    apart (`groups_fit`)."""
+    apart (`groups_fit`). With `patience_s` (wall-clock runs), CP-SAT stops after that many
+    seconds without a better mix (its bound, of the mix only, does not count)."""
     differ = np.flatnonzero(best != other)
     if len(differ) == 0 or not groups_fit(fp, group, best, other):
         return None
@@ -111,7 +114,11 @@ def relink_groups(fp: FlatProblem, group: np.ndarray, best: np.ndarray, other: n
         solver.parameters.max_deterministic_time = deterministic_time
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = seed
-    status = solver.solve(model)
+    if patience_s is None or deterministic_time is not None:
+        status = solver.solve(model)
+    else:
+        with Stall(patience_s, solver.stop_search, bounds=False).watch() as stall:
+            status = solver.solve(model, _Solutions(stall))
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     chosen = np.array([solver.boolean_value(t) for t in take], dtype=bool)
@@ -121,6 +128,17 @@ def relink_groups(fp: FlatProblem, group: np.ndarray, best: np.ndarray, other: n
     if fp.objective(mixed) < fp.objective(best) and fp.fits(mixed):
         return mixed
     return None
+
+
+class _Solutions(cp_model.CpSolverSolutionCallback):
+    """Tells the stall watch of each better mix."""
+
+    def __init__(self, stall: Stall):
+        super().__init__()
+        self._stall = stall
+
+    def on_solution_callback(self) -> None:
+        self._stall.note(self.objective_value, -np.inf)
 
 
 def _add_rows(model: cp_model.CpModel, fp: FlatProblem, take: list, differ: np.ndarray, var_of_differ: np.ndarray,

@@ -122,9 +122,10 @@ class Search:
         return repaired
 
     def relink(self, other: np.ndarray, time_limit_s: float, workers: int,
-               deterministic_time: float | None = None) -> float | None:
+               deterministic_time: float | None = None, patience_s: float | None = None) -> float | None:
         """Re-solve, from the best solution, the nodes where `other` differs from it; returns the
-        cost change (<= 0), or None when that subproblem is too large for CP-SAT."""
+        cost change (<= 0), or None when that subproblem is too large for CP-SAT. CP-SAT stops
+        after `patience_s` without a better mix."""
         nodes = np.flatnonzero((self.best_x != other) & self.movable)
         if len(nodes) == 0:
             return 0.0
@@ -132,30 +133,34 @@ class Search:
         sub = restrict(self.fp, nodes, self.x)
         if not model_fits(sub, HINTED_TERM_LIMIT):
             return None
-        return self._solve_part(nodes, sub, time_limit_s, workers, deterministic_time)
+        return self._solve_part(nodes, sub, time_limit_s, workers, deterministic_time, patience_s)
 
     def on_rows(self, keep: np.ndarray, time_limit_s: float, workers: int,
-                deterministic_time: float | None = None) -> ExactResult | None:
+                deterministic_time: float | None = None, patience_s: float | None = None) -> ExactResult | None:
         """CP-SAT over every node under the memory rows `keep` only, from the best solution (None
         when that model is too large). Its answer fits those rows but perhaps not the others; its
-        bound holds for the whole problem (fewer rows only allow more)."""
+        bound holds for the whole problem (fewer rows only allow more), so both count against
+        `patience_s`."""
         part = only_rows(self.fp, keep)
         if pair_count(part) > WHOLE_PAIR_LIMIT or row_terms(part) > EXACT_TERM_LIMIT:
             return None
         return solve_exact(part, time_limit_s=time_limit_s, workers=workers, seed=int(self.rng.integers(1 << 31)),
-                           hint=self.best_x, deterministic_time=deterministic_time, light_presolve=True)
+                           hint=self.best_x, deterministic_time=deterministic_time, light_presolve=True,
+                           patience_s=patience_s)
 
-    def lns(self, nodes: np.ndarray, time_limit_s: float, deterministic_time: float | None = None) -> float:
+    def lns(self, nodes: np.ndarray, time_limit_s: float, deterministic_time: float | None = None,
+            patience_s: float | None = None) -> float:
         """Re-solve `nodes` exactly with CP-SAT, others fixed; returns the cost change (<= 0)."""
-        return self._solve_part(nodes, restrict(self.fp, nodes, self.x), time_limit_s, 1, deterministic_time)
+        return self._solve_part(nodes, restrict(self.fp, nodes, self.x), time_limit_s, 1, deterministic_time,
+                                patience_s)
 
     def _solve_part(self, nodes: np.ndarray, sub: FlatProblem, time_limit_s: float, workers: int,
-                    deterministic_time: float | None) -> float:
+                    deterministic_time: float | None, patience_s: float | None = None) -> float:
         """Solve the subproblem of `nodes` from the current choices; keep its answer if cheaper."""
         before = sub.objective(self.x[nodes])
         result = solve_exact(sub, time_limit_s=time_limit_s, workers=workers, seed=int(self.rng.integers(1 << 31)),
                              hint=self.x[nodes], deterministic_time=deterministic_time,
-                             light_presolve=True)
+                             light_presolve=True, patience_s=patience_s, bounds_count=False)
         if result.x is None:
             return 0.0
         change = sub.objective(result.x) - before
