@@ -1,5 +1,6 @@
 """The heuristic's turns of phases: each stops once its budget of rounds (or seconds) without a
-better plan or bound is spent, says why, and a cycle in which no phase gained ends the run."""
+better plan or bound is spent and says why; a cycle in which no phase gained grows the budgets.
+CP-SAT's bound progress counts as a gain (its best-bound callback)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import math
 import numpy as np
 
 from autoshard.solver.flat import flatten
-from autoshard.solver.heuristic import run_heuristic
+from autoshard.solver.exact import Stall, _Progress
+from autoshard.solver.heuristic import run_heuristic, start_heuristic
 from autoshard.solver.problem import Problem
 from autoshard.solver.schedule import SCHEDULE, Patience, gained
 
@@ -48,15 +50,24 @@ def test_a_bound_gain_counts_in_any_amount_before_a_plan():
     assert not gained(math.inf, 0.5, math.inf, 0.5, bound_gain=0.5)
 
 
-def test_a_stalled_phase_is_abandoned_after_its_rounds_and_a_fruitless_cycle_ends_the_run():
+def test_a_bound_creeping_by_crumbs_counts_once_they_add_up():
+    patience = Patience(3, None, best=100.0, bound=0.0, now=0.0, bound_gain=0.01)
+    assert patience.spent(100.0, 0.6, now=1.0) is None and patience.gains == 0  # 0.6% of the gap
+    assert patience.spent(100.0, 1.2, now=2.0) is None and patience.gains == 1  # 1.2% since the last gain
+
+
+def test_a_fruitless_cycle_grows_the_budgets_and_the_turns_go_on_until_the_rounds_are_spent():
     schedule = dataclasses.replace(SCHEDULE, patience_rounds=2, cycle=("improve", "relax", "wider"),
                                    deterministic_rounds=50)
     found = run_heuristic(flatten(odd_ring(7)), time_limit_s=60.0, deterministic=True, schedule=schedule)
     assert found.objective == 10 and found.bound < found.objective
     turns = [phase for phase in found.stats["phases"] if phase["phase"] != "hubs"]
-    assert [phase["phase"] for phase in turns] == ["improve", "relax", "wider"]
-    assert [phase["stopped"] for phase in turns[:2]] == ["2 rounds without gain"] * 2
-    assert turns[-1]["stopped"] == "2 rounds without gain; every phase of a cycle gained nothing, the run ends"
+    assert [phase["phase"] for phase in turns] == ["improve", "relax", "wider"] * 3 + ["improve", "relax"]
+    assert [phase["stopped"] for phase in turns] == [
+        "2 rounds without gain", "2 rounds without gain", "2 rounds without gain; a cycle without gain, budgets x2",
+        "4 rounds without gain", "4 rounds without gain", "4 rounds without gain; a cycle without gain, budgets x4",
+        "8 rounds without gain", "8 rounds without gain", "8 rounds without gain; a cycle without gain, budgets x4",
+        "8 rounds without gain", "time up"]
     assert all(phase["gains"] == 0 for phase in turns)
 
 
@@ -66,4 +77,40 @@ def test_the_progress_line_names_the_phase_and_why_the_one_before_stopped():
     run_heuristic(flatten(odd_ring(5)), time_limit_s=60.0, deterministic=True, schedule=schedule,
                   progress=lambda phase, cost, bound, elapsed_s: phases.append(phase))
     assert "relax (after improve: 1 round without gain)" in phases
-    assert phases[-1].startswith("done (relax: 1 round without gain; every phase of a cycle gained nothing")
+    assert "improve (after relax: 1 round without gain; a cycle without gain, budgets x2)" in phases
+
+
+def test_a_resumed_run_takes_a_better_plan_and_bound_from_elsewhere():
+    schedule = dataclasses.replace(SCHEDULE, patience_rounds=2, cycle=("improve", "relax"), deterministic_rounds=8)
+    fp = flatten(odd_ring(7))
+    run = start_heuristic(fp, time_limit_s=60.0, deterministic=True, schedule=schedule)
+    turns_before = len(run.stats["phases"])
+    again = run.resume(60.0, bound=5.0)
+    assert again.objective == 10 and again.bound == 5.0
+    assert [phase["phase"] for phase in again.stats["phases"][turns_before:]][:2] == ["improve", "relax"]
+    done = run.resume(60.0, bound=10.0)  # the bound meets the plan: no turn runs
+    assert done.bound == 10.0 and run.stats["phases"][-1]["stopped"] == "within the gap limit"
+
+
+def test_a_stall_watch_counts_better_solutions_and_bounds_that_close_the_gap():
+    watch = Stall(1.0, lambda: None, bounds=True, bound_gain=0.01)
+    watch.note(100.0, 50.0)
+    watch.note(100.0, 50.4)  # 0.8% of the gap: no gain
+    assert (watch.best, watch.bound) == (100.0, 50.0)
+    watch.note(100.0, 50.6)  # 1.2% since the last gain
+    assert watch.bound == 50.6
+    only_solutions = Stall(1.0, lambda: None, bounds=False)
+    only_solutions.note(100.0, 90.0)
+    assert (only_solutions.best, only_solutions.bound) == (100.0, -math.inf)
+
+
+def test_cp_sat_bound_progress_reaches_the_progress_callback_and_the_stall_watch():
+    calls: list[tuple[float, float]] = []
+    watch = Stall(1.0, lambda: None, bounds=True)
+    progress = _Progress(3, lambda cost, bound, elapsed_s: calls.append((cost, bound)), None, lambda values: values,
+                         watch)
+    progress.on_bound(10.0)
+    progress.on_bound(9.0)  # not better: not reported
+    progress.on_bound(12.0)
+    assert calls == [(math.inf, 30.0), (math.inf, 36.0)]  # in flat costs (times the scale), before any solution
+    assert watch.bound == 36.0

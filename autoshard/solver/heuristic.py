@@ -101,6 +101,17 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
     """The best solution the phases find in `time_limit_s` (in the schedule's fixed work when
     `deterministic`), with the certified bound of the relaxation and CP-SAT. `incumbent(x)` gets
     the best fitting solution (kept-strategy indices) whenever a progress report finds a better one."""
+    return start_heuristic(fp, time_limit_s=time_limit_s, seed=seed, hint=hint, progress=progress,
+                           deterministic=deterministic, gap_limit=gap_limit, workers=workers, schedule=schedule,
+                           incumbent=incumbent).result()
+
+
+def start_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: np.ndarray | None = None,
+                    progress: Progress | None = None, deterministic: bool = False,
+                    gap_limit: float = 0.0, workers: int = 1, schedule: Schedule = SCHEDULE,
+                    incumbent: Incumbent | None = None) -> HeuristicRun:
+    """`run_heuristic`, with the run kept: `HeuristicRun.resume` gives it more time later (the
+    relaxation's multipliers and the search's state carry on)."""
     run = HeuristicRun(fp, time_limit_s=time_limit_s, seed=seed, hint=hint, progress=progress,
                        deterministic=deterministic, gap_limit=gap_limit, workers=workers, schedule=schedule,
                        incumbent=incumbent)
@@ -113,7 +124,7 @@ def run_heuristic(fp: FlatProblem, *, time_limit_s: float, seed: int = 0, hint: 
     run.hub_neighbourhoods()
     run.take_turns()
     run.finish()
-    return HeuristicResult(run.search.best_x.copy(), run.search.best_obj, run.bound, run.stats)
+    return run
 
 
 class HeuristicRun:
@@ -162,6 +173,8 @@ class HeuristicRun:
         self.stats["phases"] = self.phases
         self.rounds_in_turns = 0  # rounds of the turns (the deterministic budget counts them)
         self.widened = 1  # how many times larger than the improve phase's the `wider` balls are
+        self.budget_factor = 1  # the phases' budgets grow after a cycle without a gain
+        self.phase_s: float | None = None  # the running phase's seconds without gain (CP-SAT steps stay within)
         self.restarts = 0
         # The longest stretch without a gain (`schedule.gained`), from the start of the run.
         self.gain_best, self.gain_bound, self.gain_at = math.inf, -math.inf, 0.0
@@ -190,13 +203,36 @@ class HeuristicRun:
         if gained(best, self.bound, self.gain_best, self.gain_bound, self.schedule.bound_gain):
             self.longest_idle_s = max(self.longest_idle_s, elapsed_s - self.gain_at)
             self.gain_at = elapsed_s
-        self.gain_best, self.gain_bound = min(best, self.gain_best), max(self.bound, self.gain_bound)
+            # Only from a gain on: a bound creeping up by crumbs counts once they add up.
+            self.gain_best, self.gain_bound = min(best, self.gain_best), max(self.bound, self.gain_bound)
 
     def finish(self) -> None:
         """The stats of the whole run: the first plan's time, the longest stretch without a gain."""
         self._note_gain(self.search.best_obj if self.note_feasible() else math.inf)
         elapsed_s = time.monotonic() - self.start
         self.stats["longest_idle_s"] = round(max(self.longest_idle_s, elapsed_s - self.gain_at), 3)
+
+    def result(self) -> HeuristicResult:
+        return HeuristicResult(self.search.best_x.copy(), self.search.best_obj, self.bound, self.stats)
+
+    def resume(self, time_limit_s: float, x: np.ndarray | None = None, bound: float = -math.inf,
+               idle_s: float = 0.0) -> HeuristicResult:
+        """More turns for `time_limit_s` from now, from `x` when it fits and is cheaper than the
+        best, with a `bound` found meanwhile (CP-SAT's, whose last `idle_s` gained nothing); shares
+        of the time are then of the whole span since the run started."""
+        now = time.monotonic()
+        self.gain_at = max(self.gain_at, now - self.start - idle_s)
+        self.deadline = now + time_limit_s
+        self.time_limit_s = self.deadline - self.start
+        self.bound = max(self.bound, bound)
+        if x is not None and self.fp.fits(x) and self.fp.objective(x) < self.search.best_obj:
+            self.search.reset(x)
+        self.search.reset(self.search.best_x)
+        self.gain_best, self.gain_bound = min(self.gain_best, self._best_fitting()), max(self.gain_bound, self.bound)
+        self.budget_factor = 1
+        self.take_turns()
+        self.finish()
+        return self.result()
 
     def note_feasible(self) -> bool:
         """Whether the best plan fits and chooses nothing forbidden; the first time it does, when."""
@@ -314,6 +350,8 @@ class HeuristicRun:
         self.round_no = 0
         self.memory_binds = False
         self.rounds_without_gain = 0  # neither a better plan nor a bound closing the gap noticeably
+        self.relax_peak = -math.inf  # the relaxation's best round bound at its last headway
+        self.headway = False
         self.label = "relax"
         while (self._relaxing(self.round_no, self.memory_binds) and not self.proved_optimal()
                and (self.deterministic or self.rounds_without_gain < schedule.relax_patience)):
@@ -328,6 +366,11 @@ class HeuristicRun:
         x = relaxation.run(schedule.passes_stepping if self.stepping else schedule.passes)
         round_bound = relaxation.bound()
         self.bound = max(self.bound, round_bound)
+        # Headway: this relaxation's own bound closing `bound_gain` of its gap since it last did,
+        # even while under the best bound (a relaxation started again climbs for tens of rounds).
+        self.headway = gained(search.best_obj, round_bound, search.best_obj, self.relax_peak, schedule.bound_gain)
+        if self.headway:
+            self.relax_peak = round_bound
         subgradient = self.slack_of(x)
         sweep_start = time.monotonic()
         _penalised_cleanup(fp, x, relaxation.penalties(), self.moves, self.seed + self.round_no, schedule.cleanup_block)
@@ -428,17 +471,25 @@ class HeuristicRun:
         self.relinked.add(x.tobytes())
         share = schedule.relink_share if share is None else share
         budget_s = max(schedule.relink_min_s, share * self.time_left())
+        patience_s = None
+        if self.phase_s is not None:
+            # In the turns a relink is one of the phase's steps: within its budget, and stopped
+            # once half of it passes without a better mix (on B-p1001 a relink over merged groups
+            # took 2.7 s, the relax phase's whole budget, and left its rounds no time).
+            budget_s, patience_s = min(budget_s, self.phase_s), self.phase_s / 2
         deterministic_time = schedule.relink_work if self.deterministic else None
         contraction = self.relaxation.contraction
         if contraction is None:
-            change = self.search.relink(x, budget_s, self.workers, deterministic_time=deterministic_time)
+            change = self.search.relink(x, budget_s, self.workers, deterministic_time=deterministic_time,
+                                        patience_s=patience_s)
         elif not groups_fit(self.fp, contraction.group, self.search.best_x, x):
             change = None  # too far apart, as `Search.relink` says of a model too large
         else:
             before = self.search.best_obj
             mixed = relink_groups(self.fp, contraction.group, self.search.best_x, x,
                                   min(budget_s, schedule.group_relink_max_s),
-                                  int(self.search.rng.integers(1 << 31)), deterministic_time=deterministic_time)
+                                  int(self.search.rng.integers(1 << 31)), deterministic_time=deterministic_time,
+                                  patience_s=patience_s)
             if mixed is not None:
                 self.search.reset(mixed)
             change = self.search.best_obj - before
@@ -495,7 +546,8 @@ class HeuristicRun:
         self.rows_tried.add(keep.tobytes())
         budget_s = schedule.binding_rows_share * self.time_left()
         result = search.on_rows(keep, budget_s if max_s is None else min(budget_s, max_s), self.workers,
-                                deterministic_time=schedule.binding_rows_work if self.deterministic else None)
+                                deterministic_time=schedule.binding_rows_work if self.deterministic else None,
+                                patience_s=None if max_s is None else max_s / 2)
         if result is None:
             return False
         self.stats["binding_rows"] = f"{int(keep.sum())} rows: {result.status} in {result.wall_s:.1f} s"
@@ -519,6 +571,8 @@ class HeuristicRun:
             budget = schedule.lns_deterministic_limit_s * scale
         else:
             budget = min(schedule.lns_max_s * scale, max(schedule.lns_min_s, self.time_left() - schedule.lns_reserve_s))
+            if self.phase_s is not None:
+                budget = min(budget, max(schedule.lns_min_s, self.phase_s))  # one step within the phase's budget
         change = self.search.lns(nodes, budget,
                                  deterministic_time=schedule.lns_work * scale if self.deterministic else None)
         self.stats["lns"] += 1
@@ -554,15 +608,19 @@ class HeuristicRun:
     def take_turns(self) -> None:
         """The phases of `Schedule.cycle` in turns, each until its budget is spent (`Patience`:
         rounds or seconds without a better plan or bound), it has nothing left to do, or the time
-        is up; the run ends once a whole cycle of them gained nothing. The progress line names the
-        phase and why the one before it stopped; `stats["phases"]` keeps the sequence."""
-        cycle = self.schedule.cycle
+        is up or the gap limit met: nothing else ends the run. After a whole cycle without a
+        gain the budgets grow (`Schedule.budget_growth`, up to `budget_max`; back to 1 after a
+        gain): a slow phase may need longer than one budget to pay (a late improvement on a large
+        instance), and the turns go on. The progress line names the phase and why the one before
+        it stopped; `stats["phases"]` keeps the sequence."""
+        schedule = self.schedule
+        cycle = schedule.cycle
         phases = {"improve": self._improve_phase, "relax": self._relax_phase, "wider": self._wider_phase,
                   "restart": self._restart_phase, "rows": self._rows_phase}
         idle = 0  # phases in a row that gained nothing
         turn = 0
         self.rounds_in_turns = 0  # the hubs' balls do not count against the deterministic rounds
-        while idle < len(cycle):
+        while True:
             name = cycle[turn % len(cycle)]
             turn += 1
             previous = self.phases[-1] if self.phases else None
@@ -570,18 +628,25 @@ class HeuristicRun:
             stopped, gains = self.run_phase(name, phases[name](), after)
             if stopped in ("time up", "within the gap limit"):
                 return
-            idle = 0 if gains else idle + 1
-        self.phases[-1]["stopped"] += "; every phase of a cycle gained nothing, the run ends"
-        self.report(f"done ({self.phases[-1]['phase']}: {self.phases[-1]['stopped']})")
+            if gains:
+                idle, self.budget_factor = 0, 1
+                continue
+            idle += 1
+            if idle == len(cycle):
+                idle = 0
+                self.budget_factor = min(self.budget_factor * schedule.budget_growth, schedule.budget_max)
+                self.phases[-1]["stopped"] += f"; a cycle without gain, budgets x{self.budget_factor}"
 
-    def run_phase(self, name: str, rounds: Iterator[None], after: str) -> tuple[str, int]:
-        """Runs `rounds` (a phase: one step per item) while its budget lasts; returns why it stopped
-        and how many of its rounds gained. Each round reports progress as "<name> (<after>)"."""
+    def run_phase(self, name: str, rounds: Iterator[bool | None], after: str) -> tuple[str, int]:
+        """Runs `rounds` (a phase: one step per item, True when the step made headway of its own
+        that the best plan and bound do not show yet) while its budget lasts; returns why it
+        stopped and how many of its rounds gained. Each round reports progress as "<name> (<after>)"."""
         schedule = self.schedule
         self.label = f"{name} ({after})"
         started = time.monotonic()
-        patience = Patience(schedule.patience_rounds,
-                            None if self.deterministic else schedule.patience_share * self.time_limit_s,
+        self.phase_s = None if self.deterministic else \
+            schedule.patience_share * self.time_limit_s * self.budget_factor
+        patience = Patience(schedule.patience_rounds * self.budget_factor, self.phase_s,
                             self._best_fitting(), self.bound, started, schedule.bound_gain)
         last_s = self.sweep_s
         stopped = "nothing to do"
@@ -593,18 +658,20 @@ class HeuristicRun:
                 stopped = "time up"
                 break
             round_start = time.monotonic()
-            if next(rounds, StopIteration) is StopIteration:
+            headway = next(rounds, StopIteration)
+            if headway is StopIteration:
                 break
             self.rounds_in_turns += 1
             last_s = time.monotonic() - round_start
             self.report(self.label)
-            spent = patience.spent(self._best_fitting(), self.bound, time.monotonic())
+            spent = patience.spent(self._best_fitting(), self.bound, time.monotonic(), headway=bool(headway))
             if spent is not None:
                 stopped = spent
                 break
             stopped = "done"
         if hasattr(rounds, "close"):
             rounds.close()  # the phase's own ending (a relaxation's waiting relinks) runs now
+        self.phase_s = None
         self.phases.append({"phase": name, "from_s": round(started - self.start, 3),
                             "to_s": round(time.monotonic() - self.start, 3), "stopped": stopped,
                             "gains": patience.gains})
@@ -634,18 +701,38 @@ class HeuristicRun:
         centre = _expensive_node(self.fp, search.x, search.rng, schedule.random_centre)
         self.neighbourhood(search.ball(centre, schedule.ball_size * scale, BALL_STRATEGIES * scale), scale)
 
-    def _relax_phase(self) -> Iterator[None]:
+    def _relax_phase(self) -> Iterator[bool]:
         """More relaxation rounds from where the last left the multipliers: they lift the bound,
         and their decodes are crossed into the best or relinked with it (another region of the
-        plans than the neighbourhoods reach); then the waiting relinks and a descent."""
+        plans than the neighbourhoods reach); then the waiting relinks and a descent. After a
+        phase on merged groups that did not lift the bound, the next ones run on the original
+        nodes (`_unmerge`)."""
+        bound_before = self.bound
         try:
             while True:
                 self._relax_round()
-                yield
+                yield self.headway
         finally:
+            lifted = self.bound - bound_before >= self.schedule.bound_gain * (self.search.best_obj - bound_before)
+            if self.relaxation.contraction is not None and not lifted:
+                self._unmerge()
             self.relink_waiting()
             self.descend_from_best()
             self.search.reset(self.search.best_x)
+
+    def _unmerge(self) -> None:
+        """The relaxation again from the start on the original nodes: no multipliers, doubling
+        before Polyak steps, fresh step lengths. On B-p1001 the bound on merged groups stays at
+        493,377 for hundreds of Polyak steps while on the original nodes the same rounds lift it
+        to 510,000 in 400 (benchmarks/RESULTS.md, issue 37); the merged multipliers with cold
+        messages are no start (their first bound is far below, and the steps it sizes wreck them).
+        The merged rounds' speed matters for the first plans, not here."""
+        self.relaxation = Relaxation(self.fp)
+        self.step = StepLength(self.relaxation)
+        self.stepping = False
+        self.rounds_without_better = 0
+        self.relax_peak = -math.inf
+        self.stats["unmerged_at_s"] = round(time.monotonic() - self.start, 3)
 
     def _restart_phase(self) -> Iterator[None]:
         """Another start: the low-memory labelling (with another seed for its moves), then sweeps of
@@ -678,8 +765,7 @@ class HeuristicRun:
     def _rows_phase(self) -> Iterator[None]:
         """CP-SAT over the whole instance under the rows the multipliers now mark as binding
         (`solve_on_binding_rows`), once per set of rows, in the phase's time."""
-        if self.solve_on_binding_rows(max_s=None if self.deterministic
-                                      else self.schedule.patience_share * self.time_limit_s):
+        if self.solve_on_binding_rows(max_s=self.phase_s):
             yield
 
     def _another_round(self, rounds: int, last_s: float) -> bool:

@@ -110,15 +110,19 @@ class Schedule:
     random_centre: float = 0.3
     # After the hubs, the phases of `cycle` take turns, each under a budget: it stops after
     # `patience_rounds` rounds in a row, or `patience_share` of the time limit, without a better
-    # plan or a bound that closes `bound_gain` of the gap (Polyak steps creep the bound up by
-    # crumbs forever). A cycle in which no phase gained ends the run: every move the schedule has
-    # was tried on this plan. (Issue 37: on a memory-tight instance the random neighbourhoods ran
-    # 298 s of 300 without changing the plan or the bound.) With five phases at 4% each, no
-    # stretch without a gain is longer than a fifth of the limit, plus a round.
+    # plan or a bound that closes `bound_gain` of the gap since the last gain (Polyak steps creep
+    # the bound up by crumbs: they count once they add up). Its CP-SAT steps (neighbourhoods,
+    # relinks, the rows) take at most the phase's seconds, and stop after half of them without a
+    # better answer. (Issue 37: on a memory-tight instance the random neighbourhoods ran 298 s of
+    # 300 without changing the plan or the bound.) After a cycle in which no phase gained, the
+    # budgets grow `budget_growth` times, up to `budget_max` times: only the time limit or the gap
+    # limit ends the turns (a late gain on a large instance is worth the wait).
     cycle: tuple[str, ...] = ("improve", "relax", "wider", "restart", "rows")
     patience_rounds: int = 12
     patience_share: float = 0.04
     bound_gain: float = 1e-3
+    budget_growth: int = 2
+    budget_max: int = 4
     # `wider` frees balls `wider_growth` times larger (nodes, strategies and CP-SAT's time) each
     # time it runs, up to `wider_max` times the improve phase's.
     wider_growth: int = 2
@@ -159,14 +163,18 @@ class Patience:
         self.idle_rounds = 0
         self.gains = 0
 
-    def spent(self, best: float, bound: float, now: float) -> str | None:
-        """After a round that left the best plan at `best` and the bound at `bound`, at `now`."""
+    def spent(self, best: float, bound: float, now: float, headway: bool = False) -> str | None:
+        """After a round that left the best plan at `best` and the bound at `bound`, at `now`;
+        `headway`: the round made progress of its own that neither shows yet (it starts the
+        count again without being a gain)."""
         if gained(best, bound, self.best, self.bound, self.bound_gain):
             self.gains += 1
             self.idle_rounds, self.since = 0, now
+            self.best, self.bound = min(best, self.best), max(bound, self.bound)
+        elif headway:
+            self.idle_rounds, self.since = 0, now
         else:
             self.idle_rounds += 1
-        self.best, self.bound = min(best, self.best), max(bound, self.bound)
         if self.idle_rounds >= self.rounds:
             return f"{self.idle_rounds} round{'s' if self.idle_rounds > 1 else ''} without gain"
         if self.seconds is not None and now - self.since >= self.seconds:

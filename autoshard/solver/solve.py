@@ -2,7 +2,8 @@
 
 Small instances (`exact.model_fits`: few enough edge variables and memory row terms) get a
 short heuristic run for a hint, then CP-SAT for the rest of the time (or, when CP-SAT finds no
-solution early on, the heuristic again: `EXACT_GIVE_UP_SHARE`). Larger ones get the
+solution early on or goes a while without a better solution or bound, the heuristic's turns again
+from where they stopped: `EXACT_GIVE_UP_SHARE`, `EXACT_PATIENCE_SHARE`). Larger ones get the
 heuristic (memory relaxation + TRW-S + local search + CP-SAT neighbourhoods and relinking) for
 the whole time. Every answer carries a certified lower bound: the best of CP-SAT's bound and
 the relaxation's. Either stops early once its answer is within the relative `gap_limit` of the
@@ -19,13 +20,18 @@ import numpy as np
 
 from autoshard.solver.exact import model_fits, solve_exact
 from autoshard.solver.flat import FlatProblem, flatten
-from autoshard.solver.heuristic import Incumbent, Progress, compile_kernels, run_heuristic, smallest_usage
+from autoshard.solver.heuristic import Incumbent, Progress, compile_kernels, smallest_usage, start_heuristic
 from autoshard.solver.problem import Problem, certified_lower, check_solution, score, within_gap
 
 # CP-SAT on a small instance that finds no solution at all (its hint included) in this share of
 # its time gives the rest back to the heuristic: on the test bed's 2-layer GPT steps with tight
 # memory it found none in 8.5 s, and the answer was whatever the heuristic's 1.5 s had reached.
 EXACT_GIVE_UP_SHARE = 0.3
+# CP-SAT that goes this share of the limit without a better solution or a bound closing 0.1% of
+# the gap (its best-bound callback counts) gives the rest back to the heuristic's turns, whose
+# relaxation lifts the bound where CP-SAT's LP cannot: on B-p1001 CP-SAT held 51 s of 60 without
+# moving either (benchmarks/RESULTS.md, issue 37).
+EXACT_PATIENCE_SHARE = 0.05
 
 
 @dataclass(frozen=True)
@@ -73,9 +79,10 @@ def solve(problem: Problem, *, time_limit_s: float, workers: int = 1, seed: int 
     heuristic_share = 0.15 if exact else 1.0
     offer = None if incumbent is None else (lambda x: incumbent(fp.to_original(x)))
     heuristic_start = time.monotonic()
-    found = run_heuristic(fp, time_limit_s=remaining * heuristic_share, seed=seed, hint=flat_hint,
+    run = start_heuristic(fp, time_limit_s=remaining * heuristic_share, seed=seed, hint=flat_hint,
                           progress=progress, deterministic=deterministic, gap_limit=gap_limit,
                           workers=workers, incumbent=offer)
+    found = run.result()
     candidates.append(found.x)
     bound = max(bound, found.bound)
     stats["heuristic"] = found.stats
@@ -86,15 +93,18 @@ def solve(problem: Problem, *, time_limit_s: float, workers: int = 1, seed: int 
     if exact and not bound_met:
         best_hint = min((c for c in candidates if fp.fits(c)), key=fp.objective, default=found.x)
 
-        def on_solution(cost: float, cp_bound: float, elapsed_s: float) -> None:
-            stats.setdefault("first_feasible_s", round(time.monotonic() - start, 3))
+        def on_progress(cost: float, cp_bound: float, elapsed_s: float) -> None:
+            if math.isfinite(cost):
+                stats.setdefault("first_feasible_s", round(time.monotonic() - start, 3))
             if progress is not None:
-                progress("cp-sat", cost, max(bound, cp_bound), time.monotonic() - start)
+                progress("cp-sat", min(cost, found.objective if fp.fits(found.x) else math.inf),
+                         max(bound, cp_bound), time.monotonic() - start)
 
         remaining = max(0.1, time_limit_s - (time.monotonic() - start))
         result = solve_exact(fp, time_limit_s=remaining, workers=workers, seed=seed, hint=best_hint,
-                             deterministic_time=20.0 if deterministic else None, progress=on_solution,
-                             gap_limit=gap_limit, solution=offer, give_up_s=EXACT_GIVE_UP_SHARE * remaining)
+                             deterministic_time=20.0 if deterministic else None, progress=on_progress,
+                             gap_limit=gap_limit, solution=offer, give_up_s=EXACT_GIVE_UP_SHARE * remaining,
+                             patience_s=EXACT_PATIENCE_SHARE * time_limit_s)
         stats["cp_sat_status"] = result.status
         infeasible = result.infeasible
         optimal = result.optimal
@@ -102,13 +112,18 @@ def solve(problem: Problem, *, time_limit_s: float, workers: int = 1, seed: int 
         if result.x is not None:
             candidates.append(result.x)
         remaining = time_limit_s - (time.monotonic() - start)
-        if result.x is None and not infeasible and not deterministic and remaining > 0:
-            stats["cp_sat_gave_up_s"] = round(result.wall_s, 3)
-            again = run_heuristic(fp, time_limit_s=remaining, seed=seed + 1, hint=best_hint, progress=progress,
-                                  gap_limit=gap_limit, workers=workers, incumbent=offer)
+        stalled = result.stalled and not optimal
+        if (result.x is None or stalled) and not infeasible and not deterministic and remaining > 0:
+            # The heuristic's turns take over where they stopped (multipliers and all), from
+            # CP-SAT's answer and bound.
+            stats["cp_sat_gave_up_s" if result.x is None else "cp_sat_stalled_s"] = round(result.wall_s, 3)
+            turns_before = len(found.stats["phases"])
+            again = run.resume(remaining, result.x, bound,
+                               idle_s=EXACT_PATIENCE_SHARE * time_limit_s if stalled else result.wall_s)
             candidates.append(again.x)
             bound = max(bound, again.bound)
-            stats["heuristic_after_cp_sat"] = again.stats
+            stats["heuristic_after_cp_sat"] = {"phases": again.stats["phases"][turns_before:],
+                                               "longest_idle_s": again.stats["longest_idle_s"]}
     return _result(problem, fp, candidates, bound, optimal, infeasible, stats, start)
 
 
