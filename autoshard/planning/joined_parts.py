@@ -62,31 +62,49 @@ def layer_piece(part: PartProblem, representative: LayerPart, layer: LayerPart) 
     return Piece(part, nodes)
 
 
-def joined_problem(graph: Graph, pieces: list[Piece], uses: list[Use], prices: ReshardingPrices,
-                   weights: Weights) -> Problem:
+def joined_problem(graph: Graph, pieces: list[Piece], uses: list[Use], prices: ReshardingPrices, weights: Weights,
+                   outside: dict[tuple[str, str], tuple[PartProblem, int]] | None = None) -> Problem:
     """The pieces' problems side by side (nodes numbered piece after piece) with the edges of
-    `uses` between two pieces; no memory limit."""
-    where: dict[tuple[str, str], tuple[int, int]] = {}  # whole-graph node -> (piece, joined node)
-    offset = 0
-    for index, piece in enumerate(pieces):
-        where.update((key, (index, offset + node)) for key, node in piece.nodes.items())
-        offset += piece.part.problem.num_nodes
-    starts = np.cumsum([0] + [p.part.problem.num_nodes for p in pieces])
-    edges = [piece.part.problem.edges + start for piece, start in zip(pieces, starts)]
-    matrices = [m for piece in pieces for m in piece.part.problem.edge_costs]
-    for use in uses:
-        source, target = where.get(use.source), where.get(use.target)
-        if source is None or target is None or source[0] == target[0]:
-            continue
-        source_choices = pieces[source[0]].part.choices(source[1] - starts[source[0]])
-        target_choices = pieces[target[0]].part.choices(target[1] - starts[target[0]])
-        targets = target_choices if use.index < 0 else required_by_choice(graph, use.target[1], use.index,
-                                                                          target_choices)
-        matrices.append(price_table(prices, graph.tensors[use.tensor],
-                                    produced_by_choice(graph, use.source, use.tensor, source_choices), targets,
-                                    weights))
-        edges.append(np.array([[source[1], target[1]]], dtype=np.int64))
+    `uses` between two pieces; no memory limit. With `outside` (every whole-graph node: its part
+    problem and node there), each node outside the pieces that they read from becomes a free node
+    of the joined problem: its strategies are its own, at no cost, with its edges into the pieces.
+    The readers of a value from outside then still pay for wanting it in different shardings (it
+    is produced once, in one sharding). An edge between parts is counted by its reader's part only,
+    so over a partition of the graph each edge is counted once."""
+    where: dict[tuple[str, str], int] = {}  # whole-graph node -> joined node
     problems = [piece.part.problem for piece in pieces]
-    return Problem(tuple(c for p in problems for c in p.node_costs), tuple(u for p in problems for u in p.node_usages),
-                   np.concatenate([p.intervals for p in problems]).reshape(-1, 2),
+    starts = np.cumsum([0] + [p.num_nodes for p in problems])
+    choices: list[list] = []
+    for piece, start in zip(pieces, starts):
+        where.update((key, start + node) for key, node in piece.nodes.items())
+        choices.extend(piece.part.choices(node) for node in range(piece.part.problem.num_nodes))
+    costs = [c for p in problems for c in p.node_costs]
+    usages = [u for p in problems for u in p.node_usages]
+    intervals = [p.intervals for p in problems]
+    edges = [p.edges + start for p, start in zip(problems, starts)]
+    matrices = [m for p in problems for m in p.edge_costs]
+    piece_of = np.repeat(np.arange(len(pieces)), [p.num_nodes for p in problems])
+    for use in uses:
+        target = where.get(use.target)
+        if target is None:
+            continue
+        source = where.get(use.source)
+        if source is None:
+            if outside is None or use.source not in outside:
+                continue
+            far_part, far_node = outside[use.source]
+            source = where[use.source] = len(costs)  # the free node
+            choices.append(far_part.choices(far_node))
+            costs.append(np.zeros(len(choices[-1]), dtype=np.int64))
+            usages.append(np.zeros(len(choices[-1]), dtype=np.int64))
+            intervals.append(np.zeros((1, 2), dtype=np.int64) + (0, 1))
+        elif source < starts[-1] and piece_of[source] == piece_of[target]:
+            continue  # the piece's own edge
+        targets = choices[target] if use.index < 0 else required_by_choice(graph, use.target[1], use.index,
+                                                                           choices[target])
+        matrices.append(price_table(prices, graph.tensors[use.tensor],
+                                    produced_by_choice(graph, use.source, use.tensor, choices[source]), targets,
+                                    weights))
+        edges.append(np.array([[source, target]], dtype=np.int64))
+    return Problem(tuple(costs), tuple(usages), np.concatenate(intervals).reshape(-1, 2),
                    np.concatenate(edges).reshape(-1, 2), tuple(matrices), None, graph.name)
