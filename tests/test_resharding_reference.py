@@ -83,21 +83,24 @@ def random_sharding(rng: random.Random, mesh: Mesh, rank: int, partial: bool) ->
 
 
 CASES = [
-    # mesh, shape: uneven sizes, a dim shorter than some splits, three axes
-    ("a=3,b=2", (6, 5, 4)),
-    ("a=2,b=2,c=2", (4, 6, 3)),
-    ("x=4,y=2,z=2", (8, 2, 12)),
+    # mesh, shape, shardings drawn per side: uneven sizes, a dim shorter than some splits, three axes
+    ("a=3,b=2", (6, 5, 4), 12),
+    ("a=2,b=2,c=2", (4, 6, 3), 12),
+    ("x=4,y=2,z=2", (8, 2, 12), 12),
+    # many axes, where the searches stop early on the least any step or permute costs (dgx)
+    ("a=2,b=2,c=2,d=2", (4, 6), 6),
+    ("a=2,b=2,c=2,d=2,e=2", (8, 4), 4),
 ]
 
 
-@pytest.mark.parametrize("mesh_text,shape", CASES)
+@pytest.mark.parametrize("mesh_text,shape,count", CASES)
 @pytest.mark.parametrize("pricing", ["ring", "dgx"])
-def test_shared_search_equals_a_plain_dijkstra(mesh_text, shape, pricing):
+def test_shared_search_equals_a_plain_dijkstra(mesh_text, shape, count, pricing):
     mesh = Mesh.parse(mesh_text)
     price = bytes_moved_price(mesh) if pricing == "ring" else bind_hardware("dgx-h100", mesh).collective_seconds
     rng = random.Random(f"{mesh_text}{shape}{pricing}")
-    sources = [random_sharding(rng, mesh, len(shape), partial=True) for _ in range(12)]
-    targets = [random_sharding(rng, mesh, len(shape), partial=False) for _ in range(12)]
+    sources = [random_sharding(rng, mesh, len(shape), partial=True) for _ in range(count)]
+    targets = [random_sharding(rng, mesh, len(shape), partial=False) for _ in range(count)]
     # Targets partial over an axis the source is partial over too, and max-partial over any axis
     targets += [Sharding(t.split_axes, s.partial_axes[:1], s.partial_kind) for s, t in zip(sources, targets[:8])
                 if not set(s.partial_axes[:1]) & set(t.used_axes())]
@@ -118,3 +121,16 @@ def test_shared_search_equals_a_plain_dijkstra(mesh_text, shape, pricing):
         plan = plan_resharding(mesh, shape, 2, source, target, price)
         assert (plan.seconds, float(sum(s.bytes_per_device for s in plan.steps if s.kind != "all_slice"))) == \
             expected[source, target], (source, target)
+
+
+@pytest.mark.parametrize("profile", ["dgx-a100", "dgx-h100", "dgx-b200", "gb200-nvl72", "tpu-v5p", "tpu-v5e"])
+def test_no_price_falls_below_its_price_for_nothing(profile):
+    """The searches stop early on the least a step or a permute costs, taken from the prices for
+    0 bytes: that holds only while a price never falls as the bytes grow."""
+    mesh = Mesh.parse("a=2,b=4,c=2")
+    price = bind_hardware(profile, mesh).collective_seconds
+    sizes = [0.0] + [2.0 ** k for k in range(0, 36)] + [3 * 2.0 ** k for k in range(0, 34, 3)]
+    for kind in ("send_recv", "all_to_all", "all_gather", "all_reduce", "reduce_scatter"):
+        for group in (("a",), ("b",), ("c",), ("a", "b"), ("b", "c"), ("c", "a"), ("a", "b", "c")):
+            seconds = [price(kind, group, b) for b in sorted(sizes)]
+            assert all(x <= y for x, y in zip(seconds, seconds[1:])), (kind, group)

@@ -75,7 +75,7 @@ class Move:
     bytes_per_device: float
 
 
-def _ordered_subsets(axes: Sequence[str]) -> Iterator[tuple[str, ...]]:
+def ordered_subsets(axes: Sequence[str]) -> Iterator[tuple[str, ...]]:
     for k in range(1, len(axes) + 1):
         yield from itertools.permutations(axes, k)
 
@@ -135,7 +135,7 @@ def offered_moves(ctx: Context, state: Sharding) -> tuple[tuple[Move, ...], tupl
     for d in ctx.dims:
         if offsets[d]:
             continue
-        for order in _ordered_subsets(free):
+        for order in ordered_subsets(free):
             if _slice_exact(shape[d], count(split[d]), count(order)):
                 add("all_slice", order, {"slice_axis": d}, with_dim(split, d, split[d] + order), partial, offsets)
 

@@ -9,7 +9,10 @@ and a haloed target's halos come last from one update_halo (one update_halo alon
 split does not change). `PricedMoves` keeps the priced moves of every
 state across searches (`_Tensor`, one per tensor, filtered per space of axes and dims);
 `_PathTree` keeps one Dijkstra tree per start for every goal, which also lets `resharding_cost`'s
-searches from partial sources skip states that lead nowhere cheaper.
+searches from partial sources skip states that lead nowhere cheaper. Both stop early on the least
+a step can cost (`_Tensor.floors`, the prices for 0 bytes): a tree settles states only while one
+may still lead to the goal cheaper than the best found, and prices the permute into the goal
+only from states far enough below it; a search drops states whose every path on ends past it.
 """
 
 from __future__ import annotations
@@ -23,9 +26,9 @@ from typing import NamedTuple, Sequence
 from autoshard.errors import ShardingError
 from autoshard.mesh import Mesh
 from autoshard.reductions import REDUCTIONS
-from autoshard.resharding.geometry import received_elements
+from autoshard.resharding.geometry import dim_offsets, received_elements
 from autoshard.resharding.moves import (Context, Move, build_step, canonical_state, goal_after, halo_move,
-                                        offered_moves, price_move, priced_permute)
+                                        offered_moves, ordered_subsets, price_move, priced_permute)
 from autoshard.resharding.relabel import representative_pair
 from autoshard.resharding.steps import STEP_KINDS, CollectiveStep, Price, Resharding
 from autoshard.sharding import Sharding
@@ -64,6 +67,7 @@ class _Tensor:
         self.into: list[dict[int, _Edge | None]] = []  # per goal: the permute into it, by the state it leaves
         self._permutes: dict[tuple[int, int], _Edge] = {}
         self._offered: dict[tuple[int, tuple[str, ...]], tuple[tuple[tuple[_Edge, int], ...], tuple[_Edge, ...]]] = {}
+        self._floors: tuple[float, float, float] | None = None
 
     def id(self, state: Sharding) -> int:
         found = self.ids.get(state)
@@ -109,6 +113,35 @@ class _Tensor:
             found = self._offered[key] = (tuple((self.edge(state, m), self.uses(m.mesh_axes, _move_dims(m))) for m in head),
                                           tuple(self.edge(state, m) for m in swaps))
         return found
+
+    def floors(self) -> tuple[float, float, float]:
+        """The least seconds of a permute, of a reduction and of any step that moves data, over
+        every group of mesh axes: each step's price is at least its price for 0 bytes (prices
+        never fall as the bytes grow), so a path that must take such a step costs at least that."""
+        if self._floors is None:
+            groups = list(ordered_subsets(self.mesh.axis_names))
+
+            def least(*kinds: str) -> float:
+                return min(self.price(kind, group, 0.0) for kind in kinds for group in groups)
+
+            permute, reduce = least(STEP_KINDS["permute"].price_kind, "all_to_all"), least("all_reduce", "reduce_scatter")
+            self._floors = (permute, reduce, min(permute, reduce, least("all_gather")))
+        return self._floors
+
+    def least_left(self, state: int, goal: int) -> float:
+        """A lower bound of the seconds of any path from `state` to `goal`: a partial axis the goal
+        does not keep needs a reduction; a dim whose split is not a prefix of the goal's (with
+        the same offsets) needs a step that moves data, as all_slice only appends axes."""
+        if state == goal:
+            return 0.0
+        before, after = self.states[state], self.states[goal]
+        _, reduce, moving = self.floors()
+        left = reduce if not set(before.partial_axes) <= set(after.partial_axes) else 0.0
+        for d in range(len(self.shape)):
+            axes = before.dim_axes(d)
+            if dim_offsets(before, d) != dim_offsets(after, d) or after.dim_axes(d)[:len(axes)] != axes:
+                return left + moving
+        return left
 
     def uses(self, axes: Sequence[str], dims: Sequence[int]) -> int:
         """Mesh axes and dims as bits: axis `i` is bit `i`, dim `d` bit `mesh rank + d`."""
@@ -226,30 +259,33 @@ class _PathTree:
         self._frontier = [((0.0, 0, 0), next(self._tie), start)]
         self._costs: dict[int, tuple[float, float]] = {}
 
-    def settle(self, goal: int) -> None:
-        """Pop states until `goal` is settled or none is left."""
-        best, came, frontier = self.best, self.came, self._frontier
-        while goal not in self.rank and frontier:
-            key, _, state = heapq.heappop(frontier)
-            if key > best[state]:
+    def _pop(self) -> None:
+        """Settle the next state of the frontier (or drop a stale entry of it)."""
+        best, came = self.best, self.came
+        key, _, state = heapq.heappop(self._frontier)
+        if key > best[state]:
+            return
+        self.rank[state] = len(self.order)
+        self.order.append(state)
+        head, swaps = self.space.base_edges(state)
+        if state in came:
+            self.bytes[state] = self._path_bytes(state)
+        at = key[0]
+        for index, (after, seconds, permutes, _) in enumerate(head + swaps):
+            known = best.get(after)
+            if known is not None and at + seconds > known[0]:
                 continue
-            self.rank[state] = len(self.order)
-            self.order.append(state)
-            head, swaps = self.space.base_edges(state)
-            if state in came:
-                before, index = came[state]
-                move = self._edge(before, index).move
-                self.bytes[state] = self.bytes[before] + (move.bytes_per_device if STEP_KINDS[move.kind].moves_data else 0)
-            at = key[0]
-            for index, (after, seconds, permutes, _) in enumerate(head + swaps):
-                known = best.get(after)
-                if known is not None and at + seconds > known[0]:
-                    continue
-                new_key = (at + seconds, key[1] + permutes, key[2] + 1)
-                if known is None or new_key < known:
-                    best[after] = new_key
-                    came[after] = (state, index)
-                    heapq.heappush(frontier, (new_key, next(self._tie), after))
+            new_key = (at + seconds, key[1] + permutes, key[2] + 1)
+            if known is None or new_key < known:
+                best[after] = new_key
+                came[after] = (state, index)
+                heapq.heappush(self._frontier, (new_key, next(self._tie), after))
+
+    def _path_bytes(self, state: int) -> float:
+        """The bytes of the tree's path to `state`, whose predecessor is settled."""
+        before, index = self.came[state]
+        move = self._edge(before, index).move
+        return self.bytes[before] + (move.bytes_per_device if STEP_KINDS[move.kind].moves_data else 0)
 
     def cost(self, goal: int) -> tuple[float, float]:
         """Seconds and bytes of the path `_search` finds to `goal`."""
@@ -259,31 +295,48 @@ class _PathTree:
         return found
 
     def _cost(self, goal: int) -> tuple[float, float]:
-        self.settle(goal)
-        key = position = None
-        bytes_ = 0.0
-        if goal in self.rank:
-            key, bytes_ = self.best[goal], self.bytes[goal]
-            if goal in self.came:
-                # Relaxations happen in pop order, then in edge order with the goal permute
-                # between head and swaps; the first one reaching the least key is kept.
-                before, index = self.came[goal]
-                position = (self.rank[before], 0 if index < len(self.space.base_edges(before)[0]) else 2)
+        """The least of the tree's own path to `goal` and of every settled state's path with the
+        permute into `goal` after it. States are settled only while one may still lead somewhere
+        cheaper (the tree's frontier is below the best so far), and the permutes are priced only
+        from states that many seconds below the best less the least any permute costs."""
         tensor = self.space.tensor
-        best, into = self.best, tensor.into[goal]
-        for state in self.order:
-            at = best[state]
-            if key is not None and not at < key:
+        best, order, frontier, into = self.best, self.order, self._frontier, tensor.into[goal]
+        floor = tensor.floors()[0]
+        key = position = None  # the best permute into the goal so far, and where Dijkstra relaxes it
+        bytes_ = 0.0
+        scanning, i = True, 0
+        while True:
+            least = _least(key, best.get(goal))
+            if scanning and i < len(order):
+                state = order[i]
+                at = best[state]
+                if least is not None and not (at < least and at[0] + floor <= least[0]):
+                    scanning = False  # the states after it are reached no sooner
+                    continue
+                i += 1
+                edge = into.get(state, _UNKNOWN)
+                if edge is _UNKNOWN:
+                    edge = tensor.goal_edge(state, goal)
+                if edge is None or (key is not None and at[0] + edge.seconds > key[0]):
+                    continue
+                new_key = (at[0] + edge.seconds, at[1] + 1, at[2] + 1)
+                if key is None or new_key < key:
+                    key, position = new_key, (self.rank[state], 1)
+                    bytes_ = self.bytes[state] + edge.move.bytes_per_device
+            elif frontier and (least is None or frontier[0][0] < least):
+                self._pop()
+            else:
                 break
-            edge = into.get(state, _UNKNOWN)
-            if edge is _UNKNOWN:
-                edge = tensor.goal_edge(state, goal)
-            if edge is None or (key is not None and at[0] + edge.seconds > key[0]):
-                continue
-            new_key = (at[0] + edge.seconds, at[1] + 1, at[2] + 1)
-            if key is None or new_key < key or (new_key == key and (self.rank[state], 1) < position):
-                key, position = new_key, (self.rank[state], 1)
-                bytes_ = self.bytes[state] + edge.move.bytes_per_device
+        reached = best.get(goal)
+        if reached is not None and goal in self.came:
+            # Relaxations happen in pop order, then in edge order with the goal permute between
+            # head and swaps; the first one reaching the least key is kept.
+            before, index = self.came[goal]
+            at = (self.rank[before], 0 if index < len(self.space.base_edges(before)[0]) else 2)
+            if key is None or reached < key or (reached == key and at < position):
+                key, bytes_ = reached, self._path_bytes(goal)
+        elif reached is not None:  # the goal is the start
+            key, bytes_ = reached, 0.0
         if key is None:
             raise ShardingError(f"no resharding reaches {tensor.states[goal]}", "target")
         return key[0], float(bytes_)
@@ -291,6 +344,10 @@ class _PathTree:
     def _edge(self, state: int, index: int) -> _Edge:
         head, swaps = self.space.base_edges(state)
         return head[index] if index < len(head) else swaps[index - len(head)]
+
+
+def _least(a: tuple[float, int, int] | None, b: tuple[float, int, int] | None) -> tuple[float, int, int] | None:
+    return b if a is None else a if b is None else min(a, b)
 
 
 @lru_cache(maxsize=65536)
@@ -345,11 +402,14 @@ def _cheapest_path(space: _Space, first: int, last: int, skip_by_trees: bool = F
         if key > best[state]:
             continue
         at, permuted, steps = key[0], key[1], key[2] + 1
-        if skip_by_trees and state != first and not tensor.states[state].partial_axes:
-            # Every path on from a state that is not partial stays so: its tree knows the
-            # least seconds left to the goal. A state whose every path ends past the bound is
-            # on no cheapest path (ties included) and its moves change nothing.
-            left = space.tree(state).cost(last)[0]
+        tree = space.trees.get(state) if skip_by_trees and state != first else None
+        if tree is not None and not tensor.states[state].partial_axes:
+            # Every path on from a state that is not partial stays so: its tree (kept from the
+            # searches from it as a source; one per state reached would make every search
+            # settle the whole space) knows the least seconds left to the goal. A state whose
+            # every path ends past the bound is on no cheapest path (ties included) and its
+            # moves change nothing.
+            left = tree.cost(last)[0]
             if (at + left) * (1 - _ROUNDING) > bound:
                 continue
             bound = min(bound, (at + left) * (1 + _ROUNDING))
@@ -363,6 +423,8 @@ def _cheapest_path(space: _Space, first: int, last: int, skip_by_trees: bool = F
                 reached = at + seconds
                 if reached > bound:
                     continue
+                if bound < math.inf and (reached + tensor.least_left(after, last)) * (1 - _ROUNDING) > bound:
+                    continue  # every path on from it ends past the bound
                 known = best.get(after)
                 if known is not None and reached > known[0]:
                     continue  # decided by the seconds alone, without building the key
