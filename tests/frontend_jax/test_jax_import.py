@@ -147,3 +147,35 @@ def test_import_command_names_what_is_wrong_with_the_factory(tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     assert main(["import", "jax", spec, "-o", "graph.json"]) == 2
     assert message in capsys.readouterr().err
+
+
+def stack(weights, x):
+    """Three layers under named scopes, one of them through a nested jit."""
+    inner = jax.jit(jnp.tanh)
+    with jax.named_scope("blocks"):
+        for i in range(3):
+            with jax.named_scope(f"layers.{i}"):
+                x = inner(x @ weights[i])
+    return x.sum()
+
+
+def test_named_scopes_give_each_op_its_module_path_and_repeated_ones_its_layer():
+    graph = graph_from_json(from_function(stack, jnp.ones((3, 4, 4)), jnp.ones((2, 4))))
+    for op in graph.ops:
+        if op.kind == "tanh":  # traced inside the jit: its scope is the caller's
+            assert op.module.startswith("blocks.layers.")
+        if op.module.startswith("blocks.layers."):
+            assert op.layer == int(op.module.rsplit(".", 1)[1])
+        else:
+            assert op.layer is None
+    assert {op.layer for op in graph.ops} == {0, 1, 2, None}
+
+
+def test_a_gradient_program_keeps_the_scopes_and_drops_layers_it_cannot_cut():
+    with pytest.warns(UserWarning, match="layers are not kept"):
+        document = from_function(jax.grad(stack), jnp.ones((3, 4, 4)), jnp.ones((2, 4)))
+    graph = graph_from_json(document)
+    # the transposed ops keep their forward scope; without declared gradients, the backward ops
+    # read as forward and interleave the layers, so no op has one
+    assert {op.module for op in graph.ops if op.kind == "dot_general"} == {f"blocks.layers.{i}" for i in range(3)}
+    assert all(op.layer is None for op in graph.ops)

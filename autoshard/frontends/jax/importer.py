@@ -22,6 +22,7 @@ import numpy as np
 from autoshard.dtypes import DTYPES
 from autoshard.errors import InputError
 from autoshard.frontends.jax.primitives import DTYPE_NAMES, PRIMITIVES, Unsupported
+from autoshard.frontends.layering import graph_keeping_what_holds, tag_layers
 from autoshard.frontends.jax.trace import Atom, Const, FlatEqn, FlatProgram, trace
 from autoshard.graph.builder import GraphBuilder
 from autoshard.ops import OpError
@@ -118,6 +119,7 @@ def import_program(program: FlatProgram, name: str, parameters: Sequence[int] | 
         eqn = program.eqns[index]
         primitive = eqn.primitive.name
         emit.name, emit.reads = primitive, []
+        builder.module = eqn.scope
         emit.operands = {emit.tensor(a): position for position, a in enumerate(eqn.inputs)}
         row = PRIMITIVES.get(primitive)
         reason = "no row in the primitive table"
@@ -139,10 +141,13 @@ def import_program(program: FlatProgram, name: str, parameters: Sequence[int] | 
         warnings.warn("imported as opaque ops, kept whole on every device: "
                       + ", ".join(f"{p} ({n}x)" for p, n in sorted(opaque.items())), UnsupportedPrimitiveWarning,
                       stacklevel=3)
+    builder.module = ""
+    tag_layers(builder)
     outputs = [emit.tensors[a] if isinstance(a, int) else None for a in program.outputs]
     builder.mark_outputs(*(t for t in outputs if t is not None))
     document = builder.document()
     document["constraints"] = [{"tensor": t, "split_axes": [], "required": True} for t in emit.values]
+    graph_keeping_what_holds(document)  # drops layers that cannot be cut into stages
     return Imported(document, program, dict(emit.tensors), reads, outputs, opaque, emit.values)
 
 

@@ -7,6 +7,8 @@ shardings: both walk this one list, so a value's graph tensor is found by its id
 
 from __future__ import annotations
 
+import re
+
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -48,6 +50,7 @@ class FlatEqn:
     params: dict[str, Any]
     inputs: tuple[Atom, ...]
     outputs: tuple[int, ...]
+    scope: str = ""  # the named scopes the equation was traced in, outermost first (`blocks.layers.0`)
 
 
 @dataclass
@@ -118,7 +121,7 @@ class _Flattener:
         self.consts.append(const)
         return const
 
-    def inline(self, jaxpr: Any, inputs: Sequence[Atom], consts: Sequence[Atom]) -> list[Atom]:
+    def inline(self, jaxpr: Any, inputs: Sequence[Atom], consts: Sequence[Atom], scope: str = "") -> list[Atom]:
         jax_core = require_jax("jax.extend.core")
         env: dict[Any, Atom] = dict(zip(jaxpr.constvars, consts))
         env.update(zip(jaxpr.invars, inputs))
@@ -131,13 +134,28 @@ class _Flattener:
         for eqn in jaxpr.eqns:
             ins = [read(v) for v in eqn.invars]
             body = eqn.params.get(INLINED.get(eqn.primitive.name, ""))
+            where = ".".join(part for part in (scope, scope_path(str(eqn.source_info.name_stack))) if part)
             if body is not None:
                 if isinstance(body, jax_core.ClosedJaxpr):
-                    outs = self.inline(body.jaxpr, ins, [self.const(c) for c in body.consts])
+                    outs = self.inline(body.jaxpr, ins, [self.const(c) for c in body.consts], where)
                 else:
-                    outs = self.inline(body, ins, [])
+                    outs = self.inline(body, ins, [], where)
             else:
                 outs = [self.new(v.aval) for v in eqn.outvars]
-                self.eqns.append(FlatEqn(eqn.primitive, dict(eqn.params), tuple(ins), tuple(outs)))  # type: ignore[arg-type]
+                self.eqns.append(FlatEqn(eqn.primitive, dict(eqn.params), tuple(ins), tuple(outs), where))  # type: ignore[arg-type]
             env.update(zip(eqn.outvars, outs))
         return [read(v) for v in jaxpr.outvars]
+
+
+_TRANSFORM = re.compile(r"(\w+)\(([^()]*)\)")
+
+
+def scope_path(name_stack: str) -> str:
+    """A name stack as a dotted path of its scopes: the transformations around them dropped
+    (`transpose(jvp(blocks/layers.0))` -> `blocks.layers.0`), so a gradient's ops keep the
+    scope of the forward ops they differentiate."""
+    while True:
+        unwrapped = _TRANSFORM.sub(r"\2", name_stack)
+        if unwrapped == name_stack:
+            return ".".join(part for part in name_stack.split("/") if part)
+        name_stack = unwrapped

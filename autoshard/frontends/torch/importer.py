@@ -22,14 +22,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autoshard.errors import InputError, Problem
+from autoshard.frontends.layering import graph_keeping_what_holds, tag_layers
 from autoshard.frontends.torch.aten import ATEN, CHECKS, dtype_name, target_key
 from autoshard.frontends.torch.lowering import Lowering, Step, Unsupported
 from autoshard.frontends.torch.routing import RoutedExperts, find_routed_experts, lower_routed_experts
 from autoshard.frontends.torch.runtime import require_torch
 from autoshard.graph.builder import GraphBuilder
-from autoshard.graph.layers import layers_of_module_paths
 from autoshard.graph.model import Graph
-from autoshard.graph.schema import graph_from_json
 from autoshard.models.training import add_training_step, weighted_sum_loss
 from autoshard.ops import OpError
 
@@ -110,10 +109,7 @@ def import_program(exported_program: Any, strict: bool = False, training: bool =
         elif node.name not in rewritten:  # a rewritten chain is lowered at its last node
             _lower_node(lw, node, opaque)
     builder.module = ""
-    # layers from the module tree: the ops of `layers.3.`, `h.3.`, ... (backward and optimizer
-    # ops take theirs from these, by data flow)
-    numbered = layers_of_module_paths(builder.modules.values())
-    builder.layers.update((op, numbered[path]) for op, path in builder.modules.items() if path in numbered)
+    tag_layers(builder)
 
     outputs = [lw.tensor(n) for n, spec in zip(_output_nodes(ep), signature.output_specs)
                if spec.kind.name == "USER_OUTPUT" and n is not None and getattr(n, "name", None) in lw.values]
@@ -134,23 +130,9 @@ def import_program(exported_program: Any, strict: bool = False, training: bool =
     pinned = list(dict.fromkeys(produced + read + list(lw.scalars)))
     if pinned:
         document["constraints"] = [{"tensor": t, "split_axes": [], "required": True} for t in pinned]
-    return ImportedProgram(document, _graph_keeping_what_holds(document), lw.steps, opaque, user_inputs, parameters,
+    return ImportedProgram(document, graph_keeping_what_holds(document), lw.steps, opaque, user_inputs, parameters,
                            lw.scalars, outputs)
 
-
-def _graph_keeping_what_holds(document: dict[str, Any]) -> Graph:
-    """The graph of the lowered program. Layers read off module paths are kept only when they can
-    be cut into stages (a program may run a module's ops out of their layer's order); otherwise
-    they are dropped with a warning naming why."""
-    try:
-        return graph_from_json(document)
-    except InputError as error:
-        if not error.problems or not all(p.where.endswith("/layer") for p in error.problems):
-            raise
-        for op in document["ops"]:
-            op.pop("layer", None)
-        warnings.warn(f"the module tree's layers are not kept: {error.problems[0]}", stacklevel=3)
-        return graph_from_json(document)
 
 
 def _lower_node(lw: Lowering, node: Any, opaque: list[OpaqueNode]) -> None:
