@@ -123,7 +123,8 @@ def test_shared_search_equals_a_plain_dijkstra(mesh_text, shape, count, pricing)
             expected[source, target], (source, target)
 
 
-@pytest.mark.parametrize("profile", ["dgx-a100", "dgx-h100", "dgx-b200", "gb200-nvl72", "tpu-v5p", "tpu-v5e"])
+@pytest.mark.parametrize("profile", ["dgx-a100", "dgx-b200", "dgx-h100", "dgx-h200", "gb200-nvl72", "tpu-v4", "tpu-v5e",
+                                     "tpu-v5p", "tpu-v6e"])
 def test_no_price_falls_below_its_price_for_nothing(profile):
     """The searches stop early on the least a step or a permute costs, taken from the prices for
     0 bytes: that holds only while a price never falls as the bytes grow."""
