@@ -51,9 +51,9 @@ def microbatch(graph: Graph, count: int) -> Microbatching:
         raise InputError(f"the number of microbatches must be a positive integer, got {count!r}", "microbatches")
     phases = op_phases(graph)
     repeats = {op.name: 1 if phases[op.name] == "optimizer" else count for op in graph.ops}
-    crossing = _crossing(graph, phases)
     if count == 1:
         return Microbatching(1, graph, graph, repeats, {})
+    crossing = _crossing(graph, phases)
     batched = [t for t in graph.tensors.values() if t.batch_dim is not None]
     if not batched:
         raise InputError("the graph declares no batch dim (`batch_dim` on an input), so the step cannot be split "
@@ -117,7 +117,7 @@ def _divided(graph: Graph, labels: Mapping[str, list[str | None]], count: int) -
         raise InputError([Problem(p.where, f"on one of {count} microbatches: {p.message}") for p in error.problems]) from None
 
 
-def runs_of_edge(microbatching: Microbatching, consumer: str, input_index: int) -> int:
+def _edge_runs(microbatching: Microbatching, consumer: str, input_index: int) -> int:
     """Times per step a resharding read by `consumer` is made: as often as the consumer runs; a
     value stored back in place (`WRITE_BACK`) or delivered as an output is made as often as its
     producer runs (`consumer` is then the overwritten value or `output`)."""
@@ -144,10 +144,10 @@ def repeat_formulation(formulation: Formulation, microbatching: Microbatching) -
                                   for p, t in extra) for option in formulation.choices[i]], dtype=np.int64)
             usages[i] = usages[i] + added
             intervals[i, 0] = 0
-    edge_costs = [_times(matrix, runs_of_edge(microbatching, consumer, index))
+    edge_costs = [_times(matrix, _edge_runs(microbatching, consumer, index))
                   for matrix, (_, consumer, index) in zip(problem.edge_costs, formulation.uses)]
-    repeated = SolverProblem(tuple(costs), tuple(usages), intervals, problem.edges, tuple(edge_costs), problem.usage_limit,
-                       problem.name)
+    repeated = SolverProblem(tuple(costs), tuple(usages), intervals, problem.edges, tuple(edge_costs),
+                             problem.usage_limit, problem.name)
     return replace(formulation, problem=repeated)
 
 
