@@ -21,11 +21,13 @@ from autoshard.graph.evaluate import evaluate_graph, random_inputs
 from autoshard.graph.model import Graph
 from autoshard.graph.summary import size
 from autoshard.planning.microbatches import Microbatching
+from autoshard.sim.collectives import Shards
 from autoshard.sim.local_op import Placed
 from autoshard.sim.precision import widen_graph, widen_inputs
-from autoshard.sim.program import DEFAULT_MAX_BYTES, Diverged, Execution, results_problem, simulation_bytes
+from autoshard.sim.program import (DEFAULT_MAX_BYTES, Diverged, Execution, instruction_name, results_problem,
+                                   simulation_bytes)
 from autoshard.sim.verdict import Divergence, Verdict
-from autoshard.spmd.program import Communicate, Instruction, LocalOp, SpmdProgram
+from autoshard.spmd.program import Communicate, LocalOp, SpmdProgram
 
 
 def per_step_instructions(program: SpmdProgram, microbatching: Microbatching) -> set[int]:
@@ -69,13 +71,13 @@ def simulate_microbatched(program: SpmdProgram, microbatching: Microbatching,
     made_per_step = {v.id for item in per_step for v in item.outputs}
     late = [item for item in per_microbatch if any(v.id in made_per_step for v in item.inputs)]
     if late:
-        return Verdict(False, 0.0, Divergence(_name(late[0]), late[0].outputs[0].tensor, None, None, None, None,
-                                              "runs once per microbatch but reads a value made once per step"), 0)
-    accumulated = {v.id: v for item in per_step for v in item.inputs
-                   if v.id not in made_per_step and v.id not in {a.id for a in program.arguments}}
+        return Verdict(False, 0.0, Divergence(instruction_name(late[0]), late[0].outputs[0].tensor, None, None, None,
+                                              None, "runs once per microbatch but reads a value made once per step"), 0)
+    stored = {a.id for a in program.arguments}
+    accumulated = {v.id: v for item in per_step for v in item.inputs if v.id not in made_per_step and v.id not in stored}
     micro_graph = widen_graph(microbatching.graph) if widen else microbatching.graph
     execution = Execution(program, widen)
-    sums: dict[int, dict] = {}
+    sums: dict[int, Shards] = {}
     env: dict[int, Placed] = {}
     try:
         for index in range(count):
@@ -95,9 +97,6 @@ def simulate_microbatched(program: SpmdProgram, microbatching: Microbatching,
         return execution.verdict(failure.divergence)
     return execution.verdict(results_problem(program, env))
 
-
-def _name(item: Instruction) -> str:
-    return item.op.name if isinstance(item, LocalOp) else f"{item.step.kind} of {item.input.tensor!r}"
 
 
 def _slice(graph: Graph, name: str, array: np.ndarray, index: int, count: int) -> np.ndarray:
