@@ -155,6 +155,9 @@ class HeuristicRun:
         self.search = Search(fp, x0, seed)
         self.note_feasible()
         self.relaxation = Relaxation(fp, merge=True)
+        # The one-to-one groups, for the labelling and the relinks, even once the relaxation no
+        # longer runs on them (`_unmerge`).
+        self.contraction = self.relaxation.contraction
         self.bound = -math.inf
         self.moves = max(schedule.tree_moves, schedule.tree_moves_per_node * fp.n)  # per sweep of tree moves
         self.relinked: set[bytes] = set()
@@ -262,7 +265,7 @@ class HeuristicRun:
         start_x = self.search.best_x.copy()
         if len(forbidden_nodes(fp, start_x)) == 0:
             return
-        merged = self.relaxation.contraction is not None
+        merged = self.contraction is not None
         if merged:
             self._take_labelling()
         self._sweep_out_forbidden()
@@ -281,7 +284,7 @@ class HeuristicRun:
         has them), if it fits: the best when it chooses nothing forbidden, else repaired into it."""
         schedule = self.schedule
         labelled = low_memory_labelling(self.fp, self.seed, schedule.passes_stepping, schedule.first_plan_moves_per_centre,
-                                        schedule.tree_block, self.relaxation.contraction)
+                                        schedule.tree_block, self.contraction)
         if not self.fp.fits(labelled):
             return
         if len(forbidden_nodes(self.fp, labelled)):
@@ -478,7 +481,7 @@ class HeuristicRun:
             # took 2.7 s, the relax phase's whole budget, and left its rounds no time).
             budget_s, patience_s = min(budget_s, self.phase_s), self.phase_s / 2
         deterministic_time = schedule.relink_work if self.deterministic else None
-        contraction = self.relaxation.contraction
+        contraction = self.contraction
         if contraction is None:
             change = self.search.relink(x, budget_s, self.workers, deterministic_time=deterministic_time,
                                         patience_s=patience_s)
@@ -726,7 +729,8 @@ class HeuristicRun:
         493,377 for hundreds of Polyak steps while on the original nodes the same rounds lift it
         to 510,000 in 400 (benchmarks/RESULTS.md, issue 37); the merged multipliers with cold
         messages are no start (their first bound is far below, and the steps it sizes wreck them).
-        The merged rounds' speed matters for the first plans, not here."""
+        The merged rounds' speed matters for the first plans, not here; the relinks and the
+        labelling keep the groups."""
         self.relaxation = Relaxation(self.fp)
         self.step = StepLength(self.relaxation)
         self.stepping = False
@@ -743,7 +747,7 @@ class HeuristicRun:
         self.restarts += 1
         labelled = low_memory_labelling(fp, self.seed + self.restarts, schedule.passes_stepping,
                                         schedule.first_plan_moves_per_centre, schedule.tree_block,
-                                        self.relaxation.contraction)
+                                        self.contraction)
         if not fp.fits(labelled) or len(forbidden_nodes(fp, labelled)):
             return
         search.reset(labelled)
