@@ -15,10 +15,11 @@ from autoshard.graph.schema import graph_from_json
 from autoshard.mesh import Mesh
 from autoshard.models import GPTConfig, gpt
 from autoshard.planning.costs import op_cost, result_bytes, tensor_bytes
-from autoshard.planning.formulation import PICOSECONDS, TIE_BREAK_PS_PER_BYTE, WRITE_BACK, Weights, formulate
+from autoshard.planning.formulation import DELIVER, PICOSECONDS, TIE_BREAK_PS_PER_BYTE, WRITE_BACK, Weights, formulate
 from autoshard.planning.hardware import bind_hardware
 from autoshard.planning.options import enumerate_storage, operand_shardings, result_shardings
 from autoshard.resharding import PricedMoves, bytes_moved_price, plan_resharding, resharding_cost
+from autoshard.solver import FORBIDDEN_COST
 from autoshard.sharding import Sharding
 
 
@@ -111,6 +112,9 @@ def test_formulation_of_repeated_layers_equals_the_direct_computation():
             assert usages.tolist() == held
             assert costs.tolist() == [scalar_cost(0.0, 0.0, b, weights) for b in held]
             continue
+        if kind == "delivered":  # where a value read twice is resharded to once: it costs and holds nothing
+            assert costs.tolist() == usages.tolist() == [0] * len(choices)
+            continue
         op = graph.op_by_name[name]
         expected_costs, expected_usages = [], []
         for option in choices:
@@ -125,12 +129,20 @@ def test_formulation_of_repeated_layers_equals_the_direct_computation():
         assert costs.tolist() == expected_costs, name
         assert usages.tolist() == expected_usages, name
 
+    delivered = 0
     for (u, v), matrix, (t, consumer, i) in zip(problem.edges, problem.edge_costs, formulation.uses):
         tensor = graph.tensors[t]
         kind, name = formulation.nodes[u]
         producer = graph.producers.get(t)
-        sources = (formulation.choices[u] if kind == "storage" else
+        sources = (formulation.choices[u] if kind in ("storage", "delivered") else
                    [result_shardings(producer.nest, o)[producer.outputs.index(t)] for o in formulation.choices[u]])
+        if i == DELIVER:  # into the delivered node; a partial sharding only as produced
+            delivered += 1
+            assert formulation.nodes[v] == ("delivered", t)
+            expected = [[0 if s == d else FORBIDDEN_COST if d.is_partial else scalar_cost(*price(tensor, s, d), 0.0, weights)
+                         for d in formulation.choices[v]] for s in sources]
+            assert matrix.tolist() == expected, t
+            continue
         if i == WRITE_BACK:  # a value written in place, into its old value's storage
             assert graph.tensors[t].updates == consumer and formulation.nodes[v] == ("storage", consumer)
             targets = formulation.choices[v]
@@ -138,3 +150,4 @@ def test_formulation_of_repeated_layers_equals_the_direct_computation():
             targets = [operand_shardings(graph.op_by_name[consumer].nest, o)[i] for o in formulation.choices[v]]
         expected = [[scalar_cost(*price(tensor, s, d), 0.0, weights) for d in targets] for s in sources]
         assert matrix.tolist() == expected, (t, consumer, i)
+    assert delivered == sum(kind == "delivered" for kind, _ in formulation.nodes) > 0

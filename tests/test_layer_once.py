@@ -28,11 +28,10 @@ def tiny_gpt(layers: int = 2, hidden: int = 64) -> dict:
 
 
 def whole_objective(plan, hw) -> int:
-    """The whole graph's formulation objective of `plan`."""
-    formulation = formulate(plan.graph, plan.mesh, hw)
-    picks = [choices.index(plan.options[name] if kind == "op" else plan.storage[name])
-             for (kind, name), choices in zip(formulation.nodes, formulation.choices)]
-    return score(formulation.problem, picks).cost
+    """The whole graph's formulation objective of `plan`, each use priced on its own (as the
+    composition prices it)."""
+    formulation = formulate(plan.graph, plan.mesh, hw, delivered_nodes=False)
+    return score(formulation.problem, formulation.solution(plan, {})).cost
 
 
 def test_identical_layers_hash_equal():

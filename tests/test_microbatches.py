@@ -22,7 +22,7 @@ from autoshard.planning.hardware import bind_hardware
 from autoshard.planning.microbatches import microbatch, repeat_formulation
 from autoshard.planning.options import ShardingOption
 from autoshard.planning.plan import Plan
-from autoshard.planning.report import estimate, memory_timeline
+from autoshard.planning.report import delivered_shardings, estimate, memory_timeline
 from autoshard.planning.roles import dim_labels
 from autoshard.sharding import Sharding
 from autoshard.sim.microbatch import per_step_instructions, simulate_microbatched
@@ -116,8 +116,7 @@ def test_the_solvers_objective_is_the_estimate_of_its_plan(step):
     m = microbatch(step, 4)
     plan = data_parallel_plan(m.graph, mesh)
     formulation = repeat_formulation(formulate(m.graph, mesh, hw), m)
-    picks = [choices.index(plan.options[name] if kind == "op" else plan.storage[name])
-             for (kind, name), choices in zip(formulation.nodes, formulation.choices)]
+    picks = formulation.solution(plan, delivered_shardings(plan, hw.collective_seconds))
     objective_s = score(formulation.problem, np.array(picks)).cost / 1e12
     assert objective_s == pytest.approx(estimate(plan, hw, m).step_s, rel=1e-4)
 

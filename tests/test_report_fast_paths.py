@@ -116,27 +116,45 @@ def reference_timeline(plan: Plan) -> tuple[list[int], list[int]]:
 
 
 def reference_reshardings(plan: Plan, hw) -> list[dict]:
-    """Every resharding, each searched on its own from `Plan.produced` / `Plan.required`."""
-    graph, out, done = plan.graph, [], set()
+    """Every resharding, each searched on its own from `Plan.produced` / `Plan.required`: a value
+    read by several uses is delivered once in the sharding (as produced, or one two uses read)
+    that makes its reshardings the fewest seconds, and each use reads from there."""
+    graph, out, made = plan.graph, [], set()
 
-    def entry(t: str, consumer: str, index: int | None, target: Sharding) -> dict:
+    def search(t: str, source: Sharding, target: Sharding):
         tensor = graph.tensors[t]
-        r = plan_resharding(plan.mesh, tensor.shape, tensor.itemsize, plan.produced(t), target, hw.collective_seconds)
+        return plan_resharding(plan.mesh, tensor.shape, tensor.itemsize, source, target, hw.collective_seconds)
+
+    def entry(t: str, consumer: str, index: int | None, source: Sharding, target: Sharding) -> dict:
+        r = search(t, source, target)
         moved = sum(0.0 if s.kind == "all_slice" else s.bytes_per_device for s in r.steps)
-        return {"tensor": t, "consumer": consumer, "input": index, "from": plan.produced(t).to_json(),
+        return {"tensor": t, "consumer": consumer, "input": index, "from": source.to_json(),
                 "to": target.to_json(), "steps": [s.to_json() for s in r.steps], "seconds": r.seconds,
                 "bytes_per_device": moved}
 
+    def delivered(t: str) -> Sharding:
+        source = plan.produced(t)
+        targets = [plan.required(op, i) for op in topological_order(graph) for i, x in enumerate(op.inputs) if x == t]
+        best, best_s = source, sum(search(t, source, d).seconds for d in targets)
+        for via in dict.fromkeys(targets):
+            if via != source and targets.count(via) >= 2:
+                seconds = search(t, source, via).seconds + sum(search(t, via, d).seconds for d in targets if d != via)
+                if seconds < best_s:
+                    best, best_s = via, seconds
+        return best
+
     for op in topological_order(graph):
         for i, t in enumerate(op.inputs):
-            target = plan.required(op, i)
-            if plan.produced(t) != target and (t, target) not in done:
-                done.add((t, target))
-                out.append(entry(t, op.name, i, target))
+            source, via, target = plan.produced(t), delivered(t), plan.required(op, i)
+            if via != source and t not in made:
+                made.add(t)
+                out.append(entry(t, op.name, i, source, via))
+            if via != target:
+                out.append(entry(t, op.name, i, via, target))
     for t in graph.outputs:
         target = plan.final(t)
-        if plan.produced(t) != target and (t, target) not in done:
-            out.append(entry(t, "output", None, target))
+        if plan.produced(t) != target:
+            out.append(entry(t, "output", None, plan.produced(t), target))
     return out
 
 

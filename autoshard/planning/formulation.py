@@ -7,6 +7,13 @@ in place, pricing its resharding into the storage sharding of the value it overw
 compute time, plus reducing a partial graph output. Memory: each node holds its results (a
 storage node its stored tensor) from the step it is produced to its last use.
 
+A value read by several uses is resharded once to its *delivered* sharding, and each use reads
+it from there (`autoshard.planning.report.delivered_shardings`, the rule the report and the
+partitioned program follow): such a value gets a delivered node, whose strategies are the
+shardings it may be delivered in, an edge from its producer pricing the one resharding into it,
+and its uses' edges start at the delivered node instead of the producer. So a weight gathered
+once for its forward and backward matmuls is paid once, and every edge stays pairwise.
+
 Costs are integers in picoseconds of objective: every term is first weighed into seconds (see
 `Weights`), then scaled by `PICOSECONDS`. CP-SAT needs integers, and 1 ps resolves the smallest
 kernels while a whole training step stays far below 2**63.
@@ -31,10 +38,11 @@ from autoshard.planning.plan import Plan
 from autoshard.planning.symmetry import interchangeable_axes, many_axes
 from autoshard.resharding import PricedMoves, resharding_cost
 from autoshard.sharding import Sharding
-from autoshard.solver.problem import Problem
+from autoshard.solver.problem import FORBIDDEN_COST, Problem
 
 PICOSECONDS = 1e12
 WRITE_BACK = -1  # the input index of an edge that stores a value written in place into its old storage
+DELIVER = -2  # the input index of an edge from a value's producer to its delivered node
 
 
 @dataclass(frozen=True)
@@ -90,17 +98,30 @@ class Formulation:
     graph: Graph
     mesh: Mesh
     problem: Problem
-    nodes: list[tuple[str, str]]  # ("op", op name) or ("storage", tensor name)
+    nodes: list[tuple[str, str]]  # ("op", op name), ("storage", tensor name) or ("delivered", tensor name)
     choices: list[list[ShardingOption | Sharding]]
-    # per edge: (tensor, consumer op, input index), or (new value, overwritten value, WRITE_BACK)
+    # per edge: (tensor, consumer op, input index), (new value, overwritten value, WRITE_BACK),
+    # or (tensor, its first reader, DELIVER) from its producer to its delivered node
     uses: list[tuple[str, str, int]]
     hint: list[int] = field(default_factory=list)  # preferred strategy per node (from hints)
 
     def plan(self, solution: Sequence[int]) -> Plan:
         options, storage = {}, {}
         for (kind, name), choice, pick in zip(self.nodes, self.choices, solution):
-            (options if kind == "op" else storage)[name] = choice[int(pick)]
+            if kind != "delivered":
+                (options if kind == "op" else storage)[name] = choice[int(pick)]
         return Plan(self.graph, self.mesh, options, storage)
+
+    def solution(self, plan: Plan, delivered: Mapping[str, Sharding]) -> list[int]:
+        """`plan` as one strategy per node, each delivered node at `delivered[tensor]` (the
+        report's choice, `delivered_shardings`; the value as produced when absent), so that the
+        solution costs what `estimate` prices."""
+        picks = []
+        for (kind, name), choices in zip(self.nodes, self.choices):
+            wanted = (plan.options[name] if kind == "op" else plan.storage[name] if kind == "storage"
+                      else delivered.get(name, plan.produced(name)))
+            picks.append(choices.index(wanted))
+        return picks
 
 
 class ReshardingPrices:
@@ -179,9 +200,11 @@ class _NodeKind:
 
 
 def formulate(graph: Graph, mesh: Mesh, hw: Hardware, *, memory_budget_bytes: float | None = None,
-              weights: Weights = Weights(), mesh_order: bool = False) -> Formulation:
+              weights: Weights = Weights(), mesh_order: bool = False, delivered_nodes: bool = True) -> Formulation:
     """`mesh_order`: a dim split over several mesh axes takes them in mesh order only, as a
-    framework that shards in mesh-dim order (DTensor) can run."""
+    framework that shards in mesh-dim order (DTensor) can run. `delivered_nodes=False`: every
+    use is priced from the value as produced, as if none were shared (an upper bound on what
+    the report prices), for callers that mirror the formulation's edges use by use."""
     order = topological_order(graph)
     step = {op.name: i for i, op in enumerate(order)}
     ranges = live_ranges(graph, order)
@@ -240,41 +263,106 @@ def formulate(graph: Graph, mesh: Mesh, hw: Hardware, *, memory_budget_bytes: fl
         if tensor.role != "intermediate" and tensor.name not in index:
             add_storage(tensor)
 
-    matrices: dict[tuple[int, int, int, int], np.ndarray] = {}
+    reads: dict[str, list[tuple[int, int]]] = {}  # tensor -> (consumer node, input index) per use
+    for op in order:
+        for i, t in enumerate(op.inputs):
+            reads.setdefault(t, []).append((index[op.outputs[0]], i))
+
+    matrices: dict[tuple, np.ndarray] = {}
     edges, edge_costs, uses = [], [], []
+
+    def add_edge(u: int, v: int, key: tuple, sources: list[Sharding], targets: list[Sharding], tensor: Tensor,
+                 use: tuple[str, str, int]) -> None:
+        matrix = matrices.get(key)
+        if matrix is None:
+            matrix = matrices[key] = _pair_matrix(
+                sources, targets, lambda s, d: _costs(*prices.table(tensor.shape, tensor.itemsize, s, d), 0.0, weights))
+        edge_costs.append(matrix)
+        edges.append((u, v))
+        uses.append(use)
+
+    delivered: dict[str, int | None] = {}  # tensor -> its delivered node, made at its first use
+
+    def deliver(t: str, u: int, out_pos: int, tensor: Tensor) -> int | None:
+        """The delivered node of `t` (None when its uses cannot share a sharding)."""
+        if t in delivered:
+            return delivered[t]
+        readers = reads[t]
+        sources = shared[kinds[u]].results[out_pos]
+        candidates = _delivery_candidates(sources, [shared[kinds[v]].operands[i] for v, i in readers])
+        if candidates is None:
+            delivered[t] = None
+            return None
+        signature = ("delivered", kinds[u], out_pos, tuple((kinds[v], i) for v, i in readers))
+        k = kind_of(signature, lambda: _NodeKind(candidates, np.zeros(len(candidates), np.int64),
+                                                 np.zeros(len(candidates), np.int64), (candidates,)))
+        d = delivered[t] = len(nodes)
+        nodes.append(("delivered", t))
+        kinds.append(k)
+        intervals.append(intervals[u])
+        hint.append(candidates.index(sources[hint[u]]) if hint[u] >= 0 else -1)
+        key = ("deliver", kinds[u], out_pos, k)
+        matrix = matrices.get(key)
+        if matrix is None:
+            matrix = matrices[key] = _delivery_matrix(sources, candidates, lambda s, c: _costs(
+                *prices.table(tensor.shape, tensor.itemsize, s, c), 0.0, weights))
+        edge_costs.append(matrix)
+        edges.append((u, d))
+        uses.append((t, nodes[readers[0][0]][1], DELIVER))  # made where it is first read
+        return d
+
     for op in order:
         v = index[op.outputs[0]]
         for i, t in enumerate(op.inputs):
             u = index[t]
             tensor = graph.tensors[t]
             out_pos = 0 if nodes[u][0] == "storage" else graph.producers[t].outputs.index(t)
-            key = (kinds[u], out_pos, kinds[v], i)  # the signatures fix the shape and both lists
-            matrix = matrices.get(key)
-            if matrix is None:
-                matrix = matrices[key] = _pair_matrix(
-                    shared[kinds[u]].results[out_pos], shared[kinds[v]].operands[i],
-                    lambda s, d: _costs(*prices.table(tensor.shape, tensor.itemsize, s, d), 0.0, weights))
-            edge_costs.append(matrix)
-            edges.append((u, v))
-            uses.append((t, op.name, i))
+            d = deliver(t, u, out_pos, tensor) if delivered_nodes and len(reads[t]) > 1 else None
+            if d is None:  # the signatures fix the shape and both lists
+                add_edge(u, v, (kinds[u], out_pos, kinds[v], i), shared[kinds[u]].results[out_pos],
+                         shared[kinds[v]].operands[i], tensor, (t, op.name, i))
+            else:
+                add_edge(d, v, (kinds[d], 0, kinds[v], i), shared[kinds[d]].results[0], shared[kinds[v]].operands[i],
+                         tensor, (t, op.name, i))
     for new, old in written_back.items():
         u, v = index[new], index[old]
-        tensor = graph.tensors[new]
         out_pos = graph.producers[new].outputs.index(new)
-        key = (kinds[u], out_pos, kinds[v], WRITE_BACK)
-        matrix = matrices.get(key)
-        if matrix is None:
-            matrix = matrices[key] = _pair_matrix(
-                shared[kinds[u]].results[out_pos], shared[kinds[v]].results[0],
-                lambda s, d: _costs(*prices.table(tensor.shape, tensor.itemsize, s, d), 0.0, weights))
-        edge_costs.append(matrix)
-        edges.append((u, v))
-        uses.append((new, old, WRITE_BACK))
+        add_edge(u, v, (kinds[u], out_pos, kinds[v], WRITE_BACK), shared[kinds[u]].results[out_pos],
+                 shared[kinds[v]].results[0], graph.tensors[new], (new, old, WRITE_BACK))
+    # A delivered node is numbered before the op after its value's producer (or stored
+    # tensor): between the value and its uses, in the order the relaxation sweeps and decodes.
+    # Numbered last, a 2-layer GPT training step on dp=2,tp=4 took 20 s to a gap of 1e-4, 4 s here.
+    position = _delivered_after_producers(nodes, {d: index[t] for t, d in delivered.items() if d is not None})
+    nodes = [nodes[i] for i in position]
+    kinds = [kinds[i] for i in position]
+    intervals = [intervals[i] for i in position]
+    hint = [hint[i] for i in position]
+    renumber = np.empty(len(position), dtype=np.int64)
+    renumber[position] = np.arange(len(position))
     problem = Problem(tuple(shared[k].costs for k in kinds), tuple(shared[k].usages for k in kinds),
                       np.array(intervals, dtype=np.int64).reshape(-1, 2),
-                      np.array(edges, dtype=np.int64).reshape(-1, 2), tuple(edge_costs),
+                      renumber[np.array(edges, dtype=np.int64).reshape(-1, 2)], tuple(edge_costs),
                       int(memory_budget_bytes) if memory_budget_bytes is not None else None, graph.name)
     return Formulation(graph, mesh, problem, nodes, [shared[k].choices for k in kinds], uses, hint)
+
+
+def _delivered_after_producers(nodes: list[tuple[str, str]], producer_of: dict[int, int]) -> list[int]:
+    """The nodes' new order (old numbers): each delivered node (`producer_of` maps it to its
+    value's producing or storage node) moved just before the first op node after its producer."""
+    waiting: dict[int, list[int]] = {}
+    for d, u in producer_of.items():
+        waiting.setdefault(u, []).append(d)
+    order: list[int] = []
+    pending: list[int] = []
+    for i, (kind, _) in enumerate(nodes):
+        if kind == "delivered":
+            continue
+        if kind == "op":
+            order += pending
+            pending = []
+        order.append(i)
+        pending += sorted(waiting.get(i, ()))
+    return order + pending
 
 
 def _op_signature(graph: Graph, op: Op, pins: dict[str, Sharding], returned: frozenset[str]) -> tuple:
@@ -342,6 +430,38 @@ def _pair_matrix(sources: list[Sharding], targets: list[Sharding],
     src_index = np.array([src_ids.setdefault(s, len(src_ids)) for s in sources])
     dst_index = np.array([dst_ids.setdefault(d, len(dst_ids)) for d in targets])
     return table(list(src_ids), list(dst_ids))[src_index[:, None], dst_index[None, :]]
+
+
+def _delivery_candidates(sources: list[Sharding], reads: list[list[Sharding]]) -> list[Sharding] | None:
+    """The shardings a value read by `reads` (per use, per consumer strategy) may be delivered
+    in: each sharding it may be produced in, then each one two uses may read (in order of first
+    appearance); None when no two uses can read the same sharding, so one delivery saves nothing.
+    `delivered_shardings` chooses among the produced sharding and those two uses do read."""
+    counts: dict[Sharding, int] = {}
+    for read in reads:
+        for target in dict.fromkeys(read):
+            counts[target] = counts.get(target, 0) + 1
+    shared = [target for target, count in counts.items() if count >= 2]
+    if not shared:
+        return None
+    distinct = list(dict.fromkeys(sources))
+    return distinct + [target for target in shared if target not in distinct]
+
+
+def _delivery_matrix(sources: list[Sharding], candidates: list[Sharding],
+                     table: Callable[[list[Sharding], list[Sharding]], np.ndarray]) -> np.ndarray:
+    """|sources| x |candidates| costs of delivering a value produced in each source in each
+    candidate. A partial candidate is only the value as produced: resharding cannot make a
+    value partial."""
+    reachable = [c for c in candidates if not c.is_partial]
+    priced = _pair_matrix(sources, reachable, table) if reachable else np.zeros((len(sources), 0), np.int64)
+    matrix = np.full((len(sources), len(candidates)), FORBIDDEN_COST, dtype=np.int64)
+    columns = [j for j, c in enumerate(candidates) if not c.is_partial]
+    matrix[:, columns] = priced
+    for i, s in enumerate(sources):
+        if s.is_partial:
+            matrix[i, candidates.index(s)] = 0
+    return matrix
 
 
 def _hint_index(candidates: list[Sharding], wanted: Sharding | None) -> int:

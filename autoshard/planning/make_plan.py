@@ -6,7 +6,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from autoshard.planning.costs import Hardware
 from autoshard.planning.formulation import PICOSECONDS, Formulation, Weights, formulate
 from autoshard.planning.microbatches import Microbatching, microbatch, repeat_formulation
 from autoshard.planning.plan import Plan
-from autoshard.planning.report import Report, estimate
+from autoshard.planning.report import Report, delivered_shardings, estimate
 from autoshard.solver import Problem, score, solve
 from autoshard.solver.problem import certified_lower
 
@@ -109,10 +109,9 @@ class BestSoFar:
             bound_ps, budget_bytes, started, built = self._bound_ps, self._budget_bytes, self._started, self._built
         if formulation is None or hw is None or solution is None:
             return None
-        cost = score(formulation.problem, solution).cost
+        plan, cost = priced_solution(formulation, hw, solution)
         lower = min(certified_lower(bound_ps), cost) if math.isfinite(bound_ps) else 0
         gap = (cost - lower) / cost if cost > 0 else 0.0
-        plan = formulation.plan(tuple(int(s) for s in solution))
         solver = _solver_summary(formulation.problem, "interrupted", cost, lower, gap, built - started,
                                  time.perf_counter() - built, budget_bytes, first_feasible_s=None)
         return PlanResult(plan, estimate(plan, hw, microbatching), solver, PhaseTimes(), microbatching)
@@ -148,12 +147,26 @@ def make_plan(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = 
     if not result.feasible:
         raise InfeasibleError(explain_infeasible(formulation, budget_bytes))
     with phases.phase("pricing"):  # decoding the solution into a plan and pricing it
-        plan = formulation.plan(result.solution)
+        plan, cost = priced_solution(formulation, hw, result.solution)
         report = estimate(plan, hw, microbatching)
-    solver = _solver_summary(formulation.problem, result.status, int(result.cost), int(result.lower_bound), result.gap,
+    status, gap = result.status, result.gap
+    if cost != result.cost:
+        gap = (cost - result.lower_bound) / cost if cost > 0 else 0.0
+        status = "optimal" if status == "optimal" and cost <= result.lower_bound else "feasible"
+    solver = _solver_summary(formulation.problem, status, cost, int(result.lower_bound), gap,
                              built - started, time.perf_counter() - built, budget_bytes,
                              first_feasible_s=result.stats.get("first_feasible_s"))
     return PlanResult(plan, report, solver, phases, microbatching)
+
+
+def priced_solution(formulation: Formulation, hw: Hardware, solution: Sequence[int]) -> tuple[Plan, int]:
+    """The plan of `solution` and its objective in picoseconds, with each value delivered as
+    `estimate` delivers it (`delivered_shardings`): the objective is then what the report
+    prices. The solver may have delivered a value otherwise; the bound stays a bound, as any
+    choice of the delivered nodes is a solution of the same problem."""
+    plan = formulation.plan(solution)
+    delivered = delivered_shardings(plan, hw.collective_seconds)
+    return plan, int(score(formulation.problem, formulation.solution(plan, delivered)).cost)
 
 
 def _recording_bound(best_so_far: BestSoFar, progress: Callable[[str, float, float, float], None] | None

@@ -27,7 +27,7 @@ from autoshard.graph.model import Graph
 from autoshard.graph.schema import graph_from_json, graph_to_json
 from autoshard.mesh import Mesh
 from autoshard.planning.costs import tensor_bytes
-from autoshard.planning.formulation import Formulation
+from autoshard.planning.formulation import DELIVER, Formulation
 from autoshard.planning.options import result_shardings
 from autoshard.planning.roles import dim_labels
 from autoshard.sharding import Sharding
@@ -118,10 +118,11 @@ def _divided(graph: Graph, labels: Mapping[str, list[str | None]], count: int) -
 
 
 def _edge_runs(microbatching: Microbatching, consumer: str, input_index: int) -> int:
-    """Times per step a resharding read by `consumer` is made: as often as the consumer runs; a
-    value stored back in place (`WRITE_BACK`) or delivered as an output is made as often as its
-    producer runs (`consumer` is then the overwritten value or `output`)."""
-    return microbatching.repeats.get(consumer, 1) if input_index >= 0 else 1
+    """Times per step a resharding read by `consumer` is made: as often as the consumer runs (a
+    value's delivery, `DELIVER`, as often as its first reader); a value stored back in place
+    (`WRITE_BACK`) or delivered as an output is made as often as its producer runs (`consumer`
+    is then the overwritten value or `output`)."""
+    return microbatching.repeats.get(consumer, 1) if input_index >= 0 or input_index == DELIVER else 1
 
 
 def repeat_formulation(formulation: Formulation, microbatching: Microbatching) -> Formulation:

@@ -57,7 +57,9 @@ def part_graph(graph: Graph, ops: Sequence[str], tensors: Sequence[str]) -> Grap
 def part_problem(graph: Graph, ops: Sequence[str], tensors: Sequence[str], owned: frozenset[str], mesh: Mesh,
                  hw: Hardware, weights: Weights, mesh_order: bool) -> PartProblem:
     """Formulate the part of `ops` (reading `tensors`; `owned`: the stored tensors only it reads)."""
-    formulation = formulate(part_graph(graph, ops, tensors), mesh, hw, weights=weights, mesh_order=mesh_order)
+    # use by use, as `joined_parts.uses_of` mirrors the edges
+    formulation = formulate(part_graph(graph, ops, tensors), mesh, hw, weights=weights, mesh_order=mesh_order,
+                            delivered_nodes=False)
     kept = [i for i, (kind, name) in enumerate(formulation.nodes) if kind == "op" or name in owned]
     return PartProblem(formulation, restricted(formulation.problem, kept, None), kept,
                        {formulation.nodes[i]: n for n, i in enumerate(kept)})

@@ -88,37 +88,86 @@ class PlanShardings:
         return cls(order, produced, required)
 
 
-def plan_reshardings(plan: Plan, price: Callable[[str, tuple[str, ...], float], float],
-                     shardings: PlanShardings | None = None) -> list[tuple[str, str, int | None, Resharding]]:
-    """Every resharding the plan needs: (tensor, consumer op or "output", input index, steps).
+def delivered_shardings(plan: Plan, price: Callable[[str, tuple[str, ...], float], float],
+                        shardings: PlanShardings | None = None,
+                        search: Callable[[str, Sharding, Sharding], Resharding] | None = None) -> dict[str, Sharding]:
+    """Each value read by several uses, and the sharding it is delivered in: resharded once to
+    it from where it is produced, every use then reading from it (`plan_reshardings`).
 
-    A value resharded to the same target for several consumers is resharded once.
-    """
-    graph, mesh = plan.graph, plan.mesh
+    The delivered sharding is the value as produced or one that two uses read, whichever makes
+    the value's reshardings the fewest seconds (the first of equals): a weight gathered for its
+    forward and backward matmuls is gathered once. The formulation prices the same rule, with
+    a delivered node per such value (`autoshard.planning.formulation`); so does the program."""
     shardings = shardings if shardings is not None else PlanShardings.of(plan)
+    search = search if search is not None else _searcher(plan, price)
+    reads: dict[str, list[Sharding]] = defaultdict(list)
+    for op in shardings.order:
+        for t, target in zip(op.inputs, shardings.required[op.name]):
+            reads[t].append(target)
+    out = {}
+    for t, targets in reads.items():
+        if len(targets) < 2:
+            continue
+        source = shardings.produced[t]
+        counts: dict[Sharding, int] = defaultdict(int)
+        for target in targets:
+            counts[target] += 1
+        candidates = [source] + [target for target, count in counts.items() if count >= 2 and target != source]
+
+        def seconds(via: Sharding) -> float:
+            into = search(t, source, via).seconds if via != source else 0.0
+            return into + sum(search(t, via, target).seconds for target in targets if target != via)
+
+        out[t] = min(candidates, key=seconds) if len(candidates) > 1 else source
+    return out
+
+
+def _searcher(plan: Plan, price: Callable[[str, tuple[str, ...], float], float]
+              ) -> Callable[[str, Sharding, Sharding], Resharding]:
+    """`plan_resharding` of a tensor between two shardings; each (shape, itemsize, source,
+    target) searched once, as a graph's identical layers ask for the same ones."""
+    graph, mesh = plan.graph, plan.mesh
     moves = PricedMoves(price)
-    # a graph's identical layers ask for the same reshardings: each is searched once
     found: dict[tuple[tuple[int, ...], int, Sharding, Sharding], Resharding] = {}
 
-    def resharding(t: str, source: Sharding, target: Sharding) -> Resharding:
+    def search(t: str, source: Sharding, target: Sharding) -> Resharding:
         tensor = graph.tensors[t]
         key = (tensor.shape, tensor.itemsize, source, target)
         if key not in found:
             found[key] = plan_resharding(mesh, tensor.shape, tensor.itemsize, source, target, price, moves)
         return found[key]
 
-    done: set[tuple[str, Sharding]] = set()
+    return search
+
+
+def plan_reshardings(plan: Plan, price: Callable[[str, tuple[str, ...], float], float],
+                     shardings: PlanShardings | None = None) -> list[tuple[str, str, int | None, Resharding]]:
+    """Every resharding the plan needs: (tensor, consumer op or "output", input index, steps).
+
+    A value read by several uses is resharded once to its delivered sharding
+    (`delivered_shardings`), listed at its first use; each use reading another sharding is
+    resharded from the delivered one on its own, and each graph output from the value as
+    produced: what the formulation prices and the partitioned program runs.
+    """
+    graph = plan.graph
+    shardings = shardings if shardings is not None else PlanShardings.of(plan)
+    search = _searcher(plan, price)
+    delivered = delivered_shardings(plan, price, shardings, search)
     out = []
+    made: set[str] = set()  # values already delivered
     for op in shardings.order:
         for i, (t, target) in enumerate(zip(op.inputs, shardings.required[op.name])):
             source = shardings.produced[t]
-            if source != target and (t, target) not in done:
-                done.add((t, target))
-                out.append((t, op.name, i, resharding(t, source, target)))
+            via = delivered.get(t, source)
+            if via != source and t not in made:
+                made.add(t)
+                out.append((t, op.name, i, search(t, source, via)))
+            if via != target:
+                out.append((t, op.name, i, search(t, via, target)))
     for t in graph.outputs:
         source, target = shardings.produced[t], plan.final(t)
-        if source != target and (t, target) not in done:
-            out.append((t, "output", None, resharding(t, source, target)))
+        if source != target:
+            out.append((t, "output", None, search(t, source, target)))
     return out
 
 

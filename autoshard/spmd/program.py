@@ -5,11 +5,13 @@
 - `arguments`: one `Value` per graph input and parameter (in the graph's tensor order), at its
   storage sharding;
 - `body`: `LocalOp`s in topological order of the graph, with `Communicate`s in front of them:
-  every operand whose available sharding differs from `plan.required(op, i)` is resharded by
-  the resharding planner's steps, one `Communicate` per `CollectiveStep`. Every version of a
-  tensor made this way is kept, so a value resharded once is reused by every consumer needing
-  that sharding (and later reshardings start from the cheapest version available);
-- `results`: the graph outputs brought to `plan.final`.
+  every operand whose sharding differs from `plan.required(op, i)` is resharded by the
+  resharding planner's steps, one `Communicate` per `CollectiveStep`. A value read by several
+  uses is resharded once, at its first use, to its delivered sharding
+  (`autoshard.planning.report.delivered_shardings`), and every use reads it from there, a use
+  that reads another sharding through a resharding of its own: the rule the report prices
+  and the formulation minimises;
+- `results`: the graph outputs brought to `plan.final` from the values as produced.
 
 Values are in single-assignment form: `Value.id` is unique in the program, and an instruction
 only reads values defined before it (arguments, or outputs of earlier instructions).
@@ -49,6 +51,7 @@ from autoshard.graph.model import Graph, Op, Tensor, topological_order
 from autoshard.mesh import Device, Mesh
 from autoshard.planning.options import ShardingOption, result_shardings
 from autoshard.planning.plan import Plan, validate_plan
+from autoshard.planning.report import delivered_shardings
 from autoshard.resharding import CollectiveStep, Price, Resharding, bytes_moved_price, plan_resharding
 from autoshard.sharding import Sharding
 
@@ -169,45 +172,43 @@ def check_program(program: SpmdProgram) -> None:
 
 
 class _Builder:
-    """Program under construction: the body so far and every version of every tensor."""
+    """Program under construction: the body so far, each value as produced and as delivered."""
 
     def __init__(self, plan: Plan, price: Price):
         self.plan, self.price, self.mesh = plan, price, plan.mesh
         self.body: list[Instruction] = []
-        self.versions: dict[str, dict[Sharding, Value]] = {}
+        self.delivery = delivered_shardings(plan, price)  # tensor -> the sharding its uses read it from
+        self.produced: dict[str, Value] = {}
+        self.delivered: dict[str, Value] = {}
         self.count = 0
 
     def new_value(self, tensor: str, sharding: Sharding) -> Value:
         t = self.plan.graph.tensors[tensor]
         value = Value(self.count, tensor, canonical(self.mesh, sharding), t.shape, t.dtype)
         self.count += 1
-        self.versions.setdefault(tensor, {}).setdefault(value.sharding, value)
         return value
 
-    def obtain(self, tensor: str, target: Sharding) -> Value:
-        """A value of `tensor` in `target`: an existing version, else resharded from the version
-        that is cheapest to reshard."""
+    def produce(self, tensor: str, sharding: Sharding) -> Value:
+        value = self.produced[tensor] = self.new_value(tensor, sharding)
+        return value
+
+    def read(self, tensor: str, target: Sharding) -> Value:
+        """`tensor` as a use reads it in `target`: from the value as delivered (resharded once,
+        at the first use), resharded again if `target` differs."""
+        delivered = self.delivered.get(tensor)
+        if delivered is None:
+            produced = self.produced[tensor]
+            delivered = self.delivered[tensor] = self.reshard(produced, self.delivery.get(tensor, produced.sharding))
+        return self.reshard(delivered, target)
+
+    def reshard(self, value: Value, target: Sharding) -> Value:
+        """`value` in `target`, through the resharding planner's steps."""
         target = canonical(self.mesh, target)
-        versions = self.versions[tensor]
-        if target in versions:
-            return versions[target]
-        t = self.plan.graph.tensors[tensor]
-        best: tuple[float, int, int] | None = None
-        chosen: tuple[Value, Resharding] | None = None
-        for order, value in enumerate(versions.values()):
-            try:
-                resharding = plan_resharding(self.mesh, t.shape, t.itemsize, value.sharding, target, self.price)
-            except ShardingError:
-                if order == 0:  # the version as produced: its error is the one to report
-                    raise
-                continue
-            key = (resharding.seconds, len(resharding.steps), order)
-            if best is None or key < best:
-                best, chosen = key, (value, resharding)
-        assert chosen is not None
-        value, resharding = chosen
-        for step in resharding.steps:
-            out = self.new_value(tensor, step.after)
+        if target == value.sharding:
+            return value
+        t = self.plan.graph.tensors[value.tensor]
+        for step in plan_resharding(self.mesh, t.shape, t.itemsize, value.sharding, target, self.price).steps:
+            out = self.new_value(value.tensor, step.after)
             self.body.append(Communicate(step, value, out))
             value = out
         return value
@@ -234,14 +235,14 @@ def partition(plan: Plan, price: Price | None = None) -> SpmdProgram:
     price = price if price is not None else bytes_moved_price(plan.mesh)
     graph = plan.graph
     builder = _Builder(plan, price)
-    arguments = tuple(builder.new_value(t.name, plan.storage[t.name])
+    arguments = tuple(builder.produce(t.name, plan.storage[t.name])
                       for t in graph.tensors.values() if t.role != "intermediate")
     for op in topological_order(graph):
         option = plan.options[op.name]
-        inputs = tuple(builder.obtain(t, plan.required(op, i)) for i, t in enumerate(op.inputs))
-        outputs = tuple(builder.new_value(t, s) for t, s in zip(op.outputs, result_shardings(op.nest, option)))
+        inputs = tuple(builder.read(t, plan.required(op, i)) for i, t in enumerate(op.inputs))
+        outputs = tuple(builder.produce(t, s) for t, s in zip(op.outputs, result_shardings(op.nest, option)))
         builder.body.append(LocalOp(op, option, inputs, outputs))
-    results = tuple(builder.obtain(t, plan.final(t)) for t in graph.outputs)
+    results = tuple(builder.reshard(builder.produced[t], plan.final(t)) for t in graph.outputs)
     return SpmdProgram(plan.mesh, graph, arguments, tuple(builder.body), results, price)
 
 
