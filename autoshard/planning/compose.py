@@ -5,8 +5,9 @@ Each kind (`layer_kinds`) is formulated and solved once, on its representative's
 edges from the representative to itself (the steady state of a stack of identical layers). Its
 frontier holds the fastest plan and, when the fastest plans of all layers do not fit the memory
 budget together, plans solved under tighter memory limits. A knapsack over layers picks one
-frontier point per layer (memory summed per layer: each part's peak, a conservative stand-in for
-its share of the step's peak); the ops outside every layer (embedding, head, loss and their
+frontier point per layer. Its memory model: each layer keeps what its own nodes hold when its
+forward ends (its state and saved activations) until its backward, and on top of all of them the
+largest transient of one layer; the ops outside every layer (embedding, head, loss and their
 backward and optimizer ops) are then solved with the layers fixed, the reshardings to and from
 them priced on their own nodes. The result is an ordinary `Plan`, priced and checked against the
 budget by `estimate`.
@@ -37,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from autoshard.errors import InfeasibleError, InputError
+from autoshard.graph.layers import op_phases
 from autoshard.graph.model import Graph
 from autoshard.graph.summary import size
 from autoshard.mesh import Mesh
@@ -51,6 +53,7 @@ from autoshard.planning.parts import (PartProblem, part_problem, price_table, pr
 from autoshard.planning.plan import Plan, validate_plan
 from autoshard.planning.report import estimate
 from autoshard.solver import Problem, score, solve
+from autoshard.solver.problem import usage_profile
 
 # Memory limits of a kind's further frontier points, as shares of its fastest plan's peak.
 FRONTIER_SHARES = (0.7, 0.45)
@@ -68,7 +71,8 @@ class FrontierPoint:
     solution: tuple[int, ...]  # per node of the kind's part problem
     cost_ps: int  # the layer's own nodes and edges
     boundary_ps: int  # reshardings from the layer before of the kind (steady state, estimated)
-    memory_bytes: int  # peak of the layer's own nodes
+    memory_bytes: int  # what the layer's own nodes hold when its forward ends (state and saved activations)
+    peak_bytes: int  # the most they hold at once
 
 
 @dataclass
@@ -77,7 +81,12 @@ class KindPlan:
     part: PartProblem
     wrap: tuple[dict[int, np.ndarray], list[tuple[int, int, np.ndarray]]]  # terms from the representative to itself
     lower_bound_ps: int  # its layers' share of the certified bound (those beside the rest are in the rest's)
+    turn: int  # the step of the part at which its forward ends
     frontier: list[FrontierPoint]
+
+    def transient_bytes(self) -> int:
+        """The most a layer holds on top of what it keeps from its forward to its backward."""
+        return max(point.peak_bytes - point.memory_bytes for point in self.frontier)
 
 
 def plan_layer_once(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = SolveSettings(),
@@ -120,12 +129,14 @@ def plan_layer_once(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSetti
         for use in uses:
             if home[use.source] != home[use.target]:
                 between.setdefault((home[use.source], home[use.target]), []).append(use)
-        plans = [_solve_kind(graph, k, p, w, beside, uses, between, outside, prices, weights, kind_s, settings)
+        step_phases = op_phases(graph)
+        plans = [_solve_kind(graph, step_phases, k, p, w, beside, uses, between, outside, prices, weights, kind_s,
+                             settings)
                  for k, p, w in zip(kinds, parts, wraps)]
         rest_bound = _solve(rest_joined, rest_s / 2, settings)
         rest_hint = rest_bound.solution[:rest.problem.num_nodes]
         rest_memory = score(rest.problem, rest_hint).peak_usage if rest.problem.num_nodes else 0
-        if sum(len(k.parts) * p.frontier[0].memory_bytes for k, p in zip(kinds, plans)) + rest_memory > budget:
+        if _picked_memory(plans, [[0] * len(k.parts) for k in kinds]) + rest_memory > budget:
             for plan in plans:
                 _extend_frontier(plan, kind_s, settings)
     layer_budget = budget - rest_memory
@@ -233,8 +244,9 @@ def _solve(problem: Problem, time_s: float, settings: SolveSettings, hint: Any =
                  deterministic=settings.deterministic, gap_limit=settings.gap_limit)
 
 
-def _solve_kind(graph: Graph, kind: LayerKind, part: PartProblem, wrap: tuple[dict[int, np.ndarray], list],
-                beside: set[int], uses: list[Use], between: dict[tuple[int, int], list[Use]],
+def _solve_kind(graph: Graph, phases: dict[str, str], kind: LayerKind, part: PartProblem,
+                wrap: tuple[dict[int, np.ndarray], list], beside: set[int], uses: list[Use],
+                between: dict[tuple[int, int], list[Use]],
                 outside: dict[tuple[str, str], tuple[PartProblem, int]], prices: ReshardingPrices, weights: Weights,
                 time_s: float, settings: SolveSettings) -> KindPlan:
     """The kind's fastest plan (with the reshardings between consecutive layers) and its share of
@@ -254,7 +266,9 @@ def _solve_kind(graph: Graph, kind: LayerKind, part: PartProblem, wrap: tuple[di
         bound += len(chains) * _solve(joined, time_s / 2 / len(groups), settings).lower_bound
     steady = with_terms(part.problem, *wrap, None)
     fastest = _solve(steady, time_s / 4, settings)
-    return KindPlan(kind, part, wrap, bound, [_point(part, steady, fastest.solution)])
+    forward = [name for name in kind.parts[0].ops if phases[name] == "forward"]
+    turn = int(part.problem.intervals[part.node_of[("op", forward[-1])], 0]) if forward else -1
+    return KindPlan(kind, part, wrap, bound, turn, [_point(part, steady, turn, fastest.solution)])
 
 
 def _edges_between(representative: LayerPart, part: PartProblem, first: LayerPart, second: LayerPart,
@@ -264,13 +278,15 @@ def _edges_between(representative: LayerPart, part: PartProblem, first: LayerPar
     side = {}
     for index, layer in enumerate((first, second)):
         side.update((key, (index, node)) for key, node in layer_piece(part, representative, layer).nodes.items())
-    return frozenset((side[u.source], side[u.target], u.index)
-                     for u in between.get((first.layer, second.layer), []) + between.get((second.layer, first.layer), []))
+    uses = between.get((first.layer, second.layer), []) + between.get((second.layer, first.layer), [])
+    return frozenset((side[u.source], side[u.target], u.index) for u in uses)
 
 
-def _point(part: PartProblem, steady: Problem, solution: tuple[int, ...]) -> FrontierPoint:
+def _point(part: PartProblem, steady: Problem, turn: int, solution: tuple[int, ...]) -> FrontierPoint:
     own = score(part.problem, solution)
-    return FrontierPoint(tuple(solution), own.cost, score(steady, solution).cost - own.cost, own.peak_usage)
+    held = usage_profile(part.problem, np.asarray(solution, dtype=np.int64))
+    return FrontierPoint(tuple(solution), own.cost, score(steady, solution).cost - own.cost,
+                         int(held[turn]) if turn >= 0 else own.peak_usage, own.peak_usage)
 
 
 def _extend_frontier(kind_plan: KindPlan, time_s: float, settings: SolveSettings) -> None:
@@ -283,16 +299,17 @@ def _extend_frontier(kind_plan: KindPlan, time_s: float, settings: SolveSettings
         limited = with_terms(part.problem, *kind_plan.wrap, int(share * kind_plan.frontier[0].memory_bytes))
         found = _solve(limited, time_s / 4 / len(FRONTIER_SHARES), settings)
         if found.feasible:
-            point = _point(part, steady, found.solution)
+            point = _point(part, steady, kind_plan.turn, found.solution)
             if point.memory_bytes < kind_plan.frontier[-1].memory_bytes:
                 kind_plan.frontier.append(point)
 
 
 def _pick_points(plans: list[KindPlan], budget: int) -> list[list[int]] | None:
     """Per kind, per layer, the frontier point to use: least summed cost (own and boundary) with
-    summed memory within `budget`, by a knapsack over layers with memory rounded up to
+    the memory model (module docstring) within `budget`, by a knapsack over layers with memory rounded up to
     `MEMORY_BUCKETS` steps of the budget; None when nothing fits. Within a kind the faster points
     go to the first layers, so equal points sit next to each other."""
+    budget -= max(kind_plan.transient_bytes() for kind_plan in plans)
     if budget <= 0:
         return None
     unit = budget / MEMORY_BUCKETS
@@ -327,7 +344,10 @@ def _pick_points(plans: list[KindPlan], budget: int) -> list[list[int]] | None:
 
 
 def _picked_memory(plans: list[KindPlan], picks: list[list[int]]) -> int:
-    return sum(kind_plan.frontier[c].memory_bytes for kind_plan, chosen in zip(plans, picks) for c in chosen)
+    """The layers' memory in the knapsack's model: what each keeps from forward to backward, and
+    the largest transient on top."""
+    return (sum(kind_plan.frontier[c].memory_bytes for kind_plan, chosen in zip(plans, picks) for c in chosen)
+            + max(kind_plan.transient_bytes() for kind_plan in plans))
 
 
 def _layer_choices(graph: Graph, plans: list[KindPlan], picks: list[list[int]]) -> tuple[dict, dict]:
@@ -388,7 +408,8 @@ def _rest_choices(rest: PartProblem, solution: tuple[int, ...], options: dict, s
 
 
 def _too_big(plans: list[KindPlan], rest_bytes: int, budget: int) -> str:
-    least = sum(len(p.kind.parts) * min(point.memory_bytes for point in p.frontier) for p in plans)
+    least = (sum(len(p.kind.parts) * min(point.memory_bytes for point in p.frontier) for p in plans)
+             + max(p.transient_bytes() for p in plans))
     return (f"the layers' least-memory plans need {size(least)} per device together and the ops outside them "
             f"{size(rest_bytes)}, over the memory budget {size(budget)}; plan the whole graph instead "
             f"(without --layer-once), or raise the budget")
@@ -420,7 +441,8 @@ def _summary(kinds: list[LayerKind], plans: list[KindPlan], picks: list[list[int
             "boundary_ps": boundary_ps,
             "per_kind": [{"signature": k.signature, "layers": list(k.layers), "lower_bound_ps": p.lower_bound_ps,
                           "frontier": [{"cost_ps": f.cost_ps, "boundary_ps": f.boundary_ps,
-                                        "memory_bytes": f.memory_bytes, "layers": chosen.count(c)}
+                                        "memory_bytes": f.memory_bytes, "peak_bytes": f.peak_bytes,
+                                        "layers": chosen.count(c)}
                                        for c, f in enumerate(p.frontier)]}
                          for k, p, chosen in zip(kinds, plans, picks)],
         },
