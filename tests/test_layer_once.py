@@ -77,6 +77,8 @@ def test_the_composed_bound_is_below_the_whole_graph_optimum(mesh_text):
     composed = plan_layer_once(graph, mesh, hw, exact)
     assert whole.solver["status"] == "optimal"
     assert composed.solver["lower_bound_ps"] <= whole.solver["objective_ps"] <= composed.solver["objective_ps"]
+    # its first and last layers are kinds of their own, aligned with their neighbours after the first solves
+    assert composed.solver["objective_ps"] <= 1.01 * whole.solver["objective_ps"]
     assert verify_plan(composed.plan, hw.collective_seconds).passed
 
 
@@ -86,8 +88,8 @@ def test_a_tight_budget_takes_smaller_frontier_points_and_is_met():
     hw = bind_hardware("dgx-h100", mesh)
     loose = plan_layer_once(graph, mesh, hw, SETTINGS)
     budget = int(0.8 * loose.report.peak_memory_bytes)
-    tight = plan_layer_once(graph, mesh, hw, SolveSettings(time_limit_s=10, deterministic=True,
-                                                           memory_budget_bytes=budget))
+    # against the clock: CP-SAT's fixed work on the memory-limited frontier points takes minutes
+    tight = plan_layer_once(graph, mesh, hw, SolveSettings(time_limit_s=4, memory_budget_bytes=budget))
     assert tight.report.peak_memory_bytes <= budget
     assert len(tight.solver["composition"]["per_kind"][0]["frontier"]) > 1
     assert tight.solver["objective_ps"] >= loose.solver["lower_bound_ps"]

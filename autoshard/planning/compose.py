@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -150,6 +150,12 @@ def plan_layer_once(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSetti
                                         weights, rest_s / 2, settings, max(layer_budget + rest_memory
                                                                            - _picked_memory(plans, picks), 0))
             _rest_choices(rest, rest_solution, options, storage)
+            if attempt == 0 and _refine_kinds(graph, mesh, plans, picks, options, storage, uses, prices, weights,
+                                              kind_s / 4, settings):
+                rest_solution = _solve_rest(graph, mesh, rest, rest_solution, options, storage, uses, prices,
+                                            weights, rest_s / 2, settings,
+                                            max(budget - _picked_memory(plans, picks), 0))
+                _rest_choices(rest, rest_solution, options, storage)
         with phases.phase("pricing"):
             plan = Plan(graph, mesh, options, storage)
             validate_plan(plan)
@@ -376,29 +382,78 @@ def _solve_rest(graph: Graph, mesh: Mesh, rest: PartProblem, hint: tuple[int, ..
     rest's node at its end."""
     if rest.problem.num_nodes == 0:
         return ()
-    fixed = Plan(graph, mesh, options, storage)
+    unary = _fixed_terms(graph, Plan(graph, mesh, options, storage), rest.node_of, rest.choices, uses, prices,
+                         weights)
+    found = _solve(with_terms(rest.problem, unary, [], limit_bytes), time_s, settings, hint=hint)
+    if not found.feasible:  # the composed plan's peak is checked against the budget after
+        found = _solve(with_terms(rest.problem, unary, [], None), time_s, settings, hint=hint)
+    return found.solution
+
+
+def _refine_kinds(graph: Graph, mesh: Mesh, plans: list[KindPlan], picks: list[list[int]], options: dict,
+                  storage: dict, uses: list[Use], prices: ReshardingPrices, weights: Weights, time_s: float,
+                  settings: SolveSettings) -> bool:
+    """One round of `_refine_kind` over the kinds all of whose layers take the fastest plan,
+    `options` and `storage` updated as each changes; whether any did."""
+    changed = False
+    for kind_plan, chosen in zip(plans, picks):
+        if set(chosen) == {0} and _refine_kind(graph, mesh, kind_plan, options, storage, uses, prices, weights,
+                                               time_s, settings):
+            changed = True
+            layer_options, layer_storage = _layer_choices(graph, plans, picks)
+            options.update(layer_options)
+            storage.update(layer_storage)
+    return changed
+
+
+def _fixed_terms(graph: Graph, fixed: Plan, nodes: dict[tuple[str, str], int], choices: Callable[[int], list],
+                 uses: list[Use], prices: ReshardingPrices, weights: Weights) -> dict[int, np.ndarray]:
+    """Per problem node (`nodes`: whole-graph node -> problem node, several may share one), the
+    reshardings of its edges to nodes outside `nodes`, whose shardings `fixed` gives, by strategy."""
     unary: dict[int, np.ndarray] = {}
     for use in uses:
-        source, target = rest.node_of.get(use.source), rest.node_of.get(use.target)
+        source, target = nodes.get(use.source), nodes.get(use.target)
         if (source is None) == (target is None):
-            continue  # inside the rest (its own edge), or between layers
+            continue  # inside (its own edge), or not touching
         tensor = graph.tensors[use.tensor]
         if target is not None:
-            choices = rest.choices(target)
-            targets = choices if use.index < 0 else required_by_choice(graph, use.target[1], use.index, choices)
+            targets = choices(target)
+            if use.index >= 0:
+                targets = required_by_choice(graph, use.target[1], use.index, targets)
             terms = price_table(prices, tensor, [fixed.produced(use.tensor)], targets, weights)[0]
             node = target
         else:
             wanted = (fixed.storage[use.target[1]] if use.index < 0
                       else fixed.required(graph.op_by_name[use.target[1]], use.index))
-            sources = produced_by_choice(graph, use.source, use.tensor, rest.choices(source))
+            sources = produced_by_choice(graph, use.source, use.tensor, choices(source))
             terms = price_table(prices, tensor, sources, [wanted], weights)[:, 0]
             node = source
         unary[node] = unary.get(node, 0) + terms
-    found = _solve(with_terms(rest.problem, unary, [], limit_bytes), time_s, settings, hint=hint)
-    if not found.feasible:  # the composed plan's peak is checked against the budget after
-        found = _solve(with_terms(rest.problem, unary, [], None), time_s, settings, hint=hint)
-    return found.solution
+    return unary
+
+
+def _refine_kind(graph: Graph, mesh: Mesh, kind_plan: KindPlan, options: dict, storage: dict, uses: list[Use],
+                 prices: ReshardingPrices, weights: Weights, time_s: float, settings: SolveSettings) -> bool:
+    """Solve the kind's fastest plan again with every other layer and the rest fixed as composed
+    (their reshardings with the kind's layers shared out per layer); keep it if it costs less on
+    that problem. A kind solved alone does not know its neighbours: an MLP's first and last layers,
+    kinds of their own, took tensor-parallel plans whose boundaries cost 30 times the step."""
+    kind, part = kind_plan.kind, kind_plan.part
+    nodes: dict[tuple[str, str], int] = {}
+    for layer in kind.parts:
+        nodes.update(layer_piece(part, kind.parts[0], layer).nodes)
+    unary = dict(kind_plan.wrap[0])
+    for node, terms in _fixed_terms(graph, Plan(graph, mesh, options, storage), nodes, part.choices, uses, prices,
+                                    weights).items():
+        unary[node] = unary.get(node, 0) + np.round(terms / len(kind.parts)).astype(np.int64)
+    problem = with_terms(part.problem, unary, kind_plan.wrap[1], None)
+    current = kind_plan.frontier[0].solution
+    found = _solve(problem, time_s, settings, hint=current)
+    if score(problem, found.solution).cost >= score(problem, current).cost:
+        return False
+    kind_plan.frontier[0] = _point(part, with_terms(part.problem, *kind_plan.wrap, None), kind_plan.turn,
+                                   found.solution)
+    return True
 
 
 def _rest_choices(rest: PartProblem, solution: tuple[int, ...], options: dict, storage: dict) -> None:
