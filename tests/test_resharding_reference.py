@@ -18,9 +18,11 @@ from autoshard.errors import ShardingError
 from autoshard.mesh import Mesh
 from autoshard.planning.hardware import bind_hardware
 from autoshard.resharding import STEP_KINDS, PricedMoves, bytes_moved_price, plan_resharding, resharding_cost
-from autoshard.resharding.moves import Context, canonical_state, goal_after, offered_moves, permute_move, price_move
-from autoshard.resharding.search import _effective_target
+from autoshard.resharding.moves import (Context, canonical_state, goal_after, in_monotone_space, offered_moves,
+                                        permute_move, price_move)
+from autoshard.resharding.search import _effective_target, many_axes
 from autoshard.sharding import Sharding
+from autoshard.sim.reshard_check import verify_resharding
 
 
 def plain_cost(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, source: Sharding, target: Sharding,
@@ -87,21 +89,24 @@ CASES = [
     ("a=3,b=2", (6, 5, 4), 12),
     ("a=2,b=2,c=2", (4, 6, 3), 12),
     ("x=4,y=2,z=2", (8, 2, 12), 12),
-    # many axes, where the searches stop early on the least any step or permute costs (dgx)
+    # three axes of size > 1 among four: still the full search
+    ("a=2,b=1,c=2,d=2", (4, 6), 8),
+]
+
+# Meshes of more than three axes of size > 1 search only the monotone paths.
+MANY_AXES = [
     ("a=2,b=2,c=2,d=2", (4, 6), 6),
     ("a=2,b=2,c=2,d=2,e=2", (8, 4), 4),
+    ("a=3,b=2,c=2,d=2", (6, 5), 5),
 ]
 
 
-@pytest.mark.parametrize("mesh_text,shape,count", CASES)
-@pytest.mark.parametrize("pricing", ["ring", "dgx"])
-def test_shared_search_equals_a_plain_dijkstra(mesh_text, shape, count, pricing):
-    mesh = Mesh.parse(mesh_text)
-    price = bytes_moved_price(mesh) if pricing == "ring" else bind_hardware("dgx-h100", mesh).collective_seconds
-    rng = random.Random(f"{mesh_text}{shape}{pricing}")
+def plain_answers(mesh: Mesh, shape: tuple[int, ...], count: int, price, seed: str) -> dict:
+    """Random pairs with the plain Dijkstra's answer: partial sources, and targets partial over
+    an axis the source is partial over too or max-partial over any axis."""
+    rng = random.Random(seed)
     sources = [random_sharding(rng, mesh, len(shape), partial=True) for _ in range(count)]
     targets = [random_sharding(rng, mesh, len(shape), partial=False) for _ in range(count)]
-    # Targets partial over an axis the source is partial over too, and max-partial over any axis
     targets += [Sharding(t.split_axes, s.partial_axes[:1], s.partial_kind) for s, t in zip(sources, targets[:8])
                 if not set(s.partial_axes[:1]) & set(t.used_axes())]
     targets += [Sharding(t.split_axes, (axis,), "max") for t in targets[:8] for axis in mesh.axis_names[:1]
@@ -112,7 +117,21 @@ def test_shared_search_equals_a_plain_dijkstra(mesh_text, shape, count, pricing)
             expected[source, target] = plain_cost(mesh, shape, 2, source, target, price)
         except ShardingError:
             continue
+    return expected
+
+
+def pricing_of(mesh: Mesh, pricing: str):
+    return bytes_moved_price(mesh) if pricing == "ring" else bind_hardware("dgx-h100", mesh).collective_seconds
+
+
+@pytest.mark.parametrize("mesh_text,shape,count", CASES)
+@pytest.mark.parametrize("pricing", ["ring", "dgx"])
+def test_shared_search_equals_a_plain_dijkstra(mesh_text, shape, count, pricing):
+    mesh = Mesh.parse(mesh_text)
+    price = pricing_of(mesh, pricing)
+    expected = plain_answers(mesh, shape, count, price, f"{mesh_text}{shape}{pricing}")
     # Asked source by source (as a formulation asks) and target by target: the caches fill in other orders.
+    targets = list(dict.fromkeys(target for _, target in expected))
     for pairs in (list(expected), sorted(expected, key=lambda pair: targets.index(pair[1]))):
         moves = PricedMoves(price)
         for source, target in pairs:
@@ -135,3 +154,48 @@ def test_no_price_falls_below_its_price_for_nothing(profile):
         for group in (("a",), ("b",), ("c",), ("a", "b"), ("b", "c"), ("c", "a"), ("a", "b", "c")):
             seconds = [price(kind, group, b) for b in sorted(sizes)]
             assert all(x <= y for x, y in zip(seconds, seconds[1:])), (kind, group)
+
+
+@pytest.mark.parametrize("mesh_text,shape,count", MANY_AXES)
+@pytest.mark.parametrize("pricing", ["ring", "dgx"])
+def test_many_axes_price_the_best_monotone_path_above_the_plain_dijkstra(mesh_text, shape, count, pricing):
+    """On meshes of more than three axes of size > 1 a price is that of a path of the full search
+    (never below the plain Dijkstra's), `plan_resharding` builds that very path, every state on it
+    is monotone (each axis where the source or the target has it, or unused), and it runs in the
+    simulator to the target."""
+    mesh = Mesh.parse(mesh_text)
+    assert many_axes(mesh)
+    price = pricing_of(mesh, pricing)
+    expected = plain_answers(mesh, shape, count, price, f"{mesh_text}{shape}{pricing}")
+    moves = PricedMoves(price)
+    for (source, target), (seconds, _) in expected.items():
+        restricted = resharding_cost(mesh, shape, 2, source, target, moves)
+        assert restricted[0] >= seconds * (1 - 1e-9), (source, target)
+    for source, target in itertools.islice(expected, 0, None, 5):
+        plan = plan_resharding(mesh, shape, 2, source, target, price)
+        assert (plan.seconds, float(sum(s.bytes_per_device for s in plan.steps if s.kind != "all_slice"))) == \
+            resharding_cost(mesh, shape, 2, source, target, moves), (source, target)
+        assert all(in_monotone_space(step.after.split_axes, source, target) for step in plan.steps), (source, target)
+        assert verify_resharding(mesh, plan, "f32", seed=3).passed, (source, target)
+
+
+MONOTONE_OPTIMA = [
+    # one collective: the plain Dijkstra's cheapest path is monotone, so the prices agree
+    (Sharding((("a", "b"), ("c",))), Sharding((("a",), ("c",)))),  # all_gather
+    (Sharding((("a",), ("c",))), Sharding(((), ("c", "a")))),  # all_to_all
+    (Sharding((("a",), ())), Sharding((("a",), ("d", "b")))),  # all_slice
+    (Sharding((("a",), ()), ("c",)), Sharding((("a",), ("c",)))),  # reduce_scatter
+    (Sharding((("a",), ("b",)), ("c", "d")), Sharding((("a",), ("b",)))),  # all_reduce
+    (Sharding((("a", "b"), ())), Sharding((("b", "a"), ()))),  # an axis-order swap
+]
+
+
+@pytest.mark.parametrize("mesh_text", ["a=2,b=2,c=2,d=2", "a=2,b=2,c=2,d=2,e=2"])
+@pytest.mark.parametrize("pricing", ["ring", "dgx"])
+@pytest.mark.parametrize("source,target", MONOTONE_OPTIMA)
+def test_many_axes_price_a_monotone_optimum_exactly(mesh_text, pricing, source, target):
+    mesh = Mesh.parse(mesh_text)
+    price = pricing_of(mesh, pricing)
+    shape = (8, 16)
+    assert resharding_cost(mesh, shape, 2, source, target, PricedMoves(price)) == \
+        plain_cost(mesh, shape, 2, source, target, price)

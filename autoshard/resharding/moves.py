@@ -11,6 +11,10 @@ reference's ceildiv rule, uneven shards included):
 - `update_halo` changes only the halos (`halo_move`): into a halo sharding, each device receives
   the halo cells it lacks from its neighbours; out of one, it drops them locally.
 
+On meshes of many axes the search takes only the monotone moves of a (source, goal) pair
+(`monotone_moves`, `monotone_dim_moves`): those of the above that keep every dim's axes a prefix
+of the source's or of the goal's, each axis moving at most once (`in_monotone_space`).
+
 Also how a move is priced and how it becomes a `CollectiveStep`.
 """
 
@@ -21,7 +25,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 from types import MappingProxyType
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from autoshard.mesh import Mesh
 from autoshard.resharding.geometry import (device_transfers, dim_offsets, exchange_axes, exchange_extent, fan_in,
@@ -80,6 +84,33 @@ def ordered_subsets(axes: Sequence[str]) -> Iterator[tuple[str, ...]]:
         yield from itertools.permutations(axes, k)
 
 
+MakeMove = Callable[[str, Sequence[str], dict[str, Any], list, Sequence[str], list], Move]
+
+
+def _mover(ctx: Context, state: Sharding) -> MakeMove:
+    """Builds the moves out of `state`: the collective, its axes and attributes and the state's
+    new split, partial axes and offsets, priced on the state's buffer."""
+    local = state.max_local_shape(ctx.mesh, ctx.shape)
+
+    def make(kind_: str, axes: Sequence[str], dims: dict[str, Any], new_split: list, new_partial: Sequence[str],
+             new_offsets: list) -> Move:
+        after = canonical_state(ctx.mesh, new_split, new_partial, state.partial_kind, new_offsets)
+        buffer = list(local)
+        row = STEP_KINDS[kind_]
+        if row.padded:
+            # Equal chunks per peer: the buffer is padded to a multiple of the group along the cut dim.
+            cut = dims[row.cut]
+            group = ctx.mesh.group_size(axes)
+            buffer[cut] = ceildiv(buffer[cut], group) * group
+        return Move(kind_, tuple(axes), tuple(dims.items()), after, math.prod(buffer) * ctx.dtype_bytes)
+
+    return make
+
+
+def with_dim(seq: list, d: int, value: Any) -> list:
+    return seq[:d] + [value] + seq[d + 1:]
+
+
 @lru_cache(maxsize=65536)
 def offered_moves(ctx: Context, state: Sharding) -> tuple[tuple[Move, ...], tuple[Move, ...]]:
     """The moves out of `state` but the permute into the goal: those offered before it and the
@@ -88,23 +119,13 @@ def offered_moves(ctx: Context, state: Sharding) -> tuple[tuple[Move, ...], tupl
     split = [state.dim_axes(d) for d in range(rank)]
     offsets = [dim_offsets(state, d) for d in range(rank)]
     partial, kind = state.partial_axes, state.partial_kind
-    local = state.max_local_shape(mesh, shape)
     count = mesh.group_size
     moves: list[Move] = []
+    make = _mover(ctx, state)
 
     def add(kind_: str, axes: Sequence[str], dims: dict[str, Any], new_split: list, new_partial: Sequence[str],
             new_offsets: list) -> None:
-        after = canonical_state(mesh, new_split, new_partial, kind, new_offsets)
-        buffer = list(local)
-        row = STEP_KINDS[kind_]
-        if row.padded:
-            # Equal chunks per peer: the buffer is padded to a multiple of the group along the cut dim.
-            cut = dims[row.cut]
-            buffer[cut] = ceildiv(buffer[cut], count(axes)) * count(axes)
-        moves.append(Move(kind_, tuple(axes), tuple(dims.items()), after, math.prod(buffer) * ctx.dtype_bytes))
-
-    def with_dim(seq: list, d: int, value: Any) -> list:
-        return seq[:d] + [value] + seq[d + 1:]
+        moves.append(make(kind_, axes, dims, new_split, new_partial, new_offsets))
 
     drop = [a for a in partial if a not in ctx.goal_partial]
     for k in range(1, len(drop) + 1):
@@ -146,6 +167,79 @@ def offered_moves(ctx: Context, state: Sharding) -> tuple[tuple[Move, ...], tupl
                                    canonical_state(mesh, with_dim(split, d, order), partial, kind, offsets))
                       for order in itertools.permutations(split[d]) if order != split[d]]
     return tuple(moves), tuple(swaps)
+
+
+def in_monotone_space(split: Sequence[Sequence[str]], source: Sharding, goal: Sharding) -> bool:
+    """Every dim's axes are a prefix of the source's axes of that dim or of the goal's: each mesh
+    axis is where the source has it, where the goal has it, or unused (at most 3 roles per axis)."""
+    for d, axes in enumerate(split):
+        n = len(axes)
+        if tuple(axes) != source.dim_axes(d)[:n] and tuple(axes) != goal.dim_axes(d)[:n]:
+            return False
+    return True
+
+
+@lru_cache(maxsize=65536)
+def monotone_runs(axes: tuple[str, ...], goal: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
+    """The runs of axes whose appending to a dim split over `axes` keeps it a prefix of the goal's
+    split of that dim (`goal`)."""
+    n = len(axes)
+    return tuple(goal[n:n + k] for k in range(1, len(goal) - n + 1)) if goal[:n] == axes else ()
+
+
+def monotone_moves(ctx: Context, state: Sharding) -> tuple[Move, ...]:
+    """The all_reduces out of `state`, of the partial axes the goal does not keep."""
+    split = [state.dim_axes(d) for d in range(len(ctx.shape))]
+    offsets = [dim_offsets(state, d) for d in range(len(ctx.shape))]
+    partial, make = state.partial_axes, _mover(ctx, state)
+    drop = [a for a in partial if a not in ctx.goal_partial]
+    return tuple(make("all_reduce", axes, {"reduction": state.partial_kind}, split,
+                      [a for a in partial if a not in axes], offsets)
+                 for k in range(1, len(drop) + 1) for axes in itertools.combinations(drop, k))
+
+
+def monotone_dim_moves(ctx: Context, state: Sharding, d: int, leaving: tuple[bool, ...],
+                       runs: tuple[tuple[str, ...], ...]) -> tuple[Move, ...]:
+    """The moves out of `state` on dim `d` in a monotone space, where an axis only ever leaves its
+    place in the source and enters its place in the goal: the gathers of a suffix of the dim's
+    axes while they are a prefix of the source's (`leaving[d]`), and the reduce_scatter of partial
+    axes, all_slice of unused ones or all_to_all from a dim still leaving that appends one of
+    `runs` (`monotone_runs`); exact cuts only, as `offered_moves`."""
+    shape, rank = ctx.shape, len(ctx.shape)
+    split = [state.dim_axes(e) for e in range(rank)]
+    offsets = [dim_offsets(state, e) for e in range(rank)]
+    partial, kind = state.partial_axes, state.partial_kind
+    count = ctx.mesh.group_size
+    make = _mover(ctx, state)
+    moves: list[Move] = []
+
+    def gatherable(e: int, k: int) -> bool:
+        major, minor = split[e][:-k], split[e][-k:]
+        return major == () or (not offsets[e] and _gather_exact(shape[e], count(major), count(minor)))
+
+    if leaving[d]:
+        moves += [make("all_gather", split[d][-k:], {"gather_axis": d}, with_dim(split, d, split[d][:-k]), partial,
+                       with_dim(offsets, d, ()))
+                  for k in range(1, len(split[d]) + 1) if gatherable(d, k)]
+    if offsets[d]:
+        return tuple(moves)
+    used = set(state.used_axes())
+    drop = {a for a in partial if a not in ctx.goal_partial}
+    for run in runs:
+        if not _slice_exact(shape[d], count(split[d]), count(run)):
+            continue
+        appended = with_dim(split, d, split[d] + run)
+        if set(run) <= drop:
+            moves.append(make("reduce_scatter", run, {"reduction": kind, "scatter_axis": d}, appended,
+                              [a for a in partial if a not in run], offsets))
+        elif not set(run) & used:
+            moves.append(make("all_slice", run, {"slice_axis": d}, appended, partial, offsets))
+        for e in range(rank):
+            if e != d and leaving[e] and split[e][-len(run):] == run and gatherable(e, len(run)):
+                moves.append(make("all_to_all", run, {"split_axis": d, "concat_axis": e},
+                                  with_dim(with_dim(split, e, split[e][:-len(run)]), d, split[d] + run), partial,
+                                  with_dim(offsets, e, ())))
+    return tuple(moves)
 
 
 def goal_after(mesh: Mesh, state: Sharding, goal: Sharding) -> Sharding | None:

@@ -13,6 +13,11 @@ searches from partial sources skip states that lead nowhere cheaper. Both stop e
 a step can cost (`_Tensor.floors`, the prices for 0 bytes): a tree settles states only while one
 may still lead to the goal cheaper than the best found, and prices the permute into the goal
 only from states far enough below it; a search drops states whose every path on ends past it.
+
+On meshes of more than three axes of size > 1 (`many_axes`) the states grow exponentially with
+the axes, and both `plan_resharding` and `resharding_cost` search only the monotone paths
+(`_monotone_path`: each mesh axis moves at most once, from its place in the source to its place
+in the target), a few states per pair: prices there are upper bounds of the full search's.
 """
 
 from __future__ import annotations
@@ -21,14 +26,15 @@ import heapq
 import itertools
 import math
 from functools import lru_cache
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 from autoshard.errors import ShardingError
 from autoshard.mesh import Mesh
 from autoshard.reductions import REDUCTIONS
 from autoshard.resharding.geometry import dim_offsets, received_elements
 from autoshard.resharding.moves import (Context, Move, build_step, canonical_state, goal_after, halo_move,
-                                        offered_moves, ordered_subsets, price_move, priced_permute)
+                                        monotone_dim_moves, monotone_moves, monotone_runs, offered_moves,
+                                        ordered_subsets, price_move, priced_permute)
 from autoshard.resharding.relabel import representative_pair
 from autoshard.resharding.steps import STEP_KINDS, CollectiveStep, Price, Resharding
 from autoshard.sharding import Sharding
@@ -68,6 +74,9 @@ class _Tensor:
         self._permutes: dict[tuple[int, int], _Edge] = {}
         self._offered: dict[tuple[int, tuple[str, ...]], tuple[tuple[tuple[_Edge, int], ...], tuple[_Edge, ...]]] = {}
         self._floors: tuple[float, float, float] | None = None
+        self.monotone: dict[tuple[int, int], list[tuple[Sharding, Move, float]]] = {}  # (start, goal) -> path
+        self._monotone_edges: dict[tuple, tuple[_Edge, ...]] = {}
+        self._dims: dict[int, tuple[tuple[str, ...], ...]] = {}
 
     def id(self, state: Sharding) -> int:
         found = self.ids.get(state)
@@ -75,6 +84,35 @@ class _Tensor:
             found = self.ids[state] = len(self.states)
             self.states.append(state)
             self.into.append({})
+        return found
+
+    def monotone_edges(self, state: int, goal_partial: tuple[str, ...], source: tuple[tuple[str, ...], ...],
+                       goal: tuple[tuple[str, ...], ...]) -> list[_Edge]:
+        """`monotone_moves` and each dim's `monotone_dim_moves` towards the dims' axes in `source`
+        and `goal`, priced and kept apart: pairs whose ends differ share most of them."""
+        dims = self.dims(state)
+        leaving = tuple(source[d][:len(axes)] == axes for d, axes in enumerate(dims))
+        edges = list(self._kept((state, goal_partial), lambda ctx: monotone_moves(ctx, self.states[state])))
+        for d, axes in enumerate(dims):
+            runs = monotone_runs(axes, goal[d])
+            if runs or leaving[d]:
+                edges += self._kept((state, goal_partial, d, leaving, runs),
+                                    lambda ctx: monotone_dim_moves(ctx, self.states[state], d, leaving, runs))
+        return edges
+
+    def _kept(self, key: tuple, make: Callable[[Context], tuple[Move, ...]]) -> tuple[_Edge, ...]:
+        found = self._monotone_edges.get(key)
+        if found is None:
+            ctx = Context(self.mesh, self.shape, self.dtype_bytes, self.mesh.axis_names, tuple(range(len(self.shape))),
+                          key[1])
+            found = self._monotone_edges[key] = tuple(self.edge(key[0], m) for m in make(ctx))
+        return found
+
+    def dims(self, state: int) -> tuple[tuple[str, ...], ...]:
+        """The axes of each dim of `state`."""
+        found = self._dims.get(state)
+        if found is None:
+            found = self._dims[state] = tuple(self.states[state].dim_axes(d) for d in range(len(self.shape)))
         return found
 
     def goal_edge(self, state: int, goal: int) -> _Edge | None:
@@ -227,10 +265,10 @@ class PricedMoves:
         found = self._spaces.get(key)
         if found is None:
             ctx = Context(mesh, shape, dtype_bytes, tuple(a for a in mesh.axis_names if a in axes), tuple(sorted(dims)), goal_partial)
-            found = self._spaces[key] = _Space(ctx, self._tensor(mesh, shape, dtype_bytes))
+            found = self._spaces[key] = _Space(ctx, self.tensor(mesh, shape, dtype_bytes))
         return found
 
-    def _tensor(self, mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float) -> _Tensor:
+    def tensor(self, mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float) -> _Tensor:
         key = (mesh, shape, dtype_bytes)
         found = self._tensors.get(key)
         if found is None:
@@ -374,11 +412,87 @@ def _space(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, source: Shard
 _ROUNDING = 1e-9
 
 
+def many_axes(mesh: Mesh) -> bool:
+    """More than three mesh axes of size > 1: the full search's states grow exponentially with
+    the axes (thousands per tensor on five), so `plan_resharding` and `resharding_cost` search
+    the monotone paths instead (`_monotone_path`), both the same way: a formulation's prices are
+    then those of the best monotone path, an upper bound of the full search, and equal the
+    plans its report and partitioned program build."""
+    return sum(size > 1 for size in mesh.shape) > 3
+
+
 def _search(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, source: Sharding, target: Sharding,
             moves: PricedMoves) -> list[tuple[Sharding, Move, float]]:
     """Dijkstra from `source` to `target` (ties: fewer permutes, then fewer steps): the cheapest
-    path as (state before, move, seconds) steps."""
+    path as (state before, move, seconds) steps; on `many_axes` meshes the cheapest monotone one."""
+    if many_axes(mesh):
+        return _monotone_path(mesh, shape, dtype_bytes, source, target, moves)
     return _cheapest_path(*_space(mesh, shape, dtype_bytes, source, target, moves))
+
+
+def _monotone_path(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, source: Sharding, target: Sharding,
+                   moves: PricedMoves) -> list[tuple[Sharding, Move, float]]:
+    """The cheapest monotone path from `source` to `target`: Dijkstra (ties as `_cheapest_path`)
+    over the states where every dim's axes are a prefix of the source's or of the goal's
+    (`in_monotone_space`: each mesh axis where the source has it, where the goal has it, or
+    unused, so a few states per pair, not the exponentially many of the full space). Each axis
+    moves at most once, out of its source place and into its goal place: reductions of partial
+    axes the goal does not keep, gathers of a dim still a prefix of the source's, and the
+    reduce_scatters, all_slices and all_to_alls that append the goal's next axes
+    (`monotone_moves`, `monotone_dim_moves`), and the direct exchange into the goal from every
+    state reached by reductions and gathers alone. Every path is one of the full search, so the
+    price is an upper bound of `_cheapest_path`'s, equal where a cheapest path is monotone (one
+    all_gather, all_to_all or reduce_scatter, a gather then a slice, a direct exchange, ...)."""
+    start, _, _ = _endpoint(mesh, shape, source, "source")
+    goal, _, _ = _endpoint(mesh, shape, target, "target")
+    if target.partial_axes:
+        goal = _effective_target(mesh, source, target)
+    tensor = moves.tensor(mesh, shape, dtype_bytes)
+    first, last = tensor.id(start), tensor.id(goal)
+    found = tensor.monotone.get((first, last))
+    if found is not None:
+        return found
+    source_dims, goal_dims = tensor.dims(first), tensor.dims(last)
+    floor = tensor.floors()[0]
+    best: dict[int, tuple[float, int, int]] = {first: (0.0, 0, 0)}
+    came: dict[int, tuple[int, Move, float]] = {}
+    bound = math.inf
+    tie = itertools.count()
+    frontier = [(best[first], next(tie), first)]
+    while frontier:
+        key, _, state = heapq.heappop(frontier)
+        if state == last:
+            break
+        if key > best[state]:
+            continue
+        edges = tensor.monotone_edges(state, goal.partial_axes, source_dims, goal_dims)
+        # The exchange into the goal, from states whose axes have only left their source places,
+        # unless even its least price ends past the best path found.
+        if key[0] + floor <= bound and all(a == s[:len(a)] for a, s in zip(tensor.dims(state), source_dims)):
+            into = tensor.goal_edge(state, last)
+            edges += [] if into is None else [into]
+        for after, seconds, permutes, move in edges:
+            reached = key[0] + seconds
+            if reached > bound:
+                continue
+            known = best.get(after)
+            new_key = (reached, key[1] + permutes, key[2] + 1)
+            if known is None or new_key < known:
+                best[after] = new_key
+                came[after] = (state, move, seconds)
+                heapq.heappush(frontier, (new_key, next(tie), after))
+                if after == last:
+                    bound = reached
+    if last not in best:
+        raise ShardingError(f"no resharding reaches {goal}", "target")
+    path = []
+    state = last
+    while state != first:
+        before_id, move, seconds = came[state]
+        path.append((tensor.states[before_id], move, seconds))
+        state = before_id
+    found = tensor.monotone[first, last] = path[::-1]
+    return found
 
 
 def _cheapest_path(space: _Space, first: int, last: int, skip_by_trees: bool = False) -> list[tuple[Sharding, Move, float]]:
@@ -479,13 +593,16 @@ def _totals(path: list[tuple[Sharding, Move, float]]) -> tuple[float, float]:
 def resharding_cost(mesh: Mesh, shape: Sequence[int], dtype_bytes: float, source: Sharding, target: Sharding,
                     moves: PricedMoves) -> tuple[float, float]:
     """`plan_resharding(...)`'s seconds and the bytes per device its steps are priced on (steps
-    that move nothing, all_slice, left out), without building the steps."""
+    that move nothing, all_slice, left out), without building the steps. On `many_axes` meshes,
+    those of the best monotone path, as `plan_resharding`'s."""
     shape = tuple(shape)
     if moves.classes:
         source, target = representative_pair(mesh, source, target, moves.classes)
     if source.has_halo or target.has_halo:
         path = _with_halos(mesh, shape, dtype_bytes, source, target, moves)
         return _totals(path)
+    if many_axes(mesh):
+        return _totals(_monotone_path(mesh, shape, dtype_bytes, source, target, moves))
     space, first, last = _space(mesh, shape, dtype_bytes, source, target, moves)
     if not source.partial_axes:
         return space.tree(first).cost(last)
@@ -505,7 +622,8 @@ def halo_step(mesh: Mesh, shape: Sequence[int], dtype_bytes: float, before: Shar
 def plan_resharding(mesh: Mesh, shape: Sequence[int], dtype_bytes: float, source: Sharding, target: Sharding,
                     price: Price, moves: PricedMoves | None = None) -> Resharding:
     """The cheapest sequence of collectives under `price` that turns `source` into `target`
-    (`moves`, if given, must have been made with the same `price`)."""
+    (`moves`, if given, must have been made with the same `price`); on `many_axes` meshes the
+    cheapest monotone one (`_monotone_path`), an upper bound of the cheapest."""
     shape = tuple(shape)
     moves = moves if moves is not None else PricedMoves(price)
     if source.has_halo or target.has_halo:
