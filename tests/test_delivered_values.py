@@ -59,11 +59,12 @@ def test_the_objective_of_a_pinned_layout_is_its_estimate(layout, mesh_text):
     assert result.solver["lower_bound_ps"] <= result.solver["objective_ps"]
 
 
-@pytest.mark.parametrize("layout,mesh_text", [("fsdp", "dp=4"), ("tp", "dp=2,tp=2")])
+@pytest.mark.parametrize("layout,mesh_text", [("fsdp", "dp=4"), ("tp", "dp=2,tp=2"), ("tp", "dp=2,tp=2,x=2,y=2")])
 def test_every_plan_costs_its_estimate(layout, mesh_text):
     """Random plans (partial results, reshardings everywhere), each with its values delivered as
     the report delivers them, cost in the formulation what the report prices: the objective is
-    exact for every plan, so a lower bound on it is a lower bound on every plan's estimate."""
+    exact for every plan, so a lower bound on it is a lower bound on every plan's estimate. On
+    four axes both price the monotone reshardings."""
     mesh = Mesh.parse(mesh_text)
     hw = bind_hardware("dgx-h100", mesh)
     graph = graph_from_json(pinned(layout), mesh)
