@@ -32,6 +32,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--time-limit", type=float, default=30.0, help="solver seconds per plan (default %(default)s)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--whole-up-to", type=int, default=96, help="skip the whole-graph solve above this many layers")
+    p.add_argument("--methods", nargs="+", choices=("whole", "composed"), default=["whole", "composed"])
     p.add_argument("--jsonl", help="append each measurement as a JSON line to this file")
     return p.parse_args(argv)
 
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     spawn = multiprocessing.get_context("spawn")
     for size in args.size:
         for layers in args.layers:
-            methods = ["whole", "composed"] if layers <= args.whole_up_to else ["composed"]
+            methods = [m for m in args.methods if m == "composed" or layers <= args.whole_up_to]
             whole_bound = None
             for method in methods:
                 with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:  # a fresh process per plan
