@@ -6,7 +6,9 @@ only it reads) and the edges between them. Each kept node has the strategies, co
 it has in the whole graph's formulation (a node's costs depend on its op, shapes, pins and
 whether it returns a graph output, all the same in the part), so the part's objective is exactly
 the whole objective's share of these nodes and edges. The edges that cross the part's boundary
-are priced apart (`price_use`), from both sides' shardings.
+are priced apart, from both sides' shardings. Parts are formulated with every use priced on its
+own edge (`delivered_nodes=False`): a value read by several uses is not given one delivered
+sharding, so a composed objective is that of the whole graph formulated the same way.
 """
 
 from __future__ import annotations
