@@ -77,6 +77,7 @@ class _Tensor:
         self.monotone: dict[tuple[int, int], list[tuple[Sharding, Move, float]]] = {}  # (start, goal) -> path
         self._monotone_edges: dict[tuple, tuple[_Edge, ...]] = {}
         self._dims: dict[int, tuple[tuple[str, ...], ...]] = {}
+        self._left: dict[tuple[int, int], float] = {}
 
     def id(self, state: Sharding) -> int:
         found = self.ids.get(state)
@@ -172,6 +173,12 @@ class _Tensor:
         the same offsets) needs a step that moves data, as all_slice only appends axes."""
         if state == goal:
             return 0.0
+        found = self._left.get((state, goal))
+        if found is None:
+            found = self._left[state, goal] = self._least_left(state, goal)
+        return found
+
+    def _least_left(self, state: int, goal: int) -> float:
         before, after = self.states[state], self.states[goal]
         _, reduce, moving = self.floors()
         left = reduce if not set(before.partial_axes) <= set(after.partial_axes) else 0.0
@@ -458,9 +465,11 @@ def _monotone_path(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, sourc
     came: dict[int, tuple[int, Move, float]] = {}
     bound = math.inf
     tie = itertools.count()
-    frontier = [(best[first], next(tie), first)]
+    # A*: states come up in the order of their seconds plus `least_left`, a lower bound of the
+    # rest that no step lowers by more than it costs, so a state's first settling is its best.
+    frontier = [(tensor.least_left(first, last), best[first], next(tie), first)]
     while frontier:
-        key, _, state = heapq.heappop(frontier)
+        _, key, _, state = heapq.heappop(frontier)
         if state == last:
             break
         if key > best[state]:
@@ -478,9 +487,12 @@ def _monotone_path(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, sourc
             known = best.get(after)
             new_key = (reached, key[1] + permutes, key[2] + 1)
             if known is None or new_key < known:
+                left = tensor.least_left(after, last)
+                if reached + left > bound:
+                    continue
                 best[after] = new_key
                 came[after] = (state, move, seconds)
-                heapq.heappush(frontier, (new_key, next(tie), after))
+                heapq.heappush(frontier, (reached + left, new_key, next(tie), after))
                 if after == last:
                     bound = reached
     if last not in best:
