@@ -439,8 +439,8 @@ def _search(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, source: Shar
 
 def _monotone_path(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, source: Sharding, target: Sharding,
                    moves: PricedMoves) -> list[tuple[Sharding, Move, float]]:
-    """The cheapest monotone path from `source` to `target`: Dijkstra (ties as `_cheapest_path`)
-    over the states where every dim's axes are a prefix of the source's or of the goal's
+    """The cheapest monotone path from `source` to `target`: A* (ties as `_cheapest_path`, the
+    rest bounded by `_Tensor.least_left`) over the states where every dim's axes are a prefix of the source's or of the goal's
     (`in_monotone_space`: each mesh axis where the source has it, where the goal has it, or
     unused, so a few states per pair, not the exponentially many of the full space). Each axis
     moves at most once, out of its source place and into its goal place: reductions of partial
