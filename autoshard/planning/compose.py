@@ -9,8 +9,12 @@ frontier point per layer. Its memory model: each layer keeps what its own nodes 
 forward ends (its state and saved activations) until its backward, and on top of all of them the
 largest transient of one layer; the ops outside every layer (embedding, head, loss and their
 backward and optimizer ops) are then solved with the layers fixed, the reshardings to and from
-them priced on their own nodes. The result is an ordinary `Plan`, priced and checked against the
-budget by `estimate`.
+them priced on their own nodes. Each kind is then solved once more with everything else fixed
+(its reshardings with other kinds and the rest shared out per layer), and the rest after it. The
+result is an ordinary `Plan`, priced and checked against the budget by `estimate`. The time limit
+is shared out: four fifths to the kinds (per kind: half to its bound, a quarter to its fastest
+plan, a quarter to the second solve, and a quarter more to tighter frontier points when memory
+binds), the rest to the rest's bound and plan.
 
 The certified bound. Split the whole formulation's nodes into parts: the rest joined with the
 layers beside it, and the other layers of each kind in chains of consecutive ones (a layer's
