@@ -52,8 +52,8 @@ from autoshard.planning.formulation import PICOSECONDS, ReshardingPrices, Weight
 from autoshard.planning.joined_parts import Piece, Use, joined_problem, layer_piece, uses_of
 from autoshard.planning.layer_kinds import LayerKind, LayerPart, layer_kinds
 from autoshard.planning.make_plan import PlanResult, SolveSettings
-from autoshard.planning.parts import (PartProblem, part_problem, price_table, produced_by_choice, required_by_choice,
-                                      with_terms)
+from autoshard.planning.parts import (PartProblem, part_problem, picoseconds, price_table, produced_by_choice,
+                                      required_by_choice, with_terms)
 from autoshard.planning.plan import Plan, validate_plan
 from autoshard.planning.report import estimate
 from autoshard.solver import Problem, score, solve
@@ -216,7 +216,7 @@ def _use_price(plan: Plan, use: Use, prices: ReshardingPrices, weights: Weights)
                                                                             use.index)
     tensor = plan.graph.tensors[use.tensor]
     seconds, comm = prices(tensor.shape, tensor.itemsize, source, target)
-    return int(np.round(seconds * PICOSECONDS * weights.time + comm * PICOSECONDS * weights.comm_s_per_byte))
+    return int(picoseconds(seconds, comm, weights))
 
 
 def _wrap_edges(graph: Graph, kind: LayerKind, part: PartProblem, prices: ReshardingPrices,

@@ -87,8 +87,10 @@ def with_terms(problem: Problem, unary: dict[int, np.ndarray], edges: list[tuple
 
 
 def picoseconds(seconds: np.ndarray, comm_bytes: np.ndarray, weights: Weights) -> np.ndarray:
-    """A resharding's price as the formulation's edges weigh it (integer picoseconds of objective)."""
-    return np.round((seconds * weights.time + comm_bytes * weights.comm_s_per_byte) * PICOSECONDS).astype(np.int64)
+    """A resharding's price as the formulation's edges weigh it (integer picoseconds of objective,
+    the terms in the formulation's order, so the rounding agrees)."""
+    return np.round(np.asarray(seconds, np.float64) * PICOSECONDS * weights.time
+                    + np.asarray(comm_bytes, np.float64) * PICOSECONDS * weights.comm_s_per_byte).astype(np.int64)
 
 
 def price_table(prices: ReshardingPrices, tensor: Tensor, sources: list[Sharding], targets: list[Sharding],
