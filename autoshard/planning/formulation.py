@@ -124,6 +124,10 @@ class Formulation:
         return picks
 
 
+def resharding_prices(mesh: Mesh, hw: Hardware) -> "ReshardingPrices":
+    return ReshardingPrices(mesh, hw.collective_seconds, interchangeable_axes(mesh, hw))
+
+
 class ReshardingPrices:
     """Resharding seconds and bytes per (shape, itemsize, source, target), computed once."""
 
@@ -200,15 +204,17 @@ class _NodeKind:
 
 
 def formulate(graph: Graph, mesh: Mesh, hw: Hardware, *, memory_budget_bytes: float | None = None,
-              weights: Weights = Weights(), mesh_order: bool = False, delivered_nodes: bool = True) -> Formulation:
+              weights: Weights = Weights(), mesh_order: bool = False, delivered_nodes: bool = True,
+              prices: ReshardingPrices | None = None) -> Formulation:
     """`mesh_order`: a dim split over several mesh axes takes them in mesh order only, as a
     framework that shards in mesh-dim order (DTensor) can run. `delivered_nodes=False`: every
     use is priced from the value as produced, as if none were shared (an upper bound on what
-    the report prices), for callers that mirror the formulation's edges use by use."""
+    the report prices), for callers that mirror the formulation's edges use by use. `prices`:
+    resharding prices already found on this mesh and hardware, shared by two formulations."""
     order = topological_order(graph)
     step = {op.name: i for i, op in enumerate(order)}
     ranges = live_ranges(graph, order)
-    prices = ReshardingPrices(mesh, hw.collective_seconds, interchangeable_axes(mesh, hw))
+    prices = prices if prices is not None else resharding_prices(mesh, hw)
     pins = {c.tensor: c.sharding for c in graph.constraints if c.required}
     hints = {c.tensor: c.sharding for c in graph.constraints if not c.required}
     # a value written in place is handed over in its old value's storage sharding: priced on an
