@@ -19,28 +19,16 @@ import time
 from autoshard.graph.schema import graph_from_json
 from autoshard.mesh import Mesh
 from autoshard.models import GPTConfig, gpt
+from autoshard.models.layouts import layout_constraints
 from autoshard.planning.formulation import formulate
 from autoshard.planning.hardware import bind_hardware
 from autoshard.planning.make_plan import SolveSettings, make_plan
-
-COLUMN = (".q.w", ".k.w", ".v.w", ".gate.w", ".up.w", "lm_head.w")
-ROW = (".out.w", ".down.w")
 
 
 def pinned_llama(layout: str) -> dict:
     config = GPTConfig(layers=2, hidden=512, heads=8, seq=256, batch=8, vocab=2048, style="llama")
     doc = gpt(config, training=True)
-    constraints = []
-    for name, tensor in doc["tensors"].items():
-        shape, role = tensor["shape"], tensor.get("role")
-        weight = name.removeprefix("adam.").removesuffix(".m").removesuffix(".v")
-        if role == "parameter" and len(shape) == 2:
-            axes = ([["dp"], []] if layout == "fsdp" else [[], ["tp"]] if weight.endswith(COLUMN)
-                    else [["tp"], []] if weight.endswith(ROW) else [[], []])
-            constraints.append({"tensor": name, "split_axes": axes, "required": True})
-        elif role == "input" and shape and shape[0] == config.batch:
-            constraints.append({"tensor": name, "split_axes": [["dp"]] + [[]] * (len(shape) - 1), "required": True})
-    doc["constraints"] = constraints
+    doc["constraints"] = layout_constraints(doc, config.batch, layout)
     return doc
 
 

@@ -11,6 +11,7 @@ import pytest
 from autoshard.graph.schema import graph_from_json
 from autoshard.mesh import Mesh
 from autoshard.models import GPTConfig, gpt
+from autoshard.models.layouts import layout_constraints
 from autoshard.planning.formulation import PICOSECONDS, TIE_BREAK_PS_PER_BYTE, Weights, formulate
 from autoshard.planning.hardware import bind_hardware
 from autoshard.planning.make_plan import SolveSettings, make_plan
@@ -20,8 +21,6 @@ from autoshard.solver import score
 from autoshard.spmd.program import Communicate, partition
 
 CONFIG = GPTConfig(layers=2, hidden=64, heads=4, seq=16, batch=8, vocab=64, style="llama")
-COLUMN = (".q.w", ".k.w", ".v.w", ".gate.w", ".up.w", "lm_head.w")  # tensor parallel: split the output dim
-ROW = (".out.w", ".down.w")  # and the input dim
 
 
 def pinned(layout: str) -> dict:
@@ -29,17 +28,7 @@ def pinned(layout: str) -> dict:
     data parallel: dim 0 over dp; Megatron tensor parallel: column and row splits over tp) and
     its batch over dp; the rest is the solver's."""
     doc = gpt(CONFIG, training=True)
-    constraints = []
-    for name, tensor in doc["tensors"].items():
-        shape, role = tensor["shape"], tensor.get("role")
-        weight = name.removeprefix("adam.").removesuffix(".m").removesuffix(".v")
-        if role == "parameter" and len(shape) == 2:
-            axes = ([["dp"], []] if layout == "fsdp" else [[], ["tp"]] if weight.endswith(COLUMN)
-                    else [["tp"], []] if weight.endswith(ROW) else [[], []])
-            constraints.append({"tensor": name, "split_axes": axes, "required": True})
-        elif role == "input" and shape and shape[0] == CONFIG.batch:
-            constraints.append({"tensor": name, "split_axes": [["dp"]] + [[]] * (len(shape) - 1), "required": True})
-    doc["constraints"] = constraints
+    doc["constraints"] = layout_constraints(doc, CONFIG.batch, layout)
     return doc
 
 
