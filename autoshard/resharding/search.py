@@ -497,13 +497,7 @@ def _monotone_path(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, sourc
                     bound = reached
     if last not in best:
         raise ShardingError(f"no resharding reaches {goal}", "target")
-    path = []
-    state = last
-    while state != first:
-        before_id, move, seconds = came[state]
-        path.append((tensor.states[before_id], move, seconds))
-        state = before_id
-    found = tensor.monotone[first, last] = path[::-1]
+    found = tensor.monotone[first, last] = _walk_back(tensor, came, first, last)
     return found
 
 
@@ -562,6 +556,12 @@ def _cheapest_path(space: _Space, first: int, last: int, skip_by_trees: bool = F
                     if after == last:
                         bound = reached
 
+    return _walk_back(tensor, came, first, last)
+
+
+def _walk_back(tensor: _Tensor, came: dict[int, tuple[int, Move, float]], first: int, last: int
+               ) -> list[tuple[Sharding, Move, float]]:
+    """The path a search found from `first` to `last`, each step's state before it, move and seconds."""
     path = []
     state = last
     while state != first:
