@@ -10,7 +10,7 @@ import pytest
 
 from autoshard.cli.main import main
 from autoshard.errors import InputError
-from autoshard.graph.layers import layer_ops, layers_of_module_paths, op_phases
+from autoshard.graph.layers import layer_ops, layers_of_module_paths
 from autoshard.graph.schema import graph_from_json
 from autoshard.models.gpt import GPTConfig, gpt
 from autoshard.models.mlp import MLPConfig, mlp
@@ -27,7 +27,7 @@ def step_doc():
 
 def test_every_op_of_a_gpt_layer_carries_its_layer_in_every_phase(step_doc):
     graph = graph_from_json(step_doc)
-    phases = op_phases(graph)
+    phases = graph.phases
     for op in graph.ops:
         if op.name.startswith("layer") and phases[op.name] == "forward":
             assert op.layer == int(op.name.split(".")[0][len("layer"):]), op.name
@@ -45,7 +45,7 @@ def test_every_op_of_a_gpt_layer_carries_its_layer_in_every_phase(step_doc):
 
 def test_backward_ranges_run_in_reverse_layer_order_and_the_optimizer_last(step_doc):
     graph = graph_from_json(step_doc)
-    phases = op_phases(graph)
+    phases = graph.phases
     sequence = [(phases[op.name], op.layer) for op in graph.order]
     forward = [k for p, k in sequence if p == "forward" and k is not None]
     backward = [k for p, k in sequence if p == "backward" and k is not None]
@@ -89,7 +89,7 @@ def test_a_layer_interleaved_with_another_is_refused_naming_the_op(step_doc):
 def test_backward_ops_out_of_reverse_order_are_refused_naming_the_op(step_doc):
     doc = copy.deepcopy(step_doc)
     graph = graph_from_json(doc)
-    phases = op_phases(graph)
+    phases = graph.phases
     name = next(op.name for op in graph.order if phases[op.name] == "backward" and op.layer == 0)
     doc["ops"][next(i for i, o in enumerate(doc["ops"]) if o["name"] == name)]["layer"] = 2
     with pytest.raises(InputError) as error:

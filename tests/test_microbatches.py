@@ -11,7 +11,6 @@ import pytest
 
 from autoshard.cli.main import main
 from autoshard.errors import InputError
-from autoshard.graph.layers import op_phases
 from autoshard.graph.schema import graph_from_json
 from autoshard.mesh import Mesh
 from autoshard.models.gpt import GPTConfig, gpt
@@ -61,7 +60,7 @@ def test_the_step_on_one_microbatch_divides_every_batch_dim_and_nothing_else(ste
     for t in step.tensors.values():
         if t.role == "parameter" or t.grad_of or t.updates:
             assert m.graph.tensors[t.name].shape == t.shape, t.name
-    phases = op_phases(step)
+    phases = step.phases
     assert {m.repeats[name] for name, phase in phases.items() if phase != "optimizer"} == {4}
     assert {m.repeats[name] for name, phase in phases.items() if phase == "optimizer"} == {1}
     # bf16 gradients accumulate in f32
@@ -97,7 +96,7 @@ def test_gradient_reductions_are_priced_once_per_step_and_activations_once_per_m
     assert {e["runs"] for e in split.reshardings if e["tensor"] not in gradients} <= {4}
     # compute: each op of forward and backward on a quarter of the batch, four times
     runs = {e["op"]: e["runs"] for e in split.ops}
-    assert {runs[name] for name, phase in op_phases(step).items() if phase == "optimizer"} == {1}
+    assert {runs[name] for name, phase in step.phases.items() if phase == "optimizer"} == {1}
     assert split.compute_s >= whole.compute_s * 0.999
     # memory: activations of one microbatch, plus an f32 accumulator per bf16 gradient
     assert split.peak_memory_bytes < whole.peak_memory_bytes

@@ -23,7 +23,6 @@ from torch.distributed.tensor import Shard  # noqa: E402
 from autoshard.errors import InputError  # noqa: E402
 from autoshard.frontends.torch import import_program, parallelize  # noqa: E402
 from autoshard.graph.evaluate import evaluate_graph  # noqa: E402
-from autoshard.graph.layers import op_phases  # noqa: E402
 from autoshard.sim.program import verify_plan  # noqa: E402
 
 README = (Path(__file__).parent.parent / "README.md").read_text()
@@ -203,7 +202,7 @@ def test_layers_come_from_the_module_tree_and_backward_and_adam_inherit_them(nam
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the mask and position bookkeeping outside the layers is opaque
         graph = import_program(program, name=name, training=True).graph
-    phases = op_phases(graph)
+    phases = graph.phases
     for op in graph.ops:
         if phases[op.name] == "forward":
             inside = IN_LAYERS.search(op.module) if op.module else None

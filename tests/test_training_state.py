@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from autoshard.errors import InputError
-from autoshard.graph.layers import op_phases
 from autoshard.graph.model import live_ranges
 from autoshard.graph.schema import graph_from_json
 from autoshard.mesh import Mesh
@@ -57,7 +56,7 @@ def test_a_training_step_holds_parameters_gradients_moments_and_live_activations
     assert params_held[-1] == state_bytes
     # when the optimizer starts: state, every gradient, the optimizer's scalars, the loss and the
     # first optimizer op's result; every activation of forward and backward is gone
-    phases = op_phases(graph)
+    phases = graph.phases
     first = next(i for i, op in enumerate(order) if phases[op.name] == "optimizer")
     gradient_bytes = sum(graph.tensors[g].bytes for g in graph.gradients.values())
     scalars = sum(graph.tensors[t].bytes for t in graph.tensors if t.startswith("adam.") and graph.tensors[t].role == "input")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from autoshard.graph.layers import op_phases
 from autoshard.graph.model import topological_order
 from autoshard.graph.schema import load_graph
 from autoshard.graph.summary import graph_summary, si, size
@@ -28,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     graph = load_graph(args.graph)
     print(graph_summary(graph))
-    phases = op_phases(graph)
+    phases = graph.phases
     rows = [("op", "kind", "layer", "phase", "loops (p parallel, r reduction, x invalid)", "FLOP", "bytes in+out")]
     ops = topological_order(graph)
     for op in ops[: args.limit or None]:

@@ -1,11 +1,7 @@
-"""Layers and phases of a step, by data flow.
-
-A phase is what an op does in a training step: `forward` (it feeds an output that is not a new
-state value), `optimizer` (it reads a parameter's gradient, or a value computed from one: the
-per-step tail that runs once after the gradients are complete), or `backward` (the rest). An op's
-`layer` says which repeated layer it belongs to; the checks here hold any layering that a
-pipeline can cut: each layer's forward ops contiguous, the backward ranges in reverse layer
-order, and the optimizer ops after every other op.
+"""Layers of a step: which repeated layer each op belongs to, numbered from module paths, and the
+checks that hold any layering a pipeline can cut: each layer's forward ops contiguous, the
+backward ranges in reverse layer order, and the optimizer ops after every other op (phases from
+`Graph.phases`).
 """
 
 from __future__ import annotations
@@ -16,34 +12,13 @@ from typing import Iterable
 from autoshard.errors import Problem
 from autoshard.graph.model import Graph
 
-PHASES = ("forward", "backward", "optimizer")
-
-
-def op_phases(graph: Graph) -> dict[str, str]:
-    """Op name -> its phase (`PHASES`)."""
-    per_step: set[str] = set()
-    reached = set(graph.gradients.values())
-    for op in graph.order:
-        if any(t in reached for t in op.inputs):
-            per_step.add(op.name)
-            reached.update(op.outputs)
-    new_state = set(graph.updated_by.values()) | reached
-    needed = {t for t in graph.outputs if t not in new_state}
-    forward: set[str] = set()
-    for op in reversed(graph.order):
-        if op.name not in per_step and any(t in needed for t in op.outputs):
-            forward.add(op.name)
-            needed.update(op.inputs)
-    return {op.name: "optimizer" if op.name in per_step else "forward" if op.name in forward else "backward"
-            for op in graph.ops}
-
 
 def layer_problems(graph: Graph) -> list[Problem]:
     """Where the declared layers cannot be cut into stages, each problem naming the op (none when
     no op declares a layer)."""
     if all(op.layer is None for op in graph.ops):
         return []
-    phases = op_phases(graph)
+    phases = graph.phases
     where = {op.name: f"/ops/{i}/layer" for i, op in enumerate(graph.ops)}
     problems = []
     forward = [op for op in graph.order if phases[op.name] == "forward"]

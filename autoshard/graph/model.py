@@ -106,6 +106,28 @@ class Graph:
         return {t.grad_of: t.name for t in self.tensors.values() if t.grad_of is not None}
 
     @cached_property
+    def phases(self) -> dict[str, str]:
+        """Op name -> what it does in a training step: `forward` (it feeds an output that is not a
+        new state value), `optimizer` (it reads a parameter's gradient, or a value computed from
+        one: the per-step tail that runs once after the gradients are complete), or `backward`
+        (the rest)."""
+        per_step: set[str] = set()
+        reached = set(self.gradients.values())
+        for op in self.order:
+            if any(t in reached for t in op.inputs):
+                per_step.add(op.name)
+                reached.update(op.outputs)
+        new_state = set(self.updated_by.values()) | reached
+        needed = {t for t in self.outputs if t not in new_state}
+        forward: set[str] = set()
+        for op in reversed(self.order):
+            if op.name not in per_step and any(t in needed for t in op.outputs):
+                forward.add(op.name)
+                needed.update(op.inputs)
+        return {op.name: "optimizer" if op.name in per_step else "forward" if op.name in forward else "backward"
+                for op in self.ops}
+
+    @cached_property
     def order(self) -> tuple[Op, ...]:
         """Topological order of the ops, computed once (`topological_order`): among ready ops, the
         one listed first. An op writing a value in place runs after every other reader of the value

@@ -42,7 +42,6 @@ from typing import Any, Callable
 import numpy as np
 
 from autoshard.errors import InfeasibleError, InputError
-from autoshard.graph.layers import op_phases
 from autoshard.graph.model import Graph
 from autoshard.graph.summary import size
 from autoshard.mesh import Mesh
@@ -133,7 +132,7 @@ def plan_layer_once(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSetti
         for use in uses:
             if home[use.source] != home[use.target]:
                 between.setdefault((home[use.source], home[use.target]), []).append(use)
-        step_phases = op_phases(graph)
+        step_phases = graph.phases
         plans = [_solve_kind(graph, step_phases, k, p, w, beside, uses, between, outside, prices, weights, kind_s,
                              settings)
                  for k, p, w in zip(kinds, parts, wraps)]

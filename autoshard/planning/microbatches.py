@@ -22,7 +22,6 @@ import numpy as np
 
 from autoshard.dtypes import DTYPES
 from autoshard.errors import InputError, Problem
-from autoshard.graph.layers import op_phases
 from autoshard.graph.model import Graph
 from autoshard.graph.schema import graph_from_json, graph_to_json
 from autoshard.mesh import Mesh
@@ -49,7 +48,7 @@ def microbatch(graph: Graph, count: int) -> Microbatching:
     """The step split into `count` microbatches; `count` 1 is the step as given."""
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise InputError(f"the number of microbatches must be a positive integer, got {count!r}", "microbatches")
-    phases = op_phases(graph)
+    phases = graph.phases
     repeats = {op.name: 1 if phases[op.name] == "optimizer" else count for op in graph.ops}
     if count == 1:
         return Microbatching(1, graph, graph, repeats, {})

@@ -45,7 +45,6 @@ import heapq
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from autoshard.graph.layers import op_phases
 from autoshard.graph.model import Graph, Op
 from autoshard.ops.loops import PARALLEL, REDUCTION, LoopNest, loop_position
 from autoshard.planning.costs import tensor_bytes
@@ -66,7 +65,7 @@ Links = tuple[tuple[tuple[int, int], ...], ...]  # per loop of a nest: the (oper
 
 def tensor_roles(graph: Graph) -> dict[str, str]:
     """Tensor name -> its role (`TENSOR_ROLES`)."""
-    phases = op_phases(graph)
+    phases = graph.phases
     read_forward = {t for op in graph.ops if phases[op.name] == "forward" for t in op.inputs}
     roles = dict.fromkeys(graph.tensors, "activation")
     for t in graph.tensors_with_role("parameter"):
@@ -171,7 +170,7 @@ def _touching(graph: Graph, tensor: str) -> list[Op]:
 def op_classes(graph: Graph, labels: Mapping[str, list[str | None]] | None = None) -> dict[str, str]:
     """Op name -> its class (`OP_CLASSES`)."""
     labels = labels if labels is not None else dim_labels(graph)
-    phases = op_phases(graph)
+    phases = graph.phases
     out = {}
     for op in graph.ops:
         kind = op.attrs.get("of", op.kind) if op.kind == "grad" else op.kind
@@ -209,7 +208,7 @@ def plan_roles(plan: Plan) -> Roles:
     labels = dim_labels(graph)
     classes = op_classes(graph, labels)
     roles = tensor_roles(graph)
-    phases = op_phases(graph)
+    phases = graph.phases
     gradients = _gradient_values(graph, phases)
     owned = _optimizer_parameters(graph, phases)
     cache: dict[LoopNest, Links] = {}  # repeated layers share nests
