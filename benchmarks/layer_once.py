@@ -4,11 +4,9 @@ certified lower bound.
 
     python benchmarks/layer_once.py --layers 24 48 96 --size 1.3b 22b --mesh pp=2,dp=4,tp=8 --time-limit 30
 
-Each case runs in a fresh process (one at a time: the machine is shared), whole graph first,
-then composed. `whole-per-use` solves the whole graph formulated as the composition formulates
-its parts, every use of a value priced on its own edge (`formulate(..., delivered_nodes=False)`):
-its objective and bound are in the composition's units; `whole` is `make_plan`, which prices a
-value read by several uses once. `--whole-up-to N` skips the whole-graph solve above N layers (its row then says so,
+Each case runs in a fresh process (one at a time: the machine is shared), whole graph first
+(`make_plan`), then composed (`plan_layer_once`): both solve the same formulation, so their
+objectives and certified bounds are in the same units. `--whole-up-to N` skips the whole-graph solve above N layers (its row then says so,
 and the composed row is measured against nothing). A mesh of more than 8 devices is bound to DGX
 H100 nodes of 8 GPUs (the last axis inside a node), as in `transformer_bench.py`.
 """
@@ -35,8 +33,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--time-limit", type=float, default=30.0, help="solver seconds per plan (default %(default)s)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--whole-up-to", type=int, default=96, help="skip the whole-graph solve above this many layers")
-    p.add_argument("--methods", nargs="+", choices=("whole", "whole-per-use", "composed"),
-                   default=["whole-per-use", "composed"])
+    p.add_argument("--methods", nargs="+", choices=("whole", "composed"), default=["whole", "composed"])
     p.add_argument("--jsonl", help="append each measurement as a JSON line to this file")
     return p.parse_args(argv)
 
@@ -50,10 +47,7 @@ def measure(size: str, layers: int, mesh_text: str, topology: str, method: str, 
     from autoshard.phases import PhaseTimes
     from autoshard.planning.compose import plan_layer_once
     from autoshard.planning.hardware import bind_hardware
-    from autoshard.planning.formulation import formulate
     from autoshard.planning.make_plan import SolveSettings, make_plan
-    from autoshard.planning.report import estimate
-    from autoshard.solver import solve
     from autoshard.solver.heuristic import compile_kernels
 
     compile_kernels()  # times of a warm process
@@ -67,17 +61,8 @@ def measure(size: str, layers: int, mesh_text: str, topology: str, method: str, 
     hw = bind_hardware(topology, mesh, nodes=max(1, devices // 8) if devices > 8 else None)
     settings = SolveSettings(time_limit_s=time_limit, workers=workers)
     started = time.perf_counter()
-    if method == "whole-per-use":
-        with phases.phase("formulate"):
-            formulation = formulate(graph, mesh, hw, memory_budget_bytes=hw.hbm_bytes, delivered_nodes=False)
-        with phases.phase("solve"):
-            found = solve(formulation.problem, time_limit_s=time_limit, workers=workers, gap_limit=settings.gap_limit)
-        with phases.phase("pricing"):
-            report = estimate(formulation.plan(found.solution), hw)
-        solver = {"objective_ps": found.cost, "lower_bound_ps": found.lower_bound, "status": found.status}
-    else:
-        result = (plan_layer_once if method == "composed" else make_plan)(graph, mesh, hw, settings, phases=phases)
-        report, solver = result.report, result.solver
+    result = (plan_layer_once if method == "composed" else make_plan)(graph, mesh, hw, settings, phases=phases)
+    report, solver = result.report, result.solver
     total = time.perf_counter() - started
     return {"size": size, "layers": layers, "mesh": mesh_text, "method": method, "ops": len(graph.ops),
             "phases": {name: round(entry["wall_s"], 2) for name, entry in phases.to_json().items()},

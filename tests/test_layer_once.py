@@ -16,9 +16,10 @@ from autoshard.planning.compose import plan_layer_once
 from autoshard.planning.formulation import formulate
 from autoshard.planning.hardware import bind_hardware
 from autoshard.planning.layer_kinds import layer_kinds, layer_part
-from autoshard.planning.make_plan import SolveSettings, make_plan
+from autoshard.planning.layer_nodes import problem_kinds
+from autoshard.planning.make_plan import SolveSettings, make_plan, priced_solution
+from autoshard.planning.parts import Parts
 from autoshard.sim.program import verify_plan
-from autoshard.solver import score
 
 SETTINGS = SolveSettings(time_limit_s=10, deterministic=True)
 
@@ -28,10 +29,10 @@ def tiny_gpt(layers: int = 2, hidden: int = 64) -> dict:
 
 
 def whole_objective(plan, hw) -> int:
-    """The whole graph's formulation objective of `plan`, each use priced on its own (as the
-    composition prices it)."""
-    formulation = formulate(plan.graph, plan.mesh, hw, delivered_nodes=False)
-    return score(formulation.problem, formulation.solution(plan, {})).cost
+    """The whole graph's formulation objective of `plan`, as `make_plan` prices its own plans
+    (each value delivered as `estimate` delivers it)."""
+    formulation = formulate(plan.graph, plan.mesh, hw)
+    return priced_solution(formulation, hw, formulation.solution(plan, {}))[1]
 
 
 def test_identical_layers_hash_equal():
@@ -52,17 +53,36 @@ def test_a_layer_with_another_attribute_or_shape_hashes_apart():
             != layer_part(wide, 0, layer_ops(wide)[0]).signature)
 
 
+def test_layers_whose_nodes_differ_are_kinds_apart():
+    """A transformer's first and last layers hash like the others, but the values they hand to
+    the embedding's and the head's ops have delivered nodes with other shardings to offer."""
+    graph = graph_from_json(tiny_gpt(4))
+    mesh = Mesh.parse("dp=2,tp=2")
+    formulation = formulate(graph, mesh, bind_hardware("dgx-h100", mesh))
+    parts = Parts(formulation.problem, [id(choices) for choices in formulation.choices])
+    kinds = problem_kinds(formulation, parts, layer_kinds(graph))
+    assert [kind.numbers for kind in kinds] == [(0,), (1, 2), (3,)]
+    middle = kinds[1].layers
+    # corresponding nodes: the same op of each layer, the same strategies
+    assert [formulation.nodes[i][1].split(".", 1)[1] for i in middle[0].nodes[:5]] == \
+        [formulation.nodes[i][1].split(".", 1)[1] for i in middle[1].nodes[:5]]
+    assert all(formulation.choices[a] == formulation.choices[b] for a, b in zip(middle[0].nodes, middle[1].nodes))
+
+
 def test_the_composed_gpt_step_simulates_and_brackets_the_whole_graph_solve():
-    graph = graph_from_json(tiny_gpt(3))
+    graph = graph_from_json(tiny_gpt(4))
     mesh = Mesh.parse("dp=2,tp=2")
     hw = bind_hardware("dgx-h100", mesh)
     composed = plan_layer_once(graph, mesh, hw, SETTINGS)
     whole = make_plan(graph, mesh, hw, SETTINGS)
     assert verify_plan(composed.plan, hw.collective_seconds).passed
     solver = composed.solver
-    assert solver["composition"]["kinds"] == 1 and solver["composition"]["layers"] == 3
-    # the composed objective is the whole formulation's objective of the composed plan
+    # layers 1 and 2 solved once; the first and last with the embedding and the head
+    assert solver["composition"]["kinds"] == 1 and solver["composition"]["layers"] == 2
+    # the composed objective is what make_plan's objective would be for the composed plan
     assert solver["objective_ps"] == whole_objective(composed.plan, hw)
+    composition = solver["composition"]
+    assert composition["layer_ps"] + composition["rest_ps"] + composition["boundary_ps"] == solver["objective_ps"]
     assert solver["objective_ps"] >= whole.solver["lower_bound_ps"]
     assert solver["lower_bound_ps"] <= whole.solver["objective_ps"]
 
@@ -95,6 +115,15 @@ def test_a_tight_budget_takes_smaller_frontier_points_and_is_met():
     assert tight.solver["objective_ps"] >= loose.solver["lower_bound_ps"]
 
 
+def test_without_two_layers_of_one_problem_the_whole_graph_is_solved():
+    graph = graph_from_json(tiny_gpt(2))  # its layers are the first and the last
+    mesh = Mesh.parse("dp=2,tp=2")
+    hw = bind_hardware("dgx-h100", mesh)
+    composed = plan_layer_once(graph, mesh, hw, SETTINGS)
+    assert composed.solver["composition"] == {"method": "whole", "kinds": 0, "layers": 0}
+    assert composed.solver["objective_ps"] == make_plan(graph, mesh, hw, SETTINGS).solver["objective_ps"]
+
+
 def test_a_graph_without_layers_is_refused():
     document = mlp(MLPConfig(layers=2, batch=8, hidden=32))
     for op in document["ops"]:
@@ -107,7 +136,7 @@ def test_a_graph_without_layers_is_refused():
 
 def test_plan_layer_once_on_the_command_line(tmp_path, capsys):
     graph = tmp_path / "gpt.json"
-    graph.write_text(json.dumps(tiny_gpt(2)))
+    graph.write_text(json.dumps(tiny_gpt(4)))
     out = tmp_path / "out"
     assert main(["plan", str(graph), "--mesh", "dp=2,tp=2", "--topology", "dgx-h100", "--deterministic",
                  "--layer-once", "-o", str(out)]) == 0

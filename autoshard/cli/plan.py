@@ -222,7 +222,9 @@ def print_summary(document: dict[str, Any], written: list[Path]) -> None:
           f"(objective {solver['objective_s']:.6g} s, bound {solver['lower_bound_ps'] / 1e12:.6g} s), "
           f"solved in {solver['solve_s']:.2f} s")
     composition = solver.get("composition")
-    if composition:
+    if composition and composition["kinds"] == 0:
+        print("  no two layers form the same problem: the whole graph was solved")
+    elif composition:
         print(f"  composed from {composition['kinds']} layer kind(s) solved once for {composition['layers']} layers; "
               f"reshardings between parts {composition['boundary_ps'] / 1e12:.4g} s")
     if document.get("microbatches", 1) > 1:

@@ -1,80 +1,92 @@
-"""A part of a graph (a layer's ops, or the ops outside every layer) as a problem of its own.
+"""Parts of a formulated graph: some of its problem's nodes, as a problem of their own.
 
-The part's ops become a graph whose values from outside the part are inputs, formulated as any
-graph is; `PartProblem.problem` keeps only the part's own nodes (its ops and the stored tensors
-only it reads) and the edges between them. Each kept node has the strategies, costs and memory
-it has in the whole graph's formulation (a node's costs depend on its op, shapes, pins and
-whether it returns a graph output, all the same in the part), so the part's objective is exactly
-the whole objective's share of these nodes and edges. The edges that cross the part's boundary
-are priced apart, from both sides' shardings. Parts are formulated with every use priced on its
-own edge (`delivered_nodes=False`): a value read by several uses is not given one delivered
-sharding, so a composed objective is that of the whole graph formulated the same way.
+The whole graph is formulated once (its identical layers share their nodes' strategies, costs
+and matrices, so that costs little more than one layer). A part keeps the nodes it is given and
+the edges among them, with the same strategies, costs and matrices: its objective is exactly
+the whole objective's share of those nodes and edges. An edge between a part and the nodes
+around it becomes either a cost on the part's node, the far end's strategy being fixed
+(`fixed_terms`), or an edge from a free copy of the far node (`joined`, for bounds).
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 
-from autoshard.graph.model import Graph, Tensor
-from autoshard.mesh import Mesh
-from autoshard.planning.costs import Hardware
-from autoshard.planning.formulation import PICOSECONDS, Formulation, ReshardingPrices, Weights, formulate
-from autoshard.planning.options import operand_shardings, result_shardings
-from autoshard.sharding import Sharding
 from autoshard.solver import Problem
 
 
-@dataclass
-class PartProblem:
-    formulation: Formulation  # of the part's graph
-    problem: Problem  # the part's own nodes and the edges between them; no memory limit
-    kept: list[int]  # per problem node: its node in `formulation`
-    node_of: dict[tuple[str, str], int]  # ("op", name) or ("storage", owned tensor) -> its problem node
+class Parts:
+    """The whole problem's edges indexed for cutting it into parts."""
 
-    def choices(self, node: int) -> list:
-        return self.formulation.choices[self.kept[node]]
+    def __init__(self, whole: Problem, kinds: Sequence[Hashable]):
+        self.whole = whole
+        self.kinds = kinds  # per node: what identifies its strategies, costs and usages (equal nodes, equal kinds)
+        self.sources, self.targets = whole.edges[:, 0], whole.edges[:, 1]
 
+    def _local(self, nodes: Sequence[int]) -> np.ndarray:
+        where = np.full(self.whole.num_nodes, -1, dtype=np.int64)
+        where[np.asarray(nodes, dtype=np.int64)] = np.arange(len(nodes))
+        return where
 
-def part_graph(graph: Graph, ops: Sequence[str], tensors: Sequence[str]) -> Graph:
-    """The graph of `ops`: `tensors` (every one they touch) with those produced outside the part
-    turned into inputs; its outputs are the whole graph's outputs the part produces."""
-    members = set(ops)
-    produced = {t for name in ops for t in graph.op_by_name[name].outputs}
-    kept: dict[str, Tensor] = {}
-    for t in tensors:
-        tensor = graph.tensors[t]
-        if tensor.role == "intermediate" and t not in produced:
-            tensor = dataclasses.replace(tensor, role="input", updates=None, grad_of=None)
-        kept[t] = tensor
-    outputs = tuple(t for t in graph.outputs if t in produced)
-    constraints = tuple(c for c in graph.constraints if c.tensor in kept)
-    return Graph(f"{graph.name}[{len(members)} ops]", kept, tuple(graph.op_by_name[n] for n in ops), outputs,
-                 constraints)
+    def inner_edges(self, nodes: Sequence[int]) -> list[tuple[int, int, np.ndarray]]:
+        """The edges with both ends among `nodes`, in the nodes' local numbers."""
+        where = self._local(nodes)
+        local_u, local_v = where[self.sources], where[self.targets]
+        return [(int(local_u[e]), int(local_v[e]), self.whole.edge_costs[e])
+                for e in np.flatnonzero((local_u >= 0) & (local_v >= 0))]
 
+    def part(self, nodes: Sequence[int], usage_limit: int | None = None) -> Problem:
+        """The problem on `nodes` (numbered in that order) and the edges among them."""
+        whole, index = self.whole, np.asarray(nodes, dtype=np.int64)
+        edges = self.inner_edges(nodes)
+        return Problem(tuple(whole.node_costs[i] for i in index), tuple(whole.node_usages[i] for i in index),
+                       whole.intervals[index], np.array([(u, v) for u, v, _ in edges], dtype=np.int64).reshape(-1, 2),
+                       tuple(m for _, _, m in edges), usage_limit, whole.name)
 
-def part_problem(graph: Graph, ops: Sequence[str], tensors: Sequence[str], owned: frozenset[str], mesh: Mesh,
-                 hw: Hardware, weights: Weights, mesh_order: bool) -> PartProblem:
-    """Formulate the part of `ops` (reading `tensors`; `owned`: the stored tensors only it reads)."""
-    # use by use, as `joined_parts.uses_of` mirrors the edges
-    formulation = formulate(part_graph(graph, ops, tensors), mesh, hw, weights=weights, mesh_order=mesh_order,
-                            delivered_nodes=False)
-    kept = [i for i, (kind, name) in enumerate(formulation.nodes) if kind == "op" or name in owned]
-    return PartProblem(formulation, restricted(formulation.problem, kept, None), kept,
-                       {formulation.nodes[i]: n for n, i in enumerate(kept)})
+    def joined(self, nodes: Sequence[int]) -> tuple[Problem, tuple]:
+        """A lower-bound problem of the part on `nodes`: its own nodes and edges, and every edge
+        into one of them (an edge's target end is its reader) from outside as an edge from a free
+        copy of the far node, its strategies at no cost and no memory (one copy per far node, so
+        readers wanting it in different strategies still pay). Any whole solution restricted to
+        the part, each copy at its node's strategy, costs the part's nodes, its edges and the
+        edges into it; so over parts that cover each node once, the sum of these problems' least
+        costs is at most the whole optimum. No memory limit. Also a key equal for equal problems."""
+        whole, index = self.whole, np.asarray(nodes, dtype=np.int64)
+        where = self._local(nodes)
+        local_u, local_v = where[self.sources], where[self.targets]
+        edges = [(int(local_u[e]), int(local_v[e]), whole.edge_costs[e])
+                 for e in np.flatnonzero((local_u >= 0) & (local_v >= 0))]
+        copies: dict[int, int] = {}
+        for e in np.flatnonzero((local_u < 0) & (local_v >= 0)):
+            far = int(self.sources[e])
+            copy = copies.setdefault(far, len(index) + len(copies))
+            edges.append((copy, int(local_v[e]), whole.edge_costs[e]))
+        free = [np.zeros(len(whole.node_costs[far]), dtype=np.int64) for far in copies]
+        problem = Problem(tuple(whole.node_costs[i] for i in index) + tuple(free),
+                          tuple(whole.node_usages[i] for i in index) + tuple(free),
+                          np.concatenate([whole.intervals[index], np.tile([[0, 1]], (len(copies), 1))]).astype(np.int64),
+                          np.array([(u, v) for u, v, _ in edges], dtype=np.int64).reshape(-1, 2),
+                          tuple(m for _, _, m in edges), None, whole.name)
+        key = (tuple(self.kinds[i] for i in index), tuple(("free", self.kinds[far]) for far in copies),
+               tuple((u, v, id(m)) for u, v, m in edges))
+        return problem, key
 
-
-def restricted(problem: Problem, kept: list[int], usage_limit: int | None) -> Problem:
-    """The problem on nodes `kept` (renumbered in that order) and the edges between them."""
-    new = {old: n for n, old in enumerate(kept)}
-    edges = [(new[u], new[v], m) for (u, v), m in zip(problem.edges.tolist(), problem.edge_costs)
-             if u in new and v in new]
-    return Problem(tuple(problem.node_costs[i] for i in kept), tuple(problem.node_usages[i] for i in kept),
-                   problem.intervals[kept], np.array([(u, v) for u, v, _ in edges], dtype=np.int64).reshape(-1, 2),
-                   tuple(m for _, _, m in edges), usage_limit, problem.name)
+    def fixed_terms(self, nodes: Sequence[int], solution: np.ndarray) -> dict[int, np.ndarray]:
+        """Per local node of `nodes`, by strategy, the costs of its edges to nodes outside them at
+        their strategies in `solution` (a whole solution; entries of `nodes` are not read)."""
+        where = self._local(nodes)
+        local_u, local_v = where[self.sources], where[self.targets]
+        terms: dict[int, np.ndarray] = {}
+        for e in np.flatnonzero((local_u >= 0) != (local_v >= 0)):
+            matrix = self.whole.edge_costs[e]
+            if local_v[e] >= 0:
+                node, row = int(local_v[e]), matrix[int(solution[self.sources[e]]), :]
+            else:
+                node, row = int(local_u[e]), matrix[:, int(solution[self.targets[e]])]
+            terms[node] = terms[node] + row if node in terms else row.astype(np.int64)
+        return terms
 
 
 def with_terms(problem: Problem, unary: dict[int, np.ndarray], edges: list[tuple[int, int, np.ndarray]],
@@ -84,36 +96,3 @@ def with_terms(problem: Problem, unary: dict[int, np.ndarray], edges: list[tuple
     pairs = np.concatenate([problem.edges, np.array([(u, v) for u, v, _ in edges], dtype=np.int64).reshape(-1, 2)])
     return Problem(costs, problem.node_usages, problem.intervals, pairs,
                    problem.edge_costs + tuple(m for _, _, m in edges), usage_limit, problem.name)
-
-
-def picoseconds(seconds: np.ndarray, comm_bytes: np.ndarray, weights: Weights) -> np.ndarray:
-    """A resharding's price as the formulation's edges weigh it (integer picoseconds of objective,
-    the terms in the formulation's order, so the rounding agrees)."""
-    return np.round(np.asarray(seconds, np.float64) * PICOSECONDS * weights.time
-                    + np.asarray(comm_bytes, np.float64) * PICOSECONDS * weights.comm_s_per_byte).astype(np.int64)
-
-
-def price_table(prices: ReshardingPrices, tensor: Tensor, sources: list[Sharding], targets: list[Sharding],
-                weights: Weights) -> np.ndarray:
-    """|sources| x |targets| resharding prices, each distinct pair searched once."""
-    src: dict[Sharding, int] = {}
-    dst: dict[Sharding, int] = {}
-    rows = np.array([src.setdefault(s, len(src)) for s in sources])
-    cols = np.array([dst.setdefault(d, len(dst)) for d in targets])
-    seconds, comm = prices.table(tensor.shape, tensor.itemsize, list(src), list(dst))
-    return picoseconds(seconds, comm, weights)[rows[:, None], cols[None, :]]
-
-
-def produced_by_choice(graph: Graph, node: tuple[str, str], tensor: str, choices: list) -> list[Sharding]:
-    """Per strategy of `node` (("op", name) or ("storage", tensor)), the sharding it gives `tensor`."""
-    if node[0] == "storage":
-        return list(choices)
-    op = graph.op_by_name[node[1]]
-    position = op.outputs.index(tensor)
-    return [result_shardings(op.nest, option)[position] for option in choices]
-
-
-def required_by_choice(graph: Graph, op_name: str, index: int, choices: list) -> list[Sharding]:
-    """Per option of op `op_name`, the sharding it reads its input `index` in."""
-    op = graph.op_by_name[op_name]
-    return [operand_shardings(op.nest, option)[index] for option in choices]
