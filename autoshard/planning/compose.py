@@ -16,10 +16,10 @@ with the layers fixed, the edges to and from them costs on the rest's nodes. Eac
 solved once more with everything else fixed (its edges with other kinds and the rest shared out
 per layer), and the rest after it. The plan is an ordinary `Plan`, its objective the whole
 formulation's (each value delivered as `estimate` delivers it: the objective is the report's
-price), checked against the budget by `estimate`. The time limit is shared out: four fifths to
-the kinds (per kind: half to its bound, a quarter to its fastest plan, a quarter to the second
-solve, and a quarter more to tighter frontier points when memory binds), the rest to the rest's
-bound and plan.
+price), checked against the budget by `estimate`. The time limit is shared out by problem size:
+half to the bound problems below, each by its share of their nodes, and half to the solves of
+the plan, two per kind's representative and two of the rest, each by its nodes (tighter frontier
+points, when memory binds, take one more solve's time per kind).
 
 The certified bound. Split the whole problem's nodes into parts: the rest joined with the layers
 beside it, and the other layers of each kind in chains of consecutive ones. The whole objective
@@ -60,7 +60,7 @@ from autoshard.solver.problem import usage_profile
 
 # Memory limits of a kind's further frontier points, as shares of its fastest plan's peak.
 FRONTIER_SHARES = (0.7, 0.45)
-KIND_SHARE = 0.8  # of the time limit, for the layer kinds (the rest: the nodes outside the layers)
+BOUND_SHARE = 0.5  # of the time limit, for the bound problems
 MEMORY_BUCKETS = 1024  # the knapsack's memory resolution: budget / buckets per step, rounded up
 MEMORY_RETRIES = 3
 # Consecutive layers of a kind bounded together: the bound misses the reshardings between chains
@@ -85,6 +85,7 @@ class KindPlan:
     wrap: tuple[dict[int, np.ndarray], list[tuple[int, int, np.ndarray]]]  # terms from the representative to itself
     lower_bound_ps: int  # its layers' share of the certified bound (those beside the rest are in the rest's)
     turn: int  # the step at which the representative's forward ends
+    solve_s: float  # the time limit of each of its solves
     frontier: list[FrontierPoint]
 
     def transient_bytes(self) -> int:
@@ -122,18 +123,23 @@ def plan_layer_once(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSetti
         rest_joined, _ = parts.joined(np.concatenate(
             [rest] + [layer.nodes for kind in kinds for layer in kind.layers if layer.layer in beside]))
         rest_part = parts.part(rest)
+        chains = [_chains(parts, kind, beside) for kind in kinds]
     formulated = time.perf_counter()
-    kind_s = settings.time_limit_s * KIND_SHARE / len(kinds)
-    rest_s = settings.time_limit_s - kind_s * len(kinds)
+    # each solve's share of the time limit by its problem's nodes: the bounds' share to the bound
+    # problems, the rest to the kinds' representatives (two solves each) and the rest (two)
+    bound_nodes = max(rest_joined.num_nodes + sum(p.num_nodes for found in chains for p in found), 1)
+    bound_s = settings.time_limit_s * BOUND_SHARE / bound_nodes
+    plan_s = settings.time_limit_s * (1 - BOUND_SHARE) / (2 * len(rest) + 2 * sum(len(k.layers[0].nodes) for k in kinds))
     with phases.phase("solve"):
         step_phases = graph.phases
-        plans = [_solve_kind(parts, kind, beside, step_phases, kind_s, settings) for kind in kinds]
-        rest_bound = _solve(rest_joined, rest_s / 2, settings)
+        plans = [_solve_kind(parts, kind, found, step_phases, bound_s, plan_s * len(kind.layers[0].nodes), settings)
+                 for kind, found in zip(kinds, chains)]
+        rest_bound = _solve(rest_joined, bound_s * rest_joined.num_nodes, settings)
         rest_hint = np.asarray(rest_bound.solution[:len(rest)], dtype=np.int64)
         rest_memory = score(rest_part, rest_hint).peak_usage if len(rest) else 0
         if _picked_memory(plans, [[0] * len(k.kind.layers) for k in plans]) + rest_memory > budget:
             for plan in plans:
-                _extend_frontier(plan, kind_s, settings)
+                _extend_frontier(plan, settings)
     layer_budget = budget - rest_memory
     for attempt in range(MEMORY_RETRIES):
         with phases.phase("solve"):
@@ -142,10 +148,10 @@ def plan_layer_once(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSetti
                 raise InfeasibleError(_too_big(plans, rest_memory, budget))
             solution = _layer_solution(plans, picks, formulation.problem.num_nodes)
             rest_limit = max(layer_budget + rest_memory - _picked_memory(plans, picks), 0)
-            _solve_rest(parts, rest, rest_hint, solution, rest_s / 2, settings, rest_limit)
-            if attempt == 0 and _refine_kinds(parts, plans, picks, solution, kind_s / 4, settings):
+            _solve_rest(parts, rest, rest_hint, solution, plan_s * len(rest), settings, rest_limit)
+            if attempt == 0 and _refine_kinds(parts, plans, picks, solution, settings):
                 solution = _layer_solution(plans, picks, formulation.problem.num_nodes, rest, solution[rest])
-                _solve_rest(parts, rest, solution[rest], solution, rest_s / 2, settings,
+                _solve_rest(parts, rest, solution[rest], solution, plan_s * len(rest), settings,
                             max(budget - _picked_memory(plans, picks), 0))
         with phases.phase("pricing"):
             plan = formulation.plan(solution)
@@ -159,7 +165,7 @@ def plan_layer_once(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSetti
         if attempt == 0 and len(plans[0].frontier) == 1:
             with phases.phase("solve"):
                 for kind_plan in plans:
-                    _extend_frontier(kind_plan, kind_s, settings)
+                    _extend_frontier(kind_plan, settings)
         layer_budget -= int(report.peak_memory_bytes - budget)
     else:
         raise InfeasibleError(f"the composed plan needs {size(report.peak_memory_bytes)} per device, over the budget "
@@ -218,27 +224,37 @@ def _wrap_edges(parts: Parts, kind: Kind) -> tuple[dict[int, np.ndarray], list[t
     return unary, edges
 
 
-def _solve_kind(parts: Parts, kind: Kind, beside: set[int], step_phases: dict[str, str], time_s: float,
-                settings: SolveSettings) -> KindPlan:
-    """The kind's fastest plan (with the reshardings between consecutive layers) and its share of
-    the certified bound: its layers not beside the rest in chains of `CHAIN_LAYERS` consecutive
-    ones, each with its readings from outside (`Parts.joined`), no memory limit; one solve per
-    distinct chain."""
+def _chains(parts: Parts, kind: Kind, beside: set[int]) -> list[Problem]:
+    """The bound problems of the kind's layers not beside the rest: chains of `CHAIN_LAYERS`
+    consecutive ones, each with its readings from outside (`Parts.joined`), no memory limit;
+    chains that are one problem appear once per chain, as the same object."""
     away = [layer for layer in kind.layers if layer.layer not in beside]
-    chains: dict[tuple, tuple[Problem, int]] = {}
+    distinct: dict[tuple, Problem] = {}
+    found = []
     for start in range(0, len(away), CHAIN_LAYERS):
         problem, key = parts.joined(np.concatenate([layer.nodes for layer in away[start:start + CHAIN_LAYERS]]))
-        chains[key] = (problem, chains[key][1] + 1 if key in chains else 1)
-    bound = sum(count * int(_solve(problem, time_s / 2 / len(chains), settings).lower_bound)
-                for problem, count in chains.values())
+        found.append(distinct.setdefault(key, problem))
+    return found
+
+
+def _solve_kind(parts: Parts, kind: Kind, chains: list[Problem], step_phases: dict[str, str], bound_s_per_node: float,
+                time_s: float, settings: SolveSettings) -> KindPlan:
+    """The kind's fastest plan (with the reshardings between consecutive layers; half of
+    `time_s`, the other half is its second solve's) and its share of the certified bound: one
+    solve per distinct chain."""
+    bounds: dict[int, int] = {}
+    for problem in chains:
+        if id(problem) not in bounds:
+            bounds[id(problem)] = int(_solve(problem, bound_s_per_node * problem.num_nodes, settings).lower_bound)
     representative = kind.layers[0]
     part = parts.part(representative.nodes)
     wrap = _wrap_edges(parts, kind)
     steady = with_terms(part, *wrap, None)
-    fastest = _solve(steady, time_s / 4, settings)
+    fastest = _solve(steady, time_s / 2, settings)
     forward = [q for q, name in enumerate(representative.part.ops) if step_phases[name] == "forward"]
     turn = int(part.intervals[forward[-1], 0]) if forward else -1
-    return KindPlan(kind, part, wrap, bound, turn, [_point(part, steady, turn, fastest.solution)])
+    return KindPlan(kind, part, wrap, sum(bounds[id(problem)] for problem in chains), turn, time_s / 2,
+                    [_point(part, steady, turn, fastest.solution)])
 
 
 def _point(part: Problem, steady: Problem, turn: int, solution: tuple[int, ...]) -> FrontierPoint:
@@ -248,14 +264,14 @@ def _point(part: Problem, steady: Problem, turn: int, solution: tuple[int, ...])
                          int(held[turn]) if turn >= 0 else own.peak_usage, own.peak_usage)
 
 
-def _extend_frontier(kind_plan: KindPlan, time_s: float, settings: SolveSettings) -> None:
+def _extend_frontier(kind_plan: KindPlan, settings: SolveSettings) -> None:
     """Add plans of the kind solved under tighter memory limits (each kept if it holds less)."""
     if len(kind_plan.frontier) > 1:
         return
     steady = with_terms(kind_plan.part, *kind_plan.wrap, None)
     for share in FRONTIER_SHARES:
         limited = with_terms(kind_plan.part, *kind_plan.wrap, int(share * kind_plan.frontier[0].memory_bytes))
-        found = _solve(limited, time_s / 4 / len(FRONTIER_SHARES), settings)
+        found = _solve(limited, kind_plan.solve_s / len(FRONTIER_SHARES), settings)
         if found.feasible:
             point = _point(kind_plan.part, steady, kind_plan.turn, found.solution)
             if point.memory_bytes < kind_plan.frontier[-1].memory_bytes:
@@ -336,20 +352,19 @@ def _solve_rest(parts: Parts, rest: np.ndarray, hint: np.ndarray, solution: np.n
 
 
 def _refine_kinds(parts: Parts, plans: list[KindPlan], picks: list[list[int]], solution: np.ndarray,
-                  time_s: float, settings: SolveSettings) -> bool:
+                  settings: SolveSettings) -> bool:
     """One round of `_refine_kind` over the kinds all of whose layers take the fastest plan,
     `solution` updated as each changes; whether any did."""
     changed = False
     for kind_plan, chosen in zip(plans, picks):
-        if set(chosen) == {0} and _refine_kind(parts, kind_plan, solution, time_s, settings):
+        if set(chosen) == {0} and _refine_kind(parts, kind_plan, solution, settings):
             changed = True
             for layer in kind_plan.kind.layers:
                 solution[layer.nodes] = kind_plan.frontier[0].solution
     return changed
 
 
-def _refine_kind(parts: Parts, kind_plan: KindPlan, solution: np.ndarray, time_s: float,
-                 settings: SolveSettings) -> bool:
+def _refine_kind(parts: Parts, kind_plan: KindPlan, solution: np.ndarray, settings: SolveSettings) -> bool:
     """Solve the kind's fastest plan again with every other layer and the rest fixed at
     `solution` (their edges with the kind's layers shared out per layer); keep it if it costs less
     on that problem. A kind solved alone does not know its neighbours: an MLP's first and last
@@ -364,7 +379,7 @@ def _refine_kind(parts: Parts, kind_plan: KindPlan, solution: np.ndarray, time_s
         unary[node] = unary.get(node, 0) + np.round(terms / len(layers)).astype(np.int64)
     problem = with_terms(kind_plan.part, unary, kind_plan.wrap[1], None)
     current = kind_plan.frontier[0].solution
-    found = _solve(problem, time_s, settings, hint=current)
+    found = _solve(problem, kind_plan.solve_s, settings, hint=current)
     if score(problem, found.solution).cost >= score(problem, current).cost:
         return False
     kind_plan.frontier[0] = _point(kind_plan.part, with_terms(kind_plan.part, *kind_plan.wrap, None), kind_plan.turn,
