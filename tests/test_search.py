@@ -346,3 +346,60 @@ def test_the_service_refuses_more_devices_than_its_setting(tmp_path):
         response = http.post("/v1/searches", json={"graph": MLP, "devices": 16, "topology": "dgx-h100"})
     assert response.status_code == 422
     assert [p["where"] for p in response.json()["error"]["problems"]] == ["/devices"]
+
+
+def test_a_candidates_solve_takes_the_resharding_prices_its_bound_found(monkeypatch):
+    import autoshard.planning.formulation as formulation
+    from autoshard.search.tasks import bound_candidate, solve_candidate
+
+    document = json.loads(EXAMPLE.read_text())
+    inputs = SearchInputs(document, "dgx-h100", SETTINGS)
+    candidate = next(c for c in enumerate_candidates("dgx-h100", 8).candidates if len(c.axis_sizes) == 3)
+    known = bound_candidate(inputs, candidate)["prices"]
+    fresh = solve_candidate(inputs, candidate, 10.0)
+    asked = []
+    real = formulation.resharding_cost
+    monkeypatch.setattr(formulation, "resharding_cost", lambda *args: asked.append(args) or real(*args))
+    reused = solve_candidate(inputs, candidate, 10.0, known)
+    # the bound's formulation asked every pair the solve's two formulations (shared and per use) ask
+    assert asked == [] and sum(len(row) for rows in known.rows.values() for row in rows.values()) > 100
+    assert reused["plan"] == fresh["plan"] and reused["objective_ps"] == fresh["objective_ps"]
+
+
+class _InlinePool:
+    """The search's tasks run one at a time in this process, each submission recorded."""
+
+    slots, where = 1, "inline"
+
+    def __init__(self, inputs: SearchInputs):
+        from autoshard.search.tasks import run_task
+
+        self.run, self.inputs, self.results, self.submitted, self.found = run_task, inputs, [], [], {}
+
+    def submit(self, kind, candidate, time_limit_s, known=None):
+        self.submitted.append((kind, candidate.label, known))
+        self.results.append(self.run(self.inputs, kind, candidate, time_limit_s, known))
+        if kind == "bound":
+            self.found[candidate.label] = self.results[-1]["prices"]
+        return len(self.results) - 1
+
+    def wait(self, handles, timeout_s):
+        return list(handles)
+
+    def result(self, handle):
+        return self.results[handle]
+
+    def close(self, cancel=None):
+        pass
+
+
+def test_the_search_hands_each_bounds_prices_to_its_solve_only(monkeypatch):
+    import autoshard.search.run as run
+
+    pools = []
+    monkeypatch.setattr(run, "open_pool", lambda inputs, slots, ray: pools.append(_InlinePool(inputs)) or pools[-1])
+    result = search(json.loads(EXAMPLE.read_text()), SearchOptions(devices=8, topology="dgx-h100", settings=SETTINGS))
+    solves = [(label, known) for kind, label, known in pools[0].submitted if kind == "solve"]
+    assert solves and all(known is pools[0].found[label] for label, known in solves)
+    # the prices stay out of what the search reports, and are let go once handed over
+    assert all(e.prices is None and "prices" not in (e.bound or {}) for e in result.entries)

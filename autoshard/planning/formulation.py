@@ -151,6 +151,19 @@ class ReshardingPrices:
         table = flat.reshape(len(sources), len(targets), 2)
         return table[..., 0], table[..., 1]
 
+    def known(self) -> "KnownPrices":
+        """Every price found so far, as plain data for another process (`remember`)."""
+        return KnownPrices(tuple(self._ids), {key: {source: dict(row) for source, row in rows.items()}
+                                              for key, rows in self._cache.items()})
+
+    def remember(self, known: "KnownPrices") -> None:
+        """Take the prices another `ReshardingPrices` of the same mesh and hardware found."""
+        ids = [self._id(s) for s in known.shardings]
+        for key, rows in known.rows.items():
+            mine = self._cache.setdefault(key, {})
+            for source, row in rows.items():
+                mine.setdefault(ids[source], {}).update((ids[target], found) for target, found in row.items())
+
     def _id(self, sharding: Sharding) -> int:
         found = self._ids.get(sharding)
         if found is None:
@@ -173,6 +186,15 @@ class ReshardingPrices:
                 known[target_id] = found
             row.append(found)
         return row
+
+
+@dataclass(frozen=True)
+class KnownPrices:
+    """`ReshardingPrices.known()`: the shardings by number, and per (shape, itemsize), source
+    number and target number, the seconds and bytes found."""
+
+    shardings: tuple[Sharding, ...]
+    rows: dict[tuple[tuple[int, ...], int], dict[int, dict[int, tuple[float, float]]]]
 
 
 # At equal time, the plan that holds less wins: each MiB held costs 1 ps, a thousandth of the

@@ -16,7 +16,8 @@ from autoshard.graph.summary import size
 from autoshard.mesh import Mesh
 from autoshard.phases import PhaseTimes
 from autoshard.planning.costs import Hardware
-from autoshard.planning.formulation import PICOSECONDS, Formulation, Weights, formulate, resharding_prices
+from autoshard.planning.formulation import (PICOSECONDS, Formulation, ReshardingPrices, Weights, formulate,
+                                            resharding_prices)
 from autoshard.planning.microbatches import Microbatching, microbatch, repeat_formulation
 from autoshard.planning.plan import Plan
 from autoshard.planning.report import Report, delivered_shardings, estimate
@@ -123,16 +124,18 @@ class BestSoFar:
 
 def make_plan(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = SolveSettings(),
               progress: Callable[[str, float, float, float], None] | None = None,
-              phases: PhaseTimes | None = None, best_so_far: BestSoFar | None = None) -> PlanResult:
+              phases: PhaseTimes | None = None, best_so_far: BestSoFar | None = None,
+              prices: ReshardingPrices | None = None) -> PlanResult:
     """`progress(phase, incumbent_ps, bound_ps, elapsed_s)` is called as the solver improves;
     `phases` (a new one if None) records the time and memory of formulating, solving and pricing;
-    `best_so_far` is kept up to date with the best plan found while solving."""
+    `best_so_far` is kept up to date with the best plan found while solving; `prices`: resharding
+    prices already found on this mesh and hardware (`resharding_prices`), to be reused."""
     phases = PhaseTimes() if phases is None else phases
     started = time.perf_counter()
     budget_bytes = settings.memory_budget_bytes if settings.memory_budget_bytes is not None else hw.hbm_bytes
     with phases.phase("formulate"):
         microbatching = microbatch(graph, settings.microbatches) if settings.microbatches > 1 else None
-        prices = resharding_prices(mesh, hw)
+        prices = prices if prices is not None else resharding_prices(mesh, hw)
 
         def formulated(delivered_nodes: bool) -> Formulation:
             found = formulate(microbatching.graph if microbatching else graph, mesh, hw,

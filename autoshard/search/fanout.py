@@ -23,16 +23,17 @@ def _remember(inputs: SearchInputs) -> None:
     _INPUTS = inputs
 
 
-def _run_local(kind: str, candidate: Any, time_limit_s: float) -> dict[str, Any]:
+def _run_local(kind: str, candidate: Any, time_limit_s: float, known: Any = None) -> dict[str, Any]:
     assert _INPUTS is not None, "the pool's initializer sets the inputs"
-    return run_task(_INPUTS, kind, candidate, time_limit_s)
+    return run_task(_INPUTS, kind, candidate, time_limit_s, known)
 
 
 class Pool(Protocol):
     slots: int
     where: str
 
-    def submit(self, kind: str, candidate: Any, time_limit_s: float) -> Any: ...
+    def submit(self, kind: str, candidate: Any, time_limit_s: float, known: Any = None) -> Any:
+        """Run a task; `known`: the resharding prices a solve starts from (its bound's)."""
 
     def wait(self, handles: list[Any], timeout_s: float) -> list[Any]:
         """The handles among `handles` that have finished (none if `timeout_s` passes first)."""
@@ -54,8 +55,8 @@ class LocalPool:
         self._executor = futures.ProcessPoolExecutor(max_workers=slots, mp_context=context, initializer=_remember,
                                                      initargs=(inputs,))
 
-    def submit(self, kind: str, candidate: Any, time_limit_s: float) -> futures.Future:
-        return self._executor.submit(_run_local, kind, candidate, time_limit_s)
+    def submit(self, kind: str, candidate: Any, time_limit_s: float, known: Any = None) -> futures.Future:
+        return self._executor.submit(_run_local, kind, candidate, time_limit_s, known)
 
     def wait(self, handles: list[futures.Future], timeout_s: float) -> list[futures.Future]:
         done, _ = futures.wait(handles, timeout=timeout_s, return_when=futures.FIRST_COMPLETED)
@@ -110,8 +111,8 @@ class RayPool:
         self._inputs = ray.put(inputs)
         self._remote = ray.remote(num_cpus=1, max_retries=0)(run_task)
 
-    def submit(self, kind: str, candidate: Any, time_limit_s: float) -> Any:
-        return self._remote.remote(self._inputs, kind, candidate, time_limit_s)
+    def submit(self, kind: str, candidate: Any, time_limit_s: float, known: Any = None) -> Any:
+        return self._remote.remote(self._inputs, kind, candidate, time_limit_s, known)
 
     def wait(self, handles: list[Any], timeout_s: float) -> list[Any]:
         if not handles:

@@ -68,6 +68,7 @@ class Entry:
     outcome: str = "waiting"  # solved | pruned | infeasible | unsolved
     reason: str = ""
     solved: dict[str, Any] | None = None
+    prices: Any = field(default=None, repr=False)  # the bound's resharding prices, until the solve takes them
 
     @property
     def bound_ps(self) -> int:
@@ -162,9 +163,10 @@ def _bound_all(pool: Pool, entries: list[Entry], running: dict[Any, Entry], dead
             if "infeasible" in bound:
                 entry.outcome, entry.reason = "infeasible", bound["infeasible"]
             else:
+                entry.prices = bound.pop("prices", None)
                 entry.bound = bound
             if entry.bound and entry.bound["least_peak_bytes"] > entry.bound["memory_budget_bytes"]:
-                entry.outcome = "pruned"
+                entry.outcome, entry.prices = "pruned", None
                 entry.reason = (f"needs at least {entry.bound['least_peak_bytes']} bytes per device, over the memory "
                                 f"budget of {entry.bound['memory_budget_bytes']:.0f}")
             if progress:
@@ -194,6 +196,7 @@ def _solve_best_first(pool: Pool, entries: list[Entry], running: dict[Any, Entry
             incumbent = _incumbent(window)
             remaining_s = deadline - time.perf_counter()
             decided += 1
+            known, entry.prices = entry.prices, None  # the solve takes them; no one else needs them
             if incumbent is not None and entry.bound_ps >= incumbent.solved["objective_ps"]:
                 entry.outcome = "pruned"
                 best_s = incumbent.solved["objective_ps"] / PICOSECONDS
@@ -205,7 +208,7 @@ def _solve_best_first(pool: Pool, entries: list[Entry], running: dict[Any, Entry
                 settle(entry)
             else:
                 limit_s = min(options.settings.time_limit_s, remaining_s)
-                running[pool.submit("solve", entry.candidate, limit_s)] = entry
+                running[pool.submit("solve", entry.candidate, limit_s, known)] = entry
         if not running:
             continue
         for handle in _wait(pool, running, cancelled):

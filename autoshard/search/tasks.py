@@ -1,5 +1,11 @@
 """The two kinds of task a search fans out, each a pure function of its inputs so that it runs
-alike in a local worker process or a Ray worker: bounding one candidate and solving one candidate."""
+alike in a local worker process or a Ray worker: bounding one candidate and solving one candidate.
+
+Bounding a candidate formulates it, which is mostly pricing reshardings (all of it on meshes of
+many axes: a 4-axis candidate of a 2-layer GPT asks 425k pairs); the bound hands the prices it
+found back (`"prices"`, `KnownPrices`), and the candidate's solve starts from them instead of
+pricing every pair again in another worker. Prices are a function of the mesh and hardware
+alone, so the solve's formulation is the same either way."""
 
 from __future__ import annotations
 
@@ -10,7 +16,7 @@ from typing import Any
 
 from autoshard.errors import InfeasibleError, InputError
 from autoshard.graph.schema import load_graph
-from autoshard.planning.formulation import formulate
+from autoshard.planning.formulation import KnownPrices, formulate, resharding_prices
 from autoshard.planning.hardware import bind_hardware
 from autoshard.planning.make_plan import SolveSettings, make_plan
 from autoshard.planning.plan import plan_to_json
@@ -38,7 +44,8 @@ def budget_bytes(inputs: SearchInputs, hardware) -> float:
 
 
 def bound_candidate(inputs: SearchInputs, candidate: Candidate) -> dict[str, Any]:
-    """The candidate's certified objective bound and least peak memory."""
+    """The candidate's certified objective bound and least peak memory, and the resharding prices
+    its formulation found (`"prices"`, for its solve)."""
     started = time.perf_counter()
     mesh = candidate.mesh
     try:
@@ -47,27 +54,34 @@ def bound_candidate(inputs: SearchInputs, candidate: Candidate) -> dict[str, Any
         return {"infeasible": f"the graph's constraints do not fit this mesh: {error}",
                 "bound_s": time.perf_counter() - started}
     hardware = bind_candidate(inputs, candidate)
+    prices = resharding_prices(mesh, hardware)
     try:
         formulation = formulate(graph, mesh, hardware, memory_budget_bytes=budget_bytes(inputs, hardware),
-                                weights=inputs.settings.weights, mesh_order=inputs.settings.mesh_order_splits)
+                                weights=inputs.settings.weights, mesh_order=inputs.settings.mesh_order_splits,
+                                prices=prices)
     except InfeasibleError as error:  # a pin no option of this mesh produces
         return {"infeasible": str(error), "bound_s": time.perf_counter() - started}
     return {"bound_ps": objective_lower_bound_ps(formulation.problem),
             "least_peak_bytes": least_peak_bytes(formulation.problem),
             "memory_budget_bytes": budget_bytes(inputs, hardware),
-            "bound_s": time.perf_counter() - started}
+            "bound_s": time.perf_counter() - started,
+            "prices": prices.known()}
 
 
-def solve_candidate(inputs: SearchInputs, candidate: Candidate, time_limit_s: float) -> dict[str, Any]:
+def solve_candidate(inputs: SearchInputs, candidate: Candidate, time_limit_s: float,
+                    known: KnownPrices | None = None) -> dict[str, Any]:
     """`make_plan` on the candidate's mesh and placement: its ranking row and the plan as JSON
-    (or the reason it has none)."""
+    (or the reason it has none). `known`: the prices its bound found."""
     started = time.perf_counter()
     mesh = candidate.mesh
     graph = load_graph(inputs.graph_document, mesh)
     hardware = bind_candidate(inputs, candidate)
     settings = dataclasses.replace(inputs.settings, time_limit_s=time_limit_s)
+    prices = resharding_prices(mesh, hardware)
+    if known is not None:
+        prices.remember(known)
     try:
-        result = make_plan(graph, mesh, hardware, settings)
+        result = make_plan(graph, mesh, hardware, settings, prices=prices)
     except InfeasibleError as error:
         return {"infeasible": str(error), "wall_s": time.perf_counter() - started}
     report, solver = result.report, result.solver
@@ -89,5 +103,8 @@ def solve_candidate(inputs: SearchInputs, candidate: Candidate, time_limit_s: fl
     }
 
 
-def run_task(inputs: SearchInputs, kind: str, candidate: Candidate, time_limit_s: float) -> dict[str, Any]:
-    return bound_candidate(inputs, candidate) if kind == "bound" else solve_candidate(inputs, candidate, time_limit_s)
+def run_task(inputs: SearchInputs, kind: str, candidate: Candidate, time_limit_s: float,
+             known: KnownPrices | None = None) -> dict[str, Any]:
+    if kind == "bound":
+        return bound_candidate(inputs, candidate)
+    return solve_candidate(inputs, candidate, time_limit_s, known)
