@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 from autoshard.errors import InputError, Problem
+from autoshard.numerals import parse_integer
 
 Device = tuple[int, ...]
 
@@ -62,10 +63,10 @@ class Mesh:
         names, sizes = [], []
         for part in text.split(","):
             name, sep, size = part.strip().partition("=")
-            if not sep or not size.strip().isdigit():
+            if not sep:
                 raise InputError(f"expected NAME=SIZE[,NAME=SIZE...], e.g. dp=2,tp=4; got {text!r}", "mesh")
             names.append(name.strip())
-            sizes.append(int(size))
+            sizes.append(parse_integer(size, f"mesh/{name.strip()}"))
         return cls(tuple(names), tuple(sizes))
 
     def __str__(self) -> str:

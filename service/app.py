@@ -11,7 +11,7 @@ from fastapi import Depends, FastAPI
 from autoshard import __version__
 from service.config import Settings, get_settings
 from service.errors import add_error_handlers
-from service.limits import BodyLimit, JsonBodies, distinct_keys_in_body
+from service.limits import BodyLimit, JsonBodies, readable_body
 from service.routes import estimate, health, plans, searches, topologies, validate
 from service.runner import Runner
 from service.searches import Searches
@@ -50,7 +50,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             store.close()
 
     app = FastAPI(title="autoshard", version=__version__, description=DESCRIPTION, lifespan=lifespan,
-                  dependencies=[Depends(distinct_keys_in_body)])
+                  dependencies=[Depends(readable_body)])
     app.state.settings = settings
     add_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import argparse
 
+from autoshard.cli.args import integer_flag
 from autoshard.errors import InputError, Problem
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("serve", help="run the REST plan service")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
-    parser.add_argument("--workers", type=int, help="solves run at once, one process each (default: the machine's cores)")
+    parser.add_argument("--port", type=integer_flag, default=8000, help="port to listen on (default 8000)")
+    parser.add_argument("--workers", type=integer_flag, help="solves run at once, one process each (default: the machine's cores)")
     parser.add_argument("--db", help="SQLite file for plans and job states (default autoshard-plans.sqlite3)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     parser.set_defaults(run=run)

@@ -19,6 +19,7 @@ from autoshard.errors import InputError, Problem
 from autoshard.graph.model import Graph
 from autoshard.graph.schema import graph_from_json, graph_to_json
 from autoshard.mesh import Mesh
+from autoshard.numerals import parse_dims
 from autoshard.planning.costs import Hardware
 from autoshard.planning.formulation import Weights
 from autoshard.planning.hardware import bind_hardware
@@ -100,11 +101,8 @@ def bind_topology(topology: str | Mapping[str, Any], options: Mapping[str, Any],
 def slice_of(value: str | list[int] | None) -> tuple[int, ...] | None:
     if value is None:
         return None
-    parts = value.lower().split("x") if isinstance(value, str) else [str(v) for v in value]
-    if not parts or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise InputError(f"expected a slice shape like [4, 4, 4] or \"4x4x4\", got {value!r}",
-                         "/topology_options/slice")
-    return tuple(int(p) for p in parts)
+    text = value if isinstance(value, str) else "x".join(str(v) for v in value)
+    return parse_dims(text, "/topology_options/slice", "expected a slice shape like [4, 4, 4] or \"4x4x4\"")
 
 
 def fill_options(options: Mapping[str, Any], settings: Settings) -> dict[str, Any]:

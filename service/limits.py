@@ -1,5 +1,5 @@
-"""What a request body must be before a route reads it: within the size limit, JSON, and free of
-repeated keys.
+"""What a request body must be before a route reads it: within the size limit, JSON, free of
+repeated keys, and text UTF-8 can encode.
 
 A declared `Content-Length` over the limit is refused at once; a body without one (chunked) is
 counted as it arrives and refused once it passes the limit.
@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from autoshard.encodable import check_encodable, printable
 from autoshard.errors import InputError
 from autoshard.graph.schema import RepeatedKey, distinct_keys
 from service.errors import error_body
@@ -72,17 +73,20 @@ class JsonBodies:
         await self.app(scope, receive, send)
 
 
-async def distinct_keys_in_body(request: Request) -> None:
+async def readable_body(request: Request) -> None:
     """A dependency of every route: a JSON body repeating a key in one object is refused (422)
-    naming the key, as a graph file is; JSON parsers keep the last value without a word. A body
-    that is not JSON at all is left to the route's parser (400)."""
+    naming the key, as a graph file is; JSON parsers keep the last value without a word. So is
+    a string UTF-8 cannot encode (a lone surrogate escape, `"\\ud800"`), by its pointer: it could
+    never be sent back, so a job holding one is never stored. A body that is not JSON at all is
+    left to the route's parser (400)."""
     body = await request.body()  # read once: the route's parser gets the same bytes
     if not body:
         return
     try:
-        json.loads(body, object_pairs_hook=distinct_keys)
+        document = json.loads(body, object_pairs_hook=distinct_keys)
     except RepeatedKey as error:
-        raise InputError(f"the key {error.args[0]!r} appears twice in one object; JSON would keep only the last",
-                         "") from None
+        raise InputError(f"the key {printable(error.args[0])!r} appears twice in one object; JSON would keep only "
+                         "the last", "") from None
     except (ValueError, RecursionError):
         return
+    check_encodable(document)

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from autoshard.errors import InputError, Problem
 from autoshard.graph.builder import document_text
 from autoshard.graph.model import Graph
 from autoshard.graph.summary import graph_summary
 from autoshard.mesh import Mesh
+from autoshard.numerals import non_ascii_problem, parse_dims, parse_finite, parse_integer
 from autoshard.planning.hardware import bind_hardware
 
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
@@ -19,27 +21,44 @@ _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb
 
 
 def parse_bytes(text: str, flag: str) -> float:
-    """`40GiB`, `80GB`, `1.5e9` -> bytes (GB decimal, GiB binary)."""
+    """`40GiB`, `80GB`, `1.5e9` -> bytes (GB decimal, GiB binary); a finite number."""
+    if (odd := non_ascii_problem(text)) is not None:
+        raise InputError(odd, flag)
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", text)
     if not match or match.group(2).lower() not in _UNITS:
         raise InputError(f"expected a size like 40GiB, 80GB or 1.5e9, got {text!r}", flag)
-    return float(match.group(1)) * _UNITS[match.group(2).lower()]
+    size = parse_finite(match.group(1), flag) * _UNITS[match.group(2).lower()]
+    if not math.isfinite(size):
+        raise InputError(f"{text!r} is beyond the range of a floating-point number", flag)
+    return size
 
 
 def parse_slice(text: str | None) -> tuple[int, ...] | None:
-    if text is None:
-        return None
-    parts = text.lower().split("x")
-    if not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise InputError(f"expected a slice shape like 4x4x4, got {text!r}", "--slice")
-    return tuple(int(p) for p in parts)
+    return None if text is None else parse_dims(text, "--slice", "expected a slice shape like 4x4x4")
+
+
+def integer_flag(text: str) -> int:
+    """argparse `type` of every whole-number flag: ASCII digits only (argparse names the flag)."""
+    return _flag_value(parse_integer, text)
+
+
+def number_flag(text: str) -> float:
+    """argparse `type` of every real-number flag: ASCII and finite (argparse names the flag)."""
+    return _flag_value(parse_finite, text)
+
+
+def _flag_value(parse: Callable[[str, str], Any], text: str) -> Any:
+    try:
+        return parse(text, "")
+    except InputError as error:
+        raise argparse.ArgumentTypeError(error.problems[0].message) from None
 
 
 def add_hardware_args(parser: argparse.ArgumentParser, mesh_required: bool = True) -> None:
     parser.add_argument("--mesh", required=mesh_required, help="mesh axes, e.g. dp=2,tp=4")
     parser.add_argument("--topology", default="dgx-h100", help="profile name (see `autoshard topologies`) or a profile JSON file")
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--nodes", type=int, help="number of GPU nodes (GPU profiles)")
+    group.add_argument("--nodes", type=integer_flag, help="number of GPU nodes (GPU profiles)")
     group.add_argument("--slice", help="TPU slice shape, e.g. 4x4x4")
 
 

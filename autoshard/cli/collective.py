@@ -36,9 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def parse_axes(text: str | None, mesh: Mesh) -> tuple[str, ...]:
     if text is None:
         return mesh.axis_names
-    axes = tuple(a.strip() for a in text.split(",") if a.strip())
+    axes = tuple(a.strip() for a in text.split(","))
     unknown = [a for a in axes if a not in mesh.axis_names]
-    if unknown or len(set(axes)) != len(axes):
+    if unknown or len(set(axes)) != len(axes):  # an empty name too: a group of one device has no collective
         raise InputError(f"expected distinct mesh axes from {list(mesh.axis_names)}, got {text!r}", "--axes")
     return axes
 

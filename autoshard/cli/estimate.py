@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from autoshard.cli.args import add_hardware_args, hardware_from_args, mesh_from_args
+from autoshard.cli.args import add_hardware_args, hardware_from_args, integer_flag, mesh_from_args
 from autoshard.cli.plan import print_roles
 from autoshard.cli.simulate import plan_mesh
 from autoshard.errors import InputError, Problem
@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_hardware_args(parser)
     parser.add_argument("--plan", required=True,
                         help="plan JSON: per-op options and/or per-tensor shardings (autoshard.plan/v1 or its minimal form)")
-    parser.add_argument("--microbatches", type=int,
+    parser.add_argument("--microbatches", type=integer_flag,
                         help="price the step as M microbatches (default: as many as the plan was made for, or 1)")
     parser.add_argument("--json", action="store_true", help="print the breakdown as JSON")
     parser.set_defaults(run=run)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable
 
-from autoshard.cli.args import write_graph
+from autoshard.cli.args import integer_flag, number_flag, write_graph
 from autoshard.errors import InputError, Problem
 from autoshard.graph.schema import graph_from_json
 from autoshard.models import GPTConfig, MLPConfig, MoEConfig, UNetConfig, gpt, mlp, moe, unet
@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = _model_parser(models, "moe", "mixture-of-experts layers, experts as a loop", defaults)
     for flag in ("layers", "batch", "seq", "hidden", "ffn", "experts", "top_k"):
         _int(p, flag, defaults)
-    p.add_argument("--capacity-factor", type=float, default=defaults.capacity_factor,
+    p.add_argument("--capacity-factor", type=number_flag, default=defaults.capacity_factor,
                    help="expert slots per routed token (default %(default)s)")
     p.add_argument("--activation", default=defaults.activation, help="expert MLP activation (default %(default)s)")
     p.set_defaults(run=_runner(MoEConfig, moe))
@@ -57,7 +57,7 @@ def _model_parser(models: argparse._SubParsersAction, name: str, help: str, defa
 
 def _int(parser: argparse.ArgumentParser, field: str, defaults: Any) -> None:
     default = getattr(defaults, field)
-    parser.add_argument(_flag(field), dest=field, type=int, default=default,
+    parser.add_argument(_flag(field), dest=field, type=integer_flag, default=default,
                         help=f"default {default}" if default is not None else "default 4 * hidden")
 
 

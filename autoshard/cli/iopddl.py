@@ -12,6 +12,7 @@ import math
 import sys
 from pathlib import Path
 
+from autoshard.cli.args import integer_flag, number_flag
 from autoshard.errors import InputError
 from autoshard.planning.make_plan import MAX_SEED
 
@@ -22,9 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("problem", type=Path, help="instance, JSON or gzipped JSON")
     parser.add_argument("solution", type=Path, nargs="?", help="with --score: the solution to score")
     parser.add_argument("--score", action="store_true", help="score SOLUTION instead of solving")
-    parser.add_argument("--time-limit", type=float, default=60.0, metavar="SECONDS", help="wall-clock budget")
-    parser.add_argument("--workers", type=int, default=1, help="CP-SAT worker threads")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--time-limit", type=number_flag, default=60.0, metavar="SECONDS", help="wall-clock budget")
+    parser.add_argument("--workers", type=integer_flag, default=1, help="CP-SAT worker threads")
+    parser.add_argument("--seed", type=integer_flag, default=0)
     parser.add_argument("--deterministic", action="store_true",
                         help="a fixed amount of work instead of the clock: the same answer on every run")
     parser.add_argument("-o", "--output", type=Path, help="write the answer JSON here instead of stdout")

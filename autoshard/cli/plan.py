@@ -9,12 +9,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autoshard.cli.args import add_hardware_args, hardware_from_args, mesh_from_args, parse_bytes, parse_slice
+from autoshard.cli.args import (add_hardware_args, hardware_from_args, integer_flag, mesh_from_args, number_flag,
+                                parse_bytes, parse_slice)
 from autoshard.delivery.deliver import Deliverables, deliver, ir_request_problems
 from autoshard.errors import InputError, Problem
 from autoshard.graph.builder import document_text
 from autoshard.graph.schema import load_graph
 from autoshard.graph.summary import si, size
+from autoshard.numerals import parse_finite
 from autoshard.phases import PhaseTimes
 from autoshard.planning.compose import plan_layer_once
 from autoshard.planning.formulation import Weights, weight_name_problem
@@ -27,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("graph", help="graph JSON (format autoshard.graph/v1)")
     add_hardware_args(parser)
     add_solve_args(parser)
-    parser.add_argument("--microbatches", type=int, default=1,
+    parser.add_argument("--microbatches", type=integer_flag, default=1,
                         help="run forward and backward on 1/M of the batch, M times, accumulating the gradients; "
                              "the optimizer once (default 1; needs inputs that declare a batch_dim)")
     parser.add_argument("--layer-once", action="store_true",
@@ -39,12 +41,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 def add_solve_args(parser: argparse.ArgumentParser, workers: int = 2) -> None:
     """The solver's flags and what to write: shared by `plan` and `search`."""
     parser.add_argument("--memory-budget", help="per-device memory limit, e.g. 40GiB (default: the chip's HBM)")
-    parser.add_argument("--time-limit", type=float, default=30.0, help="solver time limit in seconds (default 30)")
-    parser.add_argument("--gap-limit", type=float, default=SolveSettings.gap_limit,
+    parser.add_argument("--time-limit", type=number_flag, default=30.0, help="solver time limit in seconds (default 30)")
+    parser.add_argument("--gap-limit", type=number_flag, default=SolveSettings.gap_limit,
                         help="stop once (cost - bound) / cost is at most this (default %(default)g; 0: prove "
                              "optimality or use the whole time limit)")
-    parser.add_argument("--workers", type=int, default=workers, help="solver threads (default %(default)s)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=integer_flag, default=workers, help="solver threads (default %(default)s)")
+    parser.add_argument("--seed", type=integer_flag, default=0)
     parser.add_argument("--deterministic", action="store_true",
                         help="bound the solver by a fixed amount of work instead of the clock: the same graph, "
                              "flags and seed give the same plan.json (apart from its timing fields) on any machine; "
@@ -75,16 +77,20 @@ def add_solve_args(parser: argparse.ArgumentParser, workers: int = 2) -> None:
 def parse_weights(text: str, problems: list[Problem]) -> Weights:
     """`time=1,comm_s_per_byte=1e-11`: each weight in seconds of objective per unit it weighs."""
     values: dict[str, float] = {}
+    seen: set[str] = set()
     for part in text.split(","):
         name, _, value = (piece.strip() for piece in part.partition("="))
         wrong = weight_name_problem(name)
+        if wrong is None and name in seen:
+            wrong = f"{name} is given twice; give each weight once"
+        seen.add(name)
         if wrong is not None:
             problems.append(Problem("--weights", wrong))
             continue
         try:
-            values[name] = float(value)
-        except ValueError:
-            values[name] = math.nan
+            values[name] = parse_finite(value, "--weights")
+        except InputError as error:
+            problems.append(Problem("--weights", f"{name}: {error.problems[0].message}"))
     try:
         weights = Weights(**values)
     except InputError as error:

@@ -16,11 +16,12 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 
-from autoshard.cli.args import hardware_from_args, mesh_from_args
+from autoshard.cli.args import hardware_from_args, integer_flag, mesh_from_args
 from autoshard.dtypes import DTYPES
 from autoshard.errors import InputError, Problem, ShardingError
 from autoshard.graph.summary import size
 from autoshard.mesh import Mesh
+from autoshard.numerals import parse_dims
 from autoshard.mlir import DIALECTS, emit_partitioned
 from autoshard.resharding import CollectiveStep, Price, Resharding, bytes_moved_price, plan_resharding
 from autoshard.sharding import Sharding
@@ -45,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--topology", help="price with this profile (see `autoshard topologies`) or profile JSON file "
                                            "(default: bytes moved over a flat link)")
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--nodes", type=int, help="number of GPU nodes (GPU profiles)")
+    group.add_argument("--nodes", type=integer_flag, help="number of GPU nodes (GPU profiles)")
     group.add_argument("--slice", help="TPU slice shape, e.g. 4x4x4")
     parser.add_argument("--dialect", choices=sorted(DIALECTS), default="mesh",
                         help="spelling of the partitioned IR (default mesh)")
@@ -56,10 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
-    parts = text.lower().split("x")
-    if not all(p.strip().isdigit() and int(p) > 0 for p in parts):
-        raise InputError(f"expected positive sizes joined by x, e.g. 6x6 or 1024; got {text!r}", "--shape")
-    return tuple(int(p) for p in parts)
+    return parse_dims(text, "--shape", "expected positive sizes joined by x, e.g. 6x6 or 1024")
 
 
 def parse_sharding(text: str, flag: str, mesh: Mesh, shape: tuple[int, ...]) -> Sharding:

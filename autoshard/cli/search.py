@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from autoshard.cli.args import integer_flag, number_flag
 from autoshard.cli.plan import add_solve_args, checked_settings, print_summary, write_deliverables
 from autoshard.delivery.deliver import deliver
 from autoshard.errors import InputError, Problem
@@ -24,19 +25,19 @@ from autoshard.search.tasks import SearchInputs
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("search", help="find the best mesh and placement for a graph on a number of devices")
     parser.add_argument("graph", help="graph JSON (format autoshard.graph/v1)")
-    parser.add_argument("--devices", type=int, required=True, help="number of devices (GPUs or TPU chips)")
+    parser.add_argument("--devices", type=integer_flag, required=True, help="number of devices (GPUs or TPU chips)")
     parser.add_argument("--topology", default="dgx-h100", help="profile name (see `autoshard topologies`) or a profile "
                                                                "JSON file; GPU nodes are devices / GPUs per node, TPU "
                                                                "candidates include every slice shape of the devices")
-    parser.add_argument("--max-axes", type=int, default=MAX_AXES,
+    parser.add_argument("--max-axes", type=integer_flag, default=MAX_AXES,
                         help="most mesh axes a candidate has (1-4, default 4)")
     parser.add_argument("--fix", default="", help="axes every candidate has, by name and size, e.g. tp=8 (the other "
                                                   "axes are named a0, a1, ... by mesh position)")
-    parser.add_argument("--jobs", type=int, default=min(os.cpu_count() or 1, 4),
+    parser.add_argument("--jobs", type=integer_flag, default=min(os.cpu_count() or 1, 4),
                         help="solves at a time, on local processes or Ray (default: CPUs, at most 4)")
     parser.add_argument("--ray", help="run the solves on Ray: 'auto' (a running local instance, else one started "
                                       "for the search) or a cluster address like ray://host:10001")
-    parser.add_argument("--time-budget", type=float, help="seconds the whole search may take (default: no limit); "
+    parser.add_argument("--time-budget", type=number_flag, help="seconds the whole search may take (default: no limit); "
                                                           "each solve's time limit is cut to what is left")
     add_solve_args(parser, workers=1)
     parser.set_defaults(run=run)

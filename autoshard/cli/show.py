@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from autoshard.cli.args import integer_flag
 from autoshard.graph.model import topological_order
 from autoshard.graph.schema import load_graph
 from autoshard.graph.summary import graph_summary, si, size
@@ -20,7 +21,7 @@ def loops_text(extents: tuple[int, ...], iterators: tuple[str, ...]) -> str:
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("show", help="print the ops of a graph: kind, layer, phase, loops, FLOPs, bytes")
     parser.add_argument("graph", help="graph JSON (format autoshard.graph/v1)")
-    parser.add_argument("--limit", type=int, default=0, help="print at most this many ops (0: all)")
+    parser.add_argument("--limit", type=integer_flag, default=0, help="print at most this many ops (0: all)")
     parser.set_defaults(run=run)
 
 

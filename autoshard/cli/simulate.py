@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from autoshard.cli.args import hardware_from_args, parse_bytes, parse_slice
+from autoshard.cli.args import hardware_from_args, integer_flag, parse_bytes, parse_slice
 from autoshard.delivery.deliver import partitioned_program
 from autoshard.errors import InputError, Problem
 from autoshard.graph.schema import load_graph, read_json
@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("graph", help="graph JSON (format autoshard.graph/v1)")
     parser.add_argument("--plan", required=True, help="plan JSON (format autoshard.plan/v1)")
     parser.add_argument("--mesh", help="mesh axes, e.g. dp=2,tp=4 (default: the plan's mesh)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    parser.add_argument("--seed", type=integer_flag, default=0, help="seed of the random inputs (default 0)")
     add_program_args(parser)
     parser.add_argument("--max-memory", default="2GiB",
                         help="refuse simulations needing more host memory than this (default 2GiB)")
@@ -42,7 +42,7 @@ def add_program_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--topology", help="price reshardings with this profile, as `plan` did "
                                            "(default: the plan's topology if it names one, else bytes moved)")
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--nodes", type=int, help="number of GPU nodes (GPU profiles)")
+    group.add_argument("--nodes", type=integer_flag, help="number of GPU nodes (GPU profiles)")
     group.add_argument("--slice", help="TPU slice shape, e.g. 4x4x4")
     parser.add_argument("--no-collective-opt", action="store_true",
                         help="the collectives as planned, without the optimisations `plan` applies by default")

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
 from autoshard.dtypes import DTYPES
+from autoshard.encodable import check_encodable, printable
 from autoshard.errors import InputError, Problem
 from autoshard.graph.layers import layer_problems
 from autoshard.graph.model import Constraint, Graph, Op, Tensor
@@ -116,17 +117,19 @@ def read_json(path: str | Path) -> Any:
 
 
 def parse_json(text: str, where: str) -> Any:
-    """`text` as JSON, refusing a key repeated in one object (JSON keeps the last silently) and
-    nesting too deep to walk."""
+    """`text` as JSON, refusing a key repeated in one object (JSON keeps the last silently),
+    nesting too deep to walk and strings UTF-8 cannot encode (lone surrogates)."""
     try:
-        return json.loads(text, object_pairs_hook=distinct_keys)
+        document = json.loads(text, object_pairs_hook=distinct_keys)
     except json.JSONDecodeError as error:
         raise InputError(f"not JSON: {error.msg} at line {error.lineno} column {error.colno}", where) from None
     except RecursionError:
         raise InputError("not a document autoshard reads: JSON nested too deeply", where) from None
     except RepeatedKey as error:
-        raise InputError(f"the key {error.args[0]!r} appears twice in one object; JSON would keep only the last",
-                         where) from None
+        raise InputError(f"the key {printable(error.args[0])!r} appears twice in one object; JSON would keep only "
+                         "the last", where) from None
+    check_encodable(document)
+    return document
 
 
 class RepeatedKey(Exception):
@@ -153,6 +156,7 @@ def graph_from_json(document: Any, mesh: Mesh | None = None) -> Graph:
         raise InputError(f"a graph document is a JSON object, got {type(document).__name__}", "/")
     if document.get("format") != FORMAT:
         raise InputError(f"expected \"{FORMAT}\", got {document.get('format')!r}", "/format")
+    check_encodable(document)
     try:
         model = GraphModel.model_validate(document)
     except ValidationError as error:

@@ -294,9 +294,26 @@ def problem_from_json(data: Any) -> Problem:
               for e, pair in enumerate(edge_nodes) if not (isinstance(pair, list) and len(pair) == 2)]
     if issues:
         raise InputError(issues)
-    return Problem(node_costs=tuple(costs), node_usages=tuple(usages), intervals=intervals,
-                   edges=edge_nodes, edge_costs=tuple(edge_costs), usage_limit=data.get("usage_limit"),
-                   name=str(data.get("name", "")))
+    problem = Problem(node_costs=tuple(costs), node_usages=tuple(usages), intervals=intervals,
+                      edges=edge_nodes, edge_costs=tuple(edge_costs), usage_limit=data.get("usage_limit"),
+                      name=str(data.get("name", "")))
+    issues = _contest_issues(problem)
+    if issues:
+        raise InputError(issues)
+    return problem
+
+
+def _contest_issues(problem: Problem) -> list[Issue]:
+    """What the contest's format rules out and `Problem` (which the planner also builds) does not check:
+    a cost below zero, an interval that ends before it starts."""
+    issues = [Issue(f"/nodes/costs/{i}", "costs must be >= 0") for i, c in enumerate(problem.node_costs)
+              if len(c) and c.min() < 0]
+    reversed_ = np.flatnonzero(problem.intervals[:, 1] < problem.intervals[:, 0])
+    issues += [Issue(f"/nodes/intervals/{i}", f"ends before it starts: {problem.intervals[i].tolist()}")
+               for i in reversed_[:10]]
+    issues += [Issue(f"/edges/costs/{e}", "costs must be >= 0") for e, m in enumerate(problem.edge_costs)
+               if m.size and m.min() < 0]
+    return issues
 
 
 def read_iopddl(path: str | Path) -> Problem:
