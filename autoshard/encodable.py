@@ -7,6 +7,7 @@ Documents are checked when they are read, so such a name is refused at the door,
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from autoshard.errors import InputError, Problem
@@ -52,3 +53,18 @@ def check_encodable(document: Any, where: str = "") -> None:
         raise InputError("not a document autoshard reads: nested too deeply", where or "/") from None
     if problems:
         raise InputError(problems)
+
+
+def encodable_copy(value: Any) -> Any:
+    """A copy of a JSON value that can always be written as strict JSON in UTF-8: strings and keys
+    with escapes for what UTF-8 cannot encode, and null for numbers JSON has no spelling for (NaN,
+    infinities). For data kept long after it was checked, such as a service's stored jobs."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {printable(key) if isinstance(key, str) else key: encodable_copy(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [encodable_copy(item) for item in value]
+    return value

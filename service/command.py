@@ -30,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
 
     from service.app import create_app
     from service.config import Settings
+    from service.store import Store
 
     if not 0 <= args.port <= 65535:
         raise InputError(f"expected a port number 0..65535, got {args.port}", "--port")
@@ -39,5 +40,6 @@ def run(args: argparse.Namespace) -> int:
     except ValidationError as error:
         raise InputError([Problem(f"--{e['loc'][0]} (or AUTOSHARD_{str(e['loc'][0]).upper()})", e["msg"])
                           for e in error.errors()]) from None
+    Store(settings.db).close()  # an unusable --db is refused here, in one line, not by the server's start-up
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
     return 0

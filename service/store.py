@@ -8,6 +8,7 @@ guarded by a lock; SQLite keeps the data across restarts.
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import threading
 import time
@@ -15,6 +16,9 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
+
+from autoshard.encodable import encodable_copy
+from autoshard.errors import InputError
 
 ACTIVE = ("queued", "solving")
 FINAL = ("done", "failed", "cancelled", "interrupted")
@@ -60,16 +64,30 @@ class Job:
         return self.status in FINAL
 
 
+DB_FLAG = "--db (or AUTOSHARD_DB)"  # where a store's path comes from, for the user
+
+
 class Store:
     def __init__(self, path: Path | str):
+        """Open (or create) the store at `path`; an `InputError` naming `DB_FLAG` says why a path
+        cannot hold one: a directory, a directory that does not exist, a file that is not SQLite
+        or holds other tables under our names."""
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _check_path(self.path)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        try:
+            self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        except sqlite3.Error as error:
+            raise InputError(f"{self.path}: cannot open: {error}", DB_FLAG) from None
         self._db.row_factory = sqlite3.Row
-        with self._lock:
+        try:
             self._db.execute("PRAGMA journal_mode=WAL")
+            _check_columns(self._db)
             self._db.executescript(_SCHEMA)
+        except sqlite3.Error as error:  # DatabaseError: not SQLite; OperationalError: read-only, locked, ...
+            self._db.close()
+            reason = "not an SQLite database" if "not a database" in str(error) else str(error)
+            raise InputError(f"{self.path} cannot hold the plan store: {reason}", DB_FLAG) from None
 
     def close(self) -> None:
         with self._lock:
@@ -83,7 +101,7 @@ class Store:
         now = time.time()
         job_id = uuid.uuid4().hex
         self._execute("INSERT INTO jobs (id, key, status, request, created_at, updated_at) VALUES (?, ?, 'queued', ?, ?, ?)",
-                      (job_id, key, json.dumps(request), now, now))
+                      (job_id, key, _dumps(request), now, now))
         job = self.get(job_id)
         assert job is not None
         return job
@@ -107,7 +125,7 @@ class Store:
 
     def set_progress(self, job_id: str, progress: dict[str, Any]) -> None:
         self._execute("UPDATE jobs SET progress = ?, updated_at = ? WHERE id = ? AND status = 'solving'",
-                      (json.dumps(progress), time.time(), job_id))
+                      (_dumps(progress), time.time(), job_id))
 
     def finish(self, job_id: str, plan: dict[str, Any], ir: Iterable[tuple[str, str, str, str]] = ()) -> bool:
         """Store the plan and the IR emitted with it (stage, dialect, arguments, text) at once."""
@@ -115,7 +133,7 @@ class Store:
             self._db.execute("BEGIN")
             try:
                 cursor = self._db.execute("UPDATE jobs SET status = 'done', plan = ?, updated_at = ? "
-                                          "WHERE id = ? AND status = 'solving'", (json.dumps(plan), time.time(), job_id))
+                                          "WHERE id = ? AND status = 'solving'", (_dumps(plan), time.time(), job_id))
                 self._db.executemany("INSERT OR REPLACE INTO ir (job_id, stage, dialect, arguments, text) "
                                      "VALUES (?, ?, ?, ?, ?)", [(job_id, *entry) for entry in ir])
             except BaseException:
@@ -125,19 +143,19 @@ class Store:
             return cursor.rowcount == 1
 
     def fail(self, job_id: str, error: dict[str, Any]) -> bool:
-        return self._transition(job_id, ACTIVE, "failed", error=json.dumps(error))
+        return self._transition(job_id, ACTIVE, "failed", error=_dumps(error))
 
     def cancel(self, job_id: str) -> bool:
         return self._transition(job_id, ACTIVE, "cancelled",
-                                error=json.dumps({"kind": "cancelled", "message": "cancelled by a DELETE request"}))
+                                error=_dumps({"kind": "cancelled", "message": "cancelled by a DELETE request"}))
 
     def interrupt(self, job_id: str, plan: dict[str, Any], error: dict[str, Any]) -> bool:
         """A solve stopped by a shutdown, with the best plan it had found."""
-        return self._transition(job_id, ("solving",), "interrupted", plan=json.dumps(plan), error=json.dumps(error))
+        return self._transition(job_id, ("solving",), "interrupted", plan=_dumps(plan), error=_dumps(error))
 
     def mark_interrupted(self) -> int:
         """Jobs a previous process left solving (it was killed): their solve was lost with it."""
-        error = json.dumps({"kind": "interrupted", "message": "interrupted by a restart of the service, before the "
+        error = _dumps({"kind": "interrupted", "message": "interrupted by a restart of the service, before the "
                                                               "solve could hand over a plan"})
         cursor = self._execute("UPDATE jobs SET status = 'interrupted', error = ?, updated_at = ? "
                                "WHERE status = 'solving'", (error, time.time()))
@@ -173,7 +191,41 @@ class Store:
                       (job_id, stage, dialect, arguments, text))
 
 
+def _check_path(path: Path) -> None:
+    if path.is_dir():
+        raise InputError(f"{path} is a directory; expected the path of an SQLite file", DB_FLAG)
+    if not path.parent.is_dir():
+        raise InputError(f"{path}: the directory {path.parent} does not exist", DB_FLAG)
+
+
+_COLUMNS = {"jobs": {"id", "key", "status", "request", "progress", "plan", "error", "created_at", "updated_at"},
+            "ir": {"job_id", "stage", "dialect", "arguments", "text"}}
+
+
+def _check_columns(db: sqlite3.Connection) -> None:
+    """A database made by something else may hold a `jobs` or `ir` table without our columns."""
+    for table, wanted in _COLUMNS.items():
+        have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+        if have and not wanted <= have:  # no columns: no such table yet
+            raise sqlite3.DatabaseError(f"its table {table!r} lacks the columns {sorted(wanted - have)}")
+
+
+def _dumps(value: Any) -> str:
+    """Strict JSON in UTF-8, so that what is stored can always be sent back."""
+    return json.dumps(encodable_copy(value), allow_nan=False)
+
+
+# a JSON \u escape of a surrogate: only a lone one (which UTF-8 cannot encode) makes a row unreadable
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _loads(text: str) -> Any:
+    """A stored value; a row written before `_dumps` (NaN, a lone surrogate) is made readable too."""
+    value = json.loads(text, parse_constant=lambda _: None)
+    return encodable_copy(value) if _SURROGATE_ESCAPE.search(text) else value
+
+
 def _job(row: sqlite3.Row) -> Job:
-    return Job(row["id"], row["key"], row["status"], json.loads(row["request"]), json.loads(row["progress"]),
-               json.loads(row["plan"]) if row["plan"] else None,
-               json.loads(row["error"]) if row["error"] else None, row["created_at"], row["updated_at"])
+    return Job(row["id"], row["key"], row["status"], _loads(row["request"]), _loads(row["progress"]),
+               _loads(row["plan"]) if row["plan"] else None,
+               _loads(row["error"]) if row["error"] else None, row["created_at"], row["updated_at"])
