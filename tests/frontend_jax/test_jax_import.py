@@ -18,6 +18,7 @@ from autoshard.cli.main import main
 from autoshard.errors import InputError
 from autoshard.frontends.jax import from_function
 from autoshard.frontends.jax.importer import UnsupportedPrimitiveWarning, import_function
+from autoshard.frontends.user_code import UserCodeError
 from autoshard.graph.evaluate import evaluate_graph
 from autoshard.graph.schema import graph_from_json
 
@@ -147,6 +148,50 @@ def test_import_command_names_what_is_wrong_with_the_factory(tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     assert main(["import", "jax", spec, "-o", "graph.json"]) == 2
     assert message in capsys.readouterr().err
+
+
+# the user's file, broken in each way their code can fail -> (the line the error names, what it says)
+BROKEN = {
+    "syntax error": ("def make(:\n    pass\n", 1, "importing model.py raised SyntaxError: invalid syntax"),
+    "import error": ("import no_such_module_here\n", 1,
+                     "importing model.py raised ModuleNotFoundError: No module named 'no_such_module_here'"),
+    "factory raises": ("def load():\n    raise ValueError('no checkpoint')\n\ndef make():\n    return load()\n", 2,
+                       "make() raised ValueError: no checkpoint"),
+    "factory takes arguments": ("def make(size, depth=2):\n    return None\n", 1,
+                                "make() must take no arguments; it needs size"),
+    "shape mismatch": ("import jax.numpy as jnp\n\ndef f(x, w):\n    return x @ w\n\n"
+                       "def make():\n    return f, (jnp.ones((2, 4)), jnp.ones((3, 4)))\n", 4,
+                       "tracing f raised TypeError: dot_general requires contracting dimensions to have the same shape"),
+    "control flow on a traced value": ("import jax.numpy as jnp\n\ndef f(x):\n    if x.sum() > 0:\n        return x\n"
+                                       "    return -x\n\ndef make():\n    return f, (jnp.ones((2, 4)),)\n", 4,
+                                       "tracing f raised TracerBoolConversionError: Attempted boolean conversion"),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN)
+def test_a_failure_in_the_users_code_exits_2_naming_file_line_and_exception(tmp_path, capsys, case):
+    text, line, message = BROKEN[case]
+    source = tmp_path / "model.py"
+    source.write_text(text)
+    assert main(["import", "jax", f"{source}:make", "-o", str(tmp_path / "graph.json")]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "autoshard import: 1 problem(s):"
+    assert lines[1].startswith(f"  {source}:{line}: {message}"), lines
+    assert len(lines) == 2, lines
+
+
+def branches(x):
+    if x.sum() > 0:
+        return x
+    return -x
+
+
+def test_from_function_raises_the_users_tracing_error_at_its_line():
+    with pytest.raises(UserCodeError) as error:
+        from_function(branches, jnp.ones((2, 4)))
+    where = error.value.problems[0].where
+    assert where == f"{__file__}:{branches.__code__.co_firstlineno + 1}"
+    assert "TracerBoolConversionError" in error.value.problems[0].message
 
 
 def stack(weights, x):

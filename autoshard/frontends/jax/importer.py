@@ -10,11 +10,8 @@ become inputs pinned replicated (XLA holds them whole on every device).
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -24,6 +21,7 @@ from autoshard.errors import InputError
 from autoshard.frontends.jax.primitives import DTYPE_NAMES, PRIMITIVES, Unsupported
 from autoshard.frontends.layering import graph_keeping_what_holds, tag_layers
 from autoshard.frontends.jax.trace import Atom, Const, FlatEqn, FlatProgram, trace
+from autoshard.frontends.user_code import SOURCE, call_factory, load_user_factory
 from autoshard.graph.builder import GraphBuilder
 from autoshard.ops import OpError
 
@@ -173,27 +171,11 @@ def import_function(f: Callable[..., Any], args: Sequence[Any], name: str | None
 
 def load_factory(spec: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """`FILE.py:FACTORY` -> what `FACTORY()` returns: `(f, args)`, `args` a tuple."""
-    path_text, sep, factory_name = spec.rpartition(":")
-    if not sep or not path_text or not factory_name.isidentifier():
-        raise InputError(f"expected FILE.py:FACTORY, got {spec!r}", "FILE.py:FACTORY")
-    path = Path(path_text)
-    if not path.is_file():
-        raise InputError(f"no such file: {path}", "FILE.py:FACTORY")
-    module_spec = importlib.util.spec_from_file_location(f"autoshard_factory_{path.stem}", path)
-    assert module_spec is not None and module_spec.loader is not None
-    module = importlib.util.module_from_spec(module_spec)
-    sys.path.insert(0, str(path.parent.resolve()))  # the file may import its neighbours
-    try:
-        module_spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(path.parent.resolve()))
-    factory = getattr(module, factory_name, None)
-    if not callable(factory):
-        raise InputError(f"{path} defines no function {factory_name!r}", "FILE.py:FACTORY")
-    made = factory()
+    path, factory = load_user_factory(spec)
+    made = call_factory(path, factory)
     if not (isinstance(made, tuple) and len(made) == 2 and callable(made[0]) and isinstance(made[1], tuple)):
-        raise InputError(f"{factory_name}() must return (f, args) with args a tuple, got {type(made).__name__}",
-                         "FILE.py:FACTORY")
+        raise InputError(f"{factory.__name__}() must return (f, args) with args a tuple, got {type(made).__name__}",
+                         SOURCE)
     return made
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from autoshard.errors import InputError
 from autoshard.frontends.jax.runtime import require_jax
+from autoshard.frontends.user_code import as_user_error, framework_quiet, source_file
 
 # Call primitives whose body is inlined, with the parameter holding the body. Their custom
 # differentiation rules do not matter here: a gradient the user takes is already in the jaxpr.
@@ -92,7 +93,9 @@ def trace(f: Callable[..., Any], args: Sequence[Any]) -> FlatProgram:
     jax = require_jax()
     if not callable(f):
         raise InputError(f"expected a function, got {type(f).__name__}", "f")
-    closed, out_shape = jax.make_jaxpr(f, return_shape=True)(*args)
+    # what f raises while traced (a shape mismatch, Python control flow on a traced value) is the user's
+    with as_user_error(source_file(f), f"tracing {getattr(f, '__name__', 'the function')}"), framework_quiet():
+        closed, out_shape = jax.make_jaxpr(f, return_shape=True)(*args)
     leaves, in_tree = jax.tree_util.tree_flatten(tuple(args))
     paths = argument_paths(f, args)
     flat = _Flattener()
