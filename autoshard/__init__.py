@@ -34,9 +34,10 @@ _FRONT_DOOR = {
     "estimate": "autoshard.planning.report",
     "deliver": "autoshard.delivery.deliver",
     "verify_plan": "autoshard.sim.program",
+    "read_plan": "autoshard.planning.plan_contract",
 }
 __all__ = ["__version__", "Mesh", "Sharding", "load_graph", "bind_hardware", "SolveSettings", "make_plan",
-           "plan_layer_once", "Weights", "estimate", "deliver", "verify_plan"]  # the names of _FRONT_DOOR
+           "plan_layer_once", "Weights", "estimate", "deliver", "verify_plan", "read_plan"]  # the names of _FRONT_DOOR
 
 if TYPE_CHECKING:
     from autoshard.delivery.deliver import deliver
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from autoshard.planning.formulation import Weights
     from autoshard.planning.hardware import bind_hardware
     from autoshard.planning.make_plan import SolveSettings, make_plan
+    from autoshard.planning.plan_contract import read_plan
     from autoshard.planning.report import estimate
     from autoshard.sharding import Sharding
     from autoshard.sim.program import verify_plan

@@ -12,17 +12,18 @@ from autoshard.cli.main import main
 from autoshard.graph.schema import load_graph
 from autoshard.mesh import Mesh
 from autoshard.mlir import emit_partitioned, verify
-from autoshard.planning.plan import plan_from_json
+from autoshard.planning.plan import plan_from_json, plan_to_json
 from autoshard.spmd.program import partition
 
 MLP = str(Path(__file__).parent.parent / "examples" / "mlp.json")
 MESH = "dp=2,tp=4"
-# Megatron-style first layer: fc1 column-split over tp, fc2 row-split (its result partial over tp).
-MEGATRON = {"mesh": {"axes": [{"name": "dp", "size": 2}, {"name": "tp", "size": 4}]},
-            "ops": {"layer0.fc1": {"option": [["dp"], ["tp"], []]},
-                    "layer0.act": {"option": [["dp"], ["tp"]]},
-                    "layer0.fc2": {"option": [["dp"], [], ["tp"]]}},
-            "tensors": {"x": [["dp"]], "layer0.w1": [[], ["tp"]], "layer0.w2": [["tp"]]}}
+# Megatron-style first layer: fc1 column-split over tp, fc2 row-split (its result partial over tp);
+# written out as a whole `autoshard.plan/v1` document, as a plan file must be.
+MEGATRON = plan_to_json(plan_from_json({"ops": {"layer0.fc1": {"option": [["dp"], ["tp"], []]},
+                                                "layer0.act": {"option": [["dp"], ["tp"]]},
+                                                "layer0.fc2": {"option": [["dp"], [], ["tp"]]}},
+                                        "tensors": {"x": [["dp"]], "layer0.w1": [[], ["tp"]], "layer0.w2": [["tp"]]}},
+                                       load_graph(MLP, Mesh.parse(MESH)), Mesh.parse(MESH)))
 
 
 def write(tmp_path, document: dict) -> str:
@@ -53,8 +54,8 @@ def test_emitted_modules_pass_the_verifiers_and_are_the_library_text(tmp_path, c
     ({"ops": {"attention": {"option": [[]]}}}, "/ops/attention"),
     ({"tensors": {"h": [["dp"]]}}, "/tensors/h"),
     ({"tensors": {"layer0.fc1": [["tp"]]}}, "/tensors/layer0.fc1"),  # not what fc1's option produces
-    ({"ops": {"layer0.fc1": {"option": [["dp"], ["tp"]]}}}, "layer0.fc1"),  # 2 loops of 3
-    ({"ops": {"layer0.fc1": {"option": [["dp"], ["pp"], []]}}}, "layer0.fc1"),  # no such mesh axis
+    ({"ops": {"layer0.fc1": {"kind": "matmul", "option": [["dp"], ["tp"]]}}}, "layer0.fc1"),  # 2 loops of 3
+    ({"ops": {"layer0.fc1": {"kind": "matmul", "option": [["dp"], ["pp"], []]}}}, "layer0.fc1"),  # no such mesh axis
     ({"tensors": {"x": [["dp"], [], ["tp"]]}}, "/tensors/x"),  # rank 3 for a 2-D tensor
     ({"ops": {"layer0.fc1": [["dp"], ["tp"], []]}}, "/ops/layer0.fc1"),  # not an object
     ({"ops": {"layer0.fc1": {"opton": [["dp"], ["tp"], []]}}}, "/ops/layer0.fc1"),  # no option

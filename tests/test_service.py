@@ -23,7 +23,7 @@ from service.app import create_app
 from service.inputs import canonical_plan_request, request_key
 from service.schemas import PlanRequest
 from service.store import Store
-from support.service import MLP, OPTIONS, error_of, settings_for
+from support.service import MLP, OPTIONS, error_of, plan_document_of, settings_for
 
 
 def test_plan_is_the_library_plan_and_prices_the_same_through_estimate(client):
@@ -207,7 +207,8 @@ def test_size_limits_are_413(http):
 
 
 def test_estimate_and_validate_report_plan_problems_under_plan(client):
-    bad_plan = {"ops": {"fc1": {"option": [["dp"], ["nope"], []]}}}
+    bad_plan = plan_document_of(MLP, "dp=2")
+    bad_plan["ops"]["fc1"]["option"] = [["dp"], ["nope"], []]
     with pytest.raises(ServiceError) as estimate:
         client.estimate(MLP, "dp=2", bad_plan)
     with pytest.raises(ServiceError) as validate:
@@ -222,14 +223,14 @@ def test_estimate_and_validate_report_plan_problems_under_plan(client):
 
 
 def test_validate_summarises_a_valid_graph_and_plan(client):
-    replicated = {"ops": {"fc1": {"option": [[], [], []]}, "fc2": {"option": [[], [], []]}}}
+    replicated = plan_document_of(MLP, "dp=2,tp=2", {"fc1": [[], [], []], "fc2": [[], [], []]})
     result = client.validate(MLP, "dp=2,tp=2", replicated)
     assert result["valid"] and result["plan_checked"] and (result["ops"], result["tensors"]) == (2, 5)
     assert result["summary"].startswith("mlp: 2 ops, 5 tensors")
 
 
 def test_estimate_of_a_replicated_plan_has_no_communication(client):
-    replicated = {"ops": {"fc1": {"option": [[], [], []]}, "fc2": {"option": [[], [], []]}}}
+    replicated = plan_document_of(MLP, "dp=2,tp=2", {"fc1": [[], [], []], "fc2": [[], [], []]})
     totals = client.estimate(MLP, "dp=2,tp=2", replicated)["totals"]
     assert totals["communication_bytes"] == 0 and totals["communication_s"] == 0
     # every device holds everything: 5 f32 tensors of 128, 512, 512, 256 and 128 elements

@@ -99,15 +99,16 @@ def test_a_wrong_hardware_flag_is_named_by_its_flag(files, capsys, flags, named)
     assert named in err and "topology/topology" not in err
 
 
-def test_a_plan_without_a_mesh_needs_one(files, capsys, tmp_path):
+def test_a_plan_without_a_mesh_is_refused_naming_it(files, capsys, tmp_path):
+    """The mesh is part of the plan's contract: `--mesh` must match it, not stand in for it."""
     graph, plan = files
     document = json.loads(open(plan).read())
     del document["mesh"]
     bare = tmp_path / "bare.json"
     bare.write_text(json.dumps(document))
-    assert main(["simulate", graph, "--plan", str(bare)]) == 2
-    assert "give --mesh" in capsys.readouterr().err
-    assert main(["simulate", graph, "--plan", str(bare), "--mesh", "x=2,y=2"]) == 0
+    for flags in ([], ["--mesh", "x=2,y=2"]):
+        assert main(["simulate", graph, "--plan", str(bare), *flags]) == 2
+        assert "/mesh: " in capsys.readouterr().err
 
 
 def test_a_planner_plan_file_is_simulated_with_its_topology_prices(tmp_path, capsys):

@@ -15,13 +15,13 @@ from autoshard.graph.schema import load_graph, read_json
 from autoshard.mesh import Mesh
 from autoshard.mlir import emit_annotated, emit_partitioned
 from autoshard.planning.microbatches import microbatch, stated_microbatches
-from autoshard.planning.plan import plan_from_json
+from autoshard.planning.plan_contract import read_plan
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("emit", help="MLIR of a given plan: annotated or partitioned")
     parser.add_argument("graph", help="graph JSON (format autoshard.graph/v1)")
-    parser.add_argument("--plan", required=True, help="plan JSON (format autoshard.plan/v1, or its minimal form)")
+    parser.add_argument("--plan", required=True, help="plan JSON (format autoshard.plan/v1, as `plan` writes it)")
     parser.add_argument("--mesh", help="mesh axes, e.g. dp=2,tp=4 (default: the plan's mesh)")
     parser.add_argument("--stage", default="annotated", help=f"{' or '.join(STAGES)} (default annotated)")
     parser.add_argument("--dialect", default="mesh", help="mesh (default) or shard (upstream LLVM 22)")
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     mesh = plan_mesh(document, args.mesh)
     _check_hardware_flags(args, mesh)
     # a plan made for microbatches is the step on one microbatch
-    plan = plan_from_json(document, microbatch(load_graph(args.graph, mesh), stated_microbatches(document)).graph, mesh)
+    plan = read_plan(document, microbatch(load_graph(args.graph, mesh), stated_microbatches(document)).graph, mesh)
     if args.stage == "annotated":
         text = emit_annotated(plan, dialect=args.dialect)
     else:

@@ -12,7 +12,7 @@ from autoshard.errors import InputError, Problem
 from autoshard.graph.schema import load_graph, read_json
 from autoshard.graph.summary import si, size
 from autoshard.planning.microbatches import microbatch, stated_microbatches
-from autoshard.planning.plan import plan_from_json
+from autoshard.planning.plan_contract import read_plan
 from autoshard.planning.report import estimate
 from autoshard.planning.roles import roles_document
 
@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("graph", help="graph JSON (format autoshard.graph/v1)")
     add_hardware_args(parser)
     parser.add_argument("--plan", required=True,
-                        help="plan JSON: per-op options and/or per-tensor shardings (autoshard.plan/v1 or its minimal form)")
+                        help="plan JSON (format autoshard.plan/v1, as `plan` writes it)")
     parser.add_argument("--microbatches", type=integer_flag,
                         help="price the step as M microbatches (default: as many as the plan was made for, or 1)")
     parser.add_argument("--json", action="store_true", help="print the breakdown as JSON")
@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     except InputError as error:  # the library names its parameter; the user set the flag
         raise InputError([Problem("--microbatches" if p.where == "microbatches" else p.where, p.message)
                           for p in error.problems]) from None
-    plan = plan_from_json(document, microbatching.graph, mesh)
+    plan = read_plan(document, microbatching.graph, mesh)
     report = estimate(plan, hardware_from_args(args, mesh), microbatching if microbatching.count > 1 else None)
     roles = roles_document(plan)
     if args.json:

@@ -14,7 +14,8 @@ from autoshard.graph.schema import load_graph, read_json
 from autoshard.mesh import Mesh
 from autoshard.planning.hardware import bind_hardware
 from autoshard.planning.microbatches import microbatch, stated_microbatches
-from autoshard.planning.plan import check_plan_mesh, plan_from_json, stated_mesh
+from autoshard.planning.plan import check_plan_mesh, stated_mesh
+from autoshard.planning.plan_contract import read_plan
 from autoshard.resharding import Price, bytes_moved_price
 from autoshard.sim.microbatch import simulate_microbatched
 from autoshard.sim.program import simulate_program
@@ -53,7 +54,7 @@ def plan_mesh(document: object, given: str | None) -> Mesh:
     if given is None:
         stated = stated_mesh(document)
         if stated is None:
-            raise InputError("the plan states no mesh (mesh.axes); give --mesh", "--mesh")
+            raise InputError('the plan states no mesh: expected {"axes": [{"name": "dp", "size": 2}, ...]}', "/mesh")
         return stated
     mesh = Mesh.parse(given)
     check_plan_mesh(document, mesh, "--mesh")
@@ -89,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     document = read_json(args.plan)
     mesh = plan_mesh(document, args.mesh)
     microbatching = microbatch(load_graph(args.graph, mesh), stated_microbatches(document))
-    plan = plan_from_json(document, microbatching.graph, mesh)
+    plan = read_plan(document, microbatching.graph, mesh)
     limit = parse_bytes(args.max_memory, "--max-memory")
     try:
         program, _ = partitioned_program(plan, resharding_price(args, document, mesh), not args.no_collective_opt)

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends
 
 from autoshard.errors import InputError, Problem
 from autoshard.planning.microbatches import microbatch, stated_microbatches
-from autoshard.planning.plan import check_plan_mesh, plan_from_json
+from autoshard.planning.plan_contract import read_plan
 from autoshard.planning.report import estimate
 from service import deps
 from service.config import Settings
@@ -30,8 +30,7 @@ def estimate_plan(body: EstimateRequest, settings: Settings = Depends(deps.setti
         where = {"microbatches": "/microbatches", "/microbatches": "/plan/microbatches"}
         raise InputError([Problem(where.get(p.where, "/graph" + p.where), p.message) for p in error.problems]) from None
     try:
-        check_plan_mesh(body.plan, mesh, "/mesh")  # as the CLI's estimate, emit and simulate do
-        plan = plan_from_json(body.plan, microbatching.graph, mesh)
+        plan = read_plan(body.plan, microbatching.graph, mesh)  # as the CLI's estimate, emit and simulate do
     except InputError as error:
         raise under("/plan", error) from None
     return Estimate(**estimate(plan, hardware, microbatching if microbatching.count > 1 else None).to_json())

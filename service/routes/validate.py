@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends
 
 from autoshard.errors import InputError
 from autoshard.graph.summary import graph_summary
-from autoshard.planning.plan import check_plan_mesh, plan_from_json
+from autoshard.planning.plan_contract import read_plan
 from service import deps
 from service.config import Settings
 from service.inputs import parse_graph, parse_mesh, under
@@ -26,8 +26,7 @@ def validate(body: ValidateRequest, settings: Settings = Depends(deps.settings))
     graph = parse_graph(body.graph, mesh, settings)
     if body.plan is not None and mesh is not None:
         try:
-            check_plan_mesh(body.plan, mesh, "/mesh")  # as the CLI's estimate, emit and simulate do
-            plan_from_json(body.plan, graph, mesh)
+            read_plan(body.plan, graph, mesh)  # as the CLI's estimate, emit and simulate do
         except InputError as error:
             raise under("/plan", error) from None
     return Validation(summary=graph_summary(graph), ops=len(graph.ops), tensors=len(graph.tensors),

@@ -34,6 +34,18 @@ LONG_SOLVE = {"memory_budget_bytes": 800_000, "gap_limit": 0}
 OPTIONS = {"time_limit_s": 2, "seed": 0}
 
 
+def plan_document_of(graph: dict, mesh: str, options: dict | None = None) -> dict:
+    """The whole `autoshard.plan/v1` document of `graph` on `mesh` with the given ops' options
+    (the others derived, replicated by default), as a plan file must be written."""
+    from autoshard.graph.schema import graph_from_json
+    from autoshard.mesh import Mesh
+    from autoshard.planning.plan import plan_from_json, plan_to_json
+
+    parsed = Mesh.parse(mesh)
+    return plan_to_json(plan_from_json({"ops": {name: {"option": option} for name, option in (options or {}).items()}},
+                                       graph_from_json(graph, parsed), parsed))
+
+
 def settings_for(tmp_path, **overrides) -> Settings:
     values = dict(db=tmp_path / "plans.sqlite3", default_time_limit_s=10, max_body_bytes=20_000, max_ops=8,
                   max_tensors=16, max_time_limit_s=60)
