@@ -30,6 +30,10 @@ class Settings(BaseSettings):
     db: Path = Field(Path("autoshard-plans.sqlite3"), description="SQLite file holding plans and job states")
     workers: int = Field(default_factory=machine_cores, ge=1,
                          description="solves running at the same time, one process each (default: the machine's cores)")
+    fast_lane_workers: int = Field(1, ge=0, description="solves of small jobs run besides `workers` while every "
+                                                        "worker is busy, so a small job never waits on heavy ones")
+    fast_lane_max_size: int = Field(30_000, ge=0, description="the largest job the fast lane takes, by its size "
+                                                              "estimate at admission (service/lanes.py, job_size)")
     solver_threads: int = Field(1, ge=1, description="default CP-SAT threads per solve")
     max_solver_threads: int = Field(4, ge=1, description="most CP-SAT threads a request may ask for")
     default_time_limit_s: float = Field(30.0, gt=0)

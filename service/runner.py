@@ -1,4 +1,5 @@
-"""Runs solves in worker processes, at most `settings.workers` at a time.
+"""Runs solves in worker processes, at most `settings.workers` at a time, plus a fast lane of
+`settings.fast_lane_workers` for small jobs while every worker is busy (`service/lanes.py`).
 
 Each job gets its own process (forkserver: the library is imported once in the server, each
 solve is a cheap fork of it; spawn where forkserver does not exist), supervised by a thread
@@ -16,9 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import Any, Callable
 
 from service.config import Settings
+from service.lanes import Lane, Lanes, job_size
 from service.solve_job import failure, run
 from service.store import Job, Store
 
@@ -36,11 +38,16 @@ def process_context(method: str) -> BaseContext:
 
 
 class Runner:
-    def __init__(self, store: Store, settings: Settings):
+    def __init__(self, store: Store, settings: Settings, solve: Callable[[Any, Connection, float], None] = run):
+        """`solve` is what a worker process runs (`solve_job.run`; tests pass a stand-in)."""
         self.store = store
         self.settings = settings
+        self._solve = solve
         self._context = process_context(settings.start_method)
-        self._pool = ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix="autoshard-solve")
+        # one supervising thread per started job; the lanes decide how many start
+        self._pool = ThreadPoolExecutor(max_workers=settings.workers + settings.fast_lane_workers,
+                                        thread_name_prefix="autoshard-solve")
+        self._lanes = Lanes(settings.workers, settings.fast_lane_workers)
         self._lock = threading.Lock()
         self._cancel: dict[str, threading.Event] = {}
         self._finished: dict[str, threading.Event] = {}
@@ -53,18 +60,32 @@ class Runner:
             if existing is not None:
                 return existing
             job = self.store.create(key, canonical)
-            self._cancel[job.id] = threading.Event()
-            self._finished[job.id] = threading.Event()
-        self._pool.submit(self._run, job.id)
+            self._enqueue(job.id, canonical)
+        self._dispatch()
         return job
 
     def resume(self, job_ids: list[str]) -> None:
         """Run jobs already stored as queued (left by a previous process), in order."""
-        for job_id in job_ids:
-            with self._lock:
-                self._cancel[job_id] = threading.Event()
-                self._finished[job_id] = threading.Event()
-            self._pool.submit(self._run, job_id)
+        with self._lock:
+            for job_id in job_ids:
+                job = self.store.get(job_id)
+                if job is not None:
+                    self._enqueue(job_id, job.request)
+        self._dispatch()
+
+    def _enqueue(self, job_id: str, canonical: dict[str, Any]) -> None:
+        """Under the lock: the job waits for a slot, small or not by its size at admission."""
+        self._cancel[job_id] = threading.Event()
+        self._finished[job_id] = threading.Event()
+        self._lanes.add(job_id, small=job_size(canonical) <= self.settings.fast_lane_max_size)
+
+    def _dispatch(self) -> None:
+        """Start every job a free slot can take."""
+        with self._lock:
+            if self._closing.is_set():
+                return  # queued jobs stay queued in the store and run after the next start
+            for job_id, lane in self._lanes.take():
+                self._pool.submit(self._run, job_id, lane)
 
     def cancel(self, job_id: str) -> bool:
         """Cancel a queued or solving job; False if it had already ended."""
@@ -90,10 +111,11 @@ class Runner:
         """Stop every solve: a solving job is kept as interrupted with the best plan its solver
         hands over within `stop_grace_s` (else the next start marks it interrupted); queued jobs
         stay queued and run after the next start."""
-        self._closing.set()
+        with self._lock:  # no job starts after this
+            self._closing.set()
         self._pool.shutdown(wait=True, cancel_futures=True)
 
-    def _run(self, job_id: str) -> None:
+    def _run(self, job_id: str, lane: Lane) -> None:
         try:
             job = self.store.get(job_id)
             if job is None or self._closing.is_set() or not self.store.start(job_id):
@@ -103,12 +125,14 @@ class Runner:
             with self._lock:
                 self._cancel.pop(job_id, None)
                 finished = self._finished.pop(job_id, None)
+                self._lanes.release(lane)
             if finished is not None:
                 finished.set()
+            self._dispatch()
 
     def _supervise(self, job: Job) -> None:
         ours, theirs = self._context.Pipe(duplex=True)
-        process = self._context.Process(target=run, args=(job.request, theirs, self.settings.max_verify_bytes), name=f"autoshard-solve-{job.id[:8]}",
+        process = self._context.Process(target=self._solve, args=(job.request, theirs, self.settings.max_verify_bytes), name=f"autoshard-solve-{job.id[:8]}",
                                         daemon=True)
         process.start()
         theirs.close()

@@ -168,7 +168,8 @@ class Store:
 
     def queue_position(self, job_id: str) -> int | None:
         """1 for the next job to start, 2 for the one after it, ...; None unless the job is queued.
-        Jobs start in the order they came (`created_at`, then insertion), as `queued()` lists them."""
+        Jobs take workers in the order they came (`created_at`, then insertion), as `queued()` lists
+        them; a small one may start earlier, in the fast lane (`service/lanes.py`)."""
         row = self._execute("SELECT COUNT(*) AS ahead FROM jobs AS other, jobs AS job WHERE job.id = ? "
                             "AND job.status = 'queued' AND other.status = 'queued' AND (other.created_at, other.rowid) "
                             "<= (job.created_at, job.rowid)", (job_id,)).fetchone()
