@@ -13,7 +13,7 @@ ROOT = Path(autoshard.__file__).parent
 # `frontends` translate both ways: framework programs into graphs and plans back into the framework's shardings, so
 # they sit above the plan's delivery.
 ORDER = ("errors", "dtypes", "reductions", "affine", "mesh", "sharding", "phases", "ops", "resharding", "graph", "models",
-         "solver", "planning", "spmd", "mlir", "sim", "delivery", "search", "frontends", "client", "cli")
+         "solver", "pipeline", "planning", "spmd", "mlir", "sim", "delivery", "search", "frontends", "client", "cli")
 FRONT_DOOR = "autoshard/__init__.py"  # re-exports the user's few names, lazily, from anywhere
 
 
