@@ -12,6 +12,7 @@ the same on every device, and the cells of that box that fall outside the tensor
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from dataclasses import dataclass
@@ -73,8 +74,10 @@ class Sharding:
         return cls()
 
     @classmethod
-    def parse(cls, value: Any) -> "Sharding":
-        """Accept the JSON object form, its `split_axes` list alone, or the short text `[[x],[y]]`."""
+    def parse(cls, value: Any, rank: int | None = None) -> "Sharding":
+        """Accept the JSON object form, its `split_axes` list alone, or the short text `[[x],[y]]`.
+        With `rank`, the sharding is of a tensor of that many dims: more entries per dim are refused
+        (trailing unsplit ones would otherwise be dropped without a word)."""
         if isinstance(value, Sharding):
             return value
         if isinstance(value, str):
@@ -91,12 +94,14 @@ class Sharding:
             value = {"split_axes": value}
         if not isinstance(value, dict):
             raise ShardingError(f"expected a sharding object or list, got {type(value).__name__}")
+        _refuse_unknown_keys(value, _KEYS, "")
         split = value.get("split_axes", [])
         if not isinstance(split, list) or not all(isinstance(d, list) and all(isinstance(a, str) for a in d) for d in split):
             raise ShardingError("split_axes must be a list of lists of mesh axis names", "split_axes")
         partial = value.get("partial") or {}
         if not isinstance(partial, dict):
             raise ShardingError('partial must be {"kind": ..., "axes": [...]}', "partial")
+        _refuse_unknown_keys(partial, _PARTIAL_KEYS, "partial/")
         axes = partial.get("axes", [])
         if not isinstance(axes, list) or not all(isinstance(a, str) for a in axes):
             raise ShardingError("partial axes must be a list of mesh axis names", "partial/axes")
@@ -106,8 +111,14 @@ class Sharding:
             raise ShardingError("sharded_dims_offsets must be a list of integer lists, one per dim",
                                 "sharded_dims_offsets")
         halos = halos_from_flat(value.get("halo_sizes", []), split)
-        return cls(tuple(tuple(d) for d in split), tuple(axes), partial.get("kind", "sum"), tuple(tuple(o) for o in offsets),
-                   halos)
+        sharding = cls(tuple(tuple(d) for d in split), tuple(axes), partial.get("kind", "sum"),
+                       tuple(tuple(o) for o in offsets), halos)
+        # entries past the rank that construction dropped (unsplit ones); any others `check` reports
+        for key, given, kept in (("split_axes", split, sharding.split_axes),
+                                 ("sharded_dims_offsets", offsets, sharding.dims_offsets)):
+            if rank is not None and len(given) > rank >= len(kept):
+                raise ShardingError(f"{key} has {len(given)} entries but the tensor has rank {rank}")
+        return sharding
 
     # --- queries ------------------------------------------------------------------------
     def dim_axes(self, dim: int) -> tuple[str, ...]:
@@ -252,6 +263,23 @@ class Sharding:
         if self.halo_sizes:
             text += " halo_sizes=[" + ", ".join(str(h) for h in self.flat_halo_sizes()) + "]"
         return text
+
+
+_KEYS = ("split_axes", "partial", "sharded_dims_offsets", "halo_sizes")
+_PARTIAL_KEYS = ("kind", "axes")
+
+
+def _refuse_unknown_keys(value: dict[str, Any], known: tuple[str, ...], prefix: str) -> None:
+    """A misspelled key (`split_axis`, `halo`) would leave its dims replicated without a word."""
+    problems = []
+    for key in value:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.5)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            owner = "partial" if prefix else "a sharding"
+            problems.append(Problem(f"{prefix}{key}", f"unknown key; {hint}{owner} has {', '.join(known)}"))
+    if problems:
+        raise ShardingError(problems)
 
 
 def halos_from_flat(flat: Any, split_axes: Sequence[Sequence[str]]) -> tuple[tuple[int, int], ...]:

@@ -104,6 +104,10 @@ def tpu_machines(profile: TpuProfile, devices: int, nodes: int | None,
     ici = profile.ici
     if nodes is not None and nodes < 1:
         raise BindingError("nodes", f"must be a positive integer (number of slices), got {nodes}")
+    if nodes is not None and slice_shape is None:
+        # nodes counts GPU nodes; for a TPU it is the number of slices, of the shape given beside it
+        raise BindingError("nodes", f"{profile.name} is a TPU profile: nodes apply to GPU profiles; give the "
+                                    "slice shape instead (and the number of slices only with it)")
     if slice_shape is not None:
         shape = tuple(slice_shape)
         if len(shape) != ici.torus_dims or any(not isinstance(s, int) or s < 1 for s in shape):

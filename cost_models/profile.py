@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Union
 
 from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, TypeAdapter,
-                      ValidationError, model_validator)
+                      ValidationError, field_validator, model_validator)
 
 from cost_models.errors import ProfileError
 
@@ -28,7 +28,8 @@ Fraction = Annotated[float, Field(gt=0, le=1)]
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # a profile's numbers are finite: an infinite bandwidth would price every collective at zero
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Nvls(_Section):
@@ -145,19 +146,29 @@ class _ChipProfile(_Section):
     matmul_efficiency: dict[str, Fraction] = {}
     hbm_bytes: PositiveInt
     hbm_bytes_per_s: PositiveFloat
-    # (collective size in bytes, fraction of link bandwidth reached), sizes increasing.
-    bandwidth_ramp: list[tuple[PositiveFloat, Fraction]] = []
+    # (collective size in bytes, fraction of link bandwidth reached), sizes increasing; None (left
+    # out): full bandwidth at every size.
+    bandwidth_ramp: list[tuple[PositiveFloat, Fraction]] | None = None
     sources: dict[str, list[str]] = {}
+
+    @field_validator("bandwidth_ramp")
+    @classmethod
+    def _ramp_has_points(cls, ramp: list[tuple[float, float]] | None) -> list[tuple[float, float]] | None:
+        if ramp is not None and not ramp:
+            raise ValueError("is empty: give at least one [size, fraction] point, or leave it out for full "
+                             "bandwidth at every size")
+        return ramp
 
     @model_validator(mode="after")
     def _consistent(self) -> "_ChipProfile":
         if self.fallback_dtype not in self.peak_flops_per_s:
             raise ValueError(f"fallback_dtype {self.fallback_dtype!r} has no entry in peak_flops_per_s")
-        sizes = [size for size, _ in self.bandwidth_ramp]
-        fractions = [fraction for _, fraction in self.bandwidth_ramp]
+        ramp = self.bandwidth_ramp or []
+        sizes = [size for size, _ in ramp]
+        fractions = [fraction for _, fraction in ramp]
         if sizes != sorted(set(sizes)) or fractions != sorted(fractions):
             raise ValueError("bandwidth_ramp must have increasing sizes and non-decreasing fractions")
-        for (s0, f0), (s1, f1) in zip(self.bandwidth_ramp, self.bandwidth_ramp[1:]):
+        for (s0, f0), (s1, f1) in zip(ramp, ramp[1:]):
             # Interpolated in log2(size): the fraction may not outgrow the size, or a larger message
             # would take less time.
             if (f1 - f0) / math.log2(s1 / s0) > f0 * math.log(2):

@@ -136,7 +136,7 @@ class BoundTopology:
             protocols = Protocols(tuple(r.until_bytes for r in regimes[:-1]),
                                   tuple(r.step_latency_s for r in regimes) or (0.0,))
         return GroupCost(kind=kind, n=self.group_size(axes), inner=inner, outer=outer,
-                         launch_s=profile.launch_latency_s if gpu else 0.0, ramp=Ramp.of(profile.bandwidth_ramp),
+                         launch_s=profile.launch_latency_s if gpu else 0.0, ramp=Ramp.of(profile.bandwidth_ramp or []),
                          flat_ring=gpu and isinstance(inner, SwitchLevel), protocols=protocols)
 
     def _levels(self, merged: dict[int, Segment]) -> tuple[SwitchLevel | TorusLevel | None, NetworkLevel | None]:

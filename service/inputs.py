@@ -95,7 +95,12 @@ def bind_topology(topology: str | Mapping[str, Any], options: Mapping[str, Any],
     try:
         return bind_hardware(topology, mesh, nodes=options.get("nodes"), slice_shape=slice_shape)
     except InputError as error:
-        raise InputError([Problem("/" + p.where.replace(".", "/"), p.message) for p in error.problems]) from None
+        raise InputError([Problem(_OPTION_POINTERS.get(p.where, "/" + p.where.replace(".", "/")), p.message)
+                          for p in error.problems]) from None
+
+
+# the binding's placement fields come from the request's topology_options
+_OPTION_POINTERS = {"topology/nodes": "/topology_options/nodes", "topology/slice_shape": "/topology_options/slice"}
 
 
 def slice_of(value: str | list[int] | None) -> tuple[int, ...] | None:

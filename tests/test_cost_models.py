@@ -180,7 +180,8 @@ def test_explicit_mapping():
     (("tpu-v5e", ["x"], [32]), {"slice_shape": (4, 4)}, "mesh"),
     (("tpu-v5e", ["x"], [16]), {"slice_shape": (4, 4, 1)}, "slice_shape"),
     (("tpu-v5p", ["x"], [64]), {"slice_shape": (4, 4, 32)}, "slice_shape"),
-    (("tpu-v5e", ["x"], [3]), {"nodes": 2}, "mesh"),
+    (("tpu-v5e", ["x"], [3]), {"nodes": 2}, "nodes"),  # nodes are GPU nodes; a TPU's slices come with a shape
+    (("tpu-v5e", ["x"], [16]), {"nodes": 1}, "nodes"),
     (("dgx-h100", ["a", "b"], [8, 4]), {"nodes": 4, "mapping": {"a": "node", "b": "gpu"}}, "mapping.a"),
     (("dgx-h100", ["a", "b"], [4, 8]), {"nodes": 4, "mapping": {"a": "node", "b": "nvswitch"}}, "mapping.b"),
     (("dgx-h100", ["a", "b"], [4, 8]), {"nodes": 4, "mapping": {"a": "node"}}, "mapping.b"),

@@ -63,7 +63,7 @@ def parse_shape(text: str) -> tuple[int, ...]:
 def parse_sharding(text: str, flag: str, mesh: Mesh, shape: tuple[int, ...]) -> Sharding:
     """`--from`/`--to`: a sharding that fits the mesh and the tensor's rank; errors name the flag."""
     try:
-        sharding = Sharding.parse(text)
+        sharding = Sharding.parse(text, rank=len(shape))
         sharding.check(mesh, shape, flag)
     except ShardingError as error:
         raise InputError([Problem(flag if p.where in ("", flag) else f"{flag} {p.where}", p.message)
