@@ -10,17 +10,19 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from autoshard.errors import InputError
-from autoshard.pipeline import (StageOrders, WorkItem, inflight_peaks, parse_schedule, simulate_pipeline, stage_orders,
-                                trace_events, write_trace)
+from autoshard.pipeline import (StageOrders, WorkItem, activation_peaks, inflight_peaks, parse_schedule,
+                                simulate_pipeline, stage_orders, trace_events, write_trace)
 
 
 def kinds(order) -> str:
     return "".join(item.kind for item in order)
 
 
-# --- closed forms on equal stages, transfers free -------------------------------------------------------------------
+# --- closed forms on equal stages, transfers free ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 @pytest.mark.parametrize("stages, microbatches", [(1, 1), (1, 4), (2, 1), (2, 3), (4, 4), (4, 8), (8, 3)])
@@ -93,7 +95,8 @@ def test_unequal_stages_gpipe_and_zb_h1_by_hand():
 
 
 def test_transfer_dominated_case_by_hand():
-    # S = 2, M = 2, F = B = W = 1, 4 s each way on the link.  1F1B: stage 0 runs F0 F1 B0W0 B1W1, stage 1 F0 B0W0 F1 B1W1.
+    # S = 2, M = 2, F = B = W = 1, 4 s each way on the link.
+    # 1F1B: stage 0 runs F0 F1 B0W0 B1W1, stage 1 F0 B0W0 F1 B1W1.
     #   stage 0: F0 0-1 -> link 0->1 1-5; F1 1-2 -> queues for the link: 5-9
     #   stage 1: F0 5-6, B0 6-7, W0 7-8 -> link 1->0 8-12; F1 9-10, B1 10-11, W1 11-12 -> link 1->0 12-16
     #   stage 0: B0 12-13, W0 13-14, B1 16-17, W1 17-18.  Step 18 s.
@@ -109,7 +112,10 @@ def test_transfer_seconds_per_direction_from_a_callable_or_a_table():
     # Activations 4 s, gradients 1 s.  stage 0: F0 0-1 -> 1-5, F1 1-2 -> 5-9.  stage 1: F0 5-6, B0W0 6-8 -> 8-9,
     # F1 9-10, B1W1 10-12 -> 12-13.  stage 0: B0W0 9-11, B1W1 13-15.  Step 15 s.
     orders = stage_orders("1f1b", 2, 2)
-    by_call = simulate_pipeline(orders, 1, 1, 1, transfer_s=lambda boundary, direction: 4.0 if direction == "forward" else 1.0)
+    def seconds(boundary: int, direction: str) -> float:
+        return 4.0 if direction == "forward" else 1.0
+
+    by_call = simulate_pipeline(orders, 1, 1, 1, transfer_s=seconds)
     by_table = simulate_pipeline(orders, 1, 1, 1, transfer_s=[[4.0], [1.0]])
     assert by_call.step_s == by_table.step_s == 15.0
 
@@ -123,7 +129,7 @@ def test_tails_run_once_after_each_stages_last_item():
     assert timeline.idle_s == (3.0, 3.0)  # the bubble is measured up to the last item, tails aside
 
 
-# --- in-flight activations ----------------------------------------------------------------------------------------------
+# --- in-flight activations --------------------------------------------------------------------------------------------
 
 def test_inflight_peaks_per_stage():
     stages = 4
@@ -143,7 +149,20 @@ def test_interleaved_first_stage_holds_s_times_1_plus_s_minus_1_over_s_v(stages,
     assert peaks[0] / chunks == pytest.approx(stages * (1 + (stages - 1) / (stages * chunks)))
 
 
-# --- the orders themselves ----------------------------------------------------------------------------------------------
+def test_activation_peaks_weigh_each_chunk():
+    orders = stage_orders("interleaved", 2, 4, 2)
+    assert activation_peaks(orders, 1.0) == inflight_peaks(orders) == (5, 3)
+    # stage 0 runs F0 F1 F0/1 F1/1 F2 B0/1 W0/1 F3 ...: chunk 0 saves 1 byte, chunk 1 saves 10 (an LM head, say);
+    # held after F2: 1 + 1 + 10 + 10 + 1 = 23, then W0/1 frees 10 and F3 brings 1 (14); nothing later holds more
+    assert activation_peaks(orders, [[1, 10], [2, 2]]) == (23.0, 6.0)
+    assert activation_peaks(stage_orders("1f1b", 2, 4), (3.0, 1.0)) == (6.0, 1.0)
+    with pytest.raises(InputError, match="activation_bytes\\[1\\]\\[0\\]"):
+        activation_peaks(orders, [[1, 1], [-1, 1]])
+    with pytest.raises(InputError, match="activation_bytes: has shape \\(3,\\)"):
+        activation_peaks(orders, [1, 2, 3])
+
+
+# --- the orders themselves --------------------------------------------------------------------------------------------
 
 def test_1f1b_warms_up_with_s_minus_i_forwards_then_alternates():
     stages, microbatches = 4, 6
@@ -220,7 +239,7 @@ def test_parse_schedule():
             parse_schedule(bad)
 
 
-# --- bad inputs -----------------------------------------------------------------------------------------------------------
+# --- bad inputs -------------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args, where, message", [
     (("1f1b", 0, 4), "stages", "at least 1, got 0"),
@@ -262,7 +281,7 @@ def test_a_hand_made_order_is_checked():
     assert [p.where for p in error.value.problems] == ["orders", "orders"]
 
 
-# --- the trace ------------------------------------------------------------------------------------------------------------
+# --- the trace --------------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("schedule, stages, microbatches, chunks", [
     ("1f1b", 2, 3, 1), ("gpipe", 4, 4, 1), ("zb-h1", 3, 6, 1), ("interleaved", 2, 4, 2), ("interleaved", 4, 8, 3)])
@@ -325,3 +344,77 @@ def test_the_package_readme_example_runs(tmp_path, monkeypatch):
     scope: dict = {}
     exec(compile(example, "autoshard/pipeline/README.md", "exec"), scope)
     assert json.loads((tmp_path / "step.json").read_text())["otherData"]["step_s"] == scope["timeline"].step_s
+
+
+# --- properties on random seconds -------------------------------------------------------------------------------------
+
+SHAPES = [("gpipe", 3, 4, 1), ("1f1b", 3, 5, 1), ("1f1b", 4, 2, 1), ("zb-h1", 3, 5, 1), ("zb-h1", 4, 2, 1),
+          ("interleaved", 2, 4, 2), ("interleaved", 3, 3, 2), ("interleaved", 1, 2, 3)]
+
+
+@st.composite
+def pipelines(draw):
+    schedule, stages, microbatches, chunks = draw(st.sampled_from(SHAPES))
+    times = st.floats(0.0, 4.0, allow_nan=False).map(lambda t: round(t, 2))
+
+    def table(rows: int, cols: int) -> list[list[float]]:
+        return draw(st.lists(st.lists(times, min_size=cols, max_size=cols), min_size=rows, max_size=rows))
+
+    boundaries = stages * chunks - 1
+    return (stage_orders(schedule, stages, microbatches, chunks),
+            {"forward_s": table(stages, chunks), "backward_s": table(stages, chunks), "weight_s": table(stages, chunks),
+             "transfer_s": table(2, boundaries) if boundaries else None, "tail_s": table(1, stages)[0]})
+
+
+def events_of(timeline):
+    return {(e.kind, e.microbatch, timeline.orders.virtual_stage(e.stage, e.chunk)): e for items in timeline.items
+            for e in items}
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(pipelines())
+def test_every_item_starts_after_its_inputs_and_nothing_overlaps(pipeline):
+    orders, seconds = pipeline
+    timeline = simulate_pipeline(orders, **seconds)
+    done = events_of(timeline)
+    arrivals = {(t.direction, t.microbatch, orders.virtual_stage(*t.target)): t.end_s for t in timeline.transfers}
+    last = orders.virtual_stages - 1
+    for (kind, microbatch, virtual), event in done.items():
+        if kind == "F" and virtual > 0:
+            before = done["F", microbatch, virtual - 1].end_s
+            assert event.start_s >= arrivals.get(("forward", microbatch, virtual), before) >= before
+        if kind == "B":
+            assert event.start_s >= done["F", microbatch, virtual].end_s
+            if virtual < last:
+                sent = done["B" if orders.split_backward else "W", microbatch, virtual + 1].end_s
+                assert event.start_s >= arrivals.get(("backward", microbatch, virtual), sent) >= sent
+        if kind == "W":
+            assert event.start_s >= done["B", microbatch, virtual].end_s
+    for stage, items in enumerate(timeline.items):
+        assert [(e.kind, e.microbatch, e.chunk) for e in items] == [(i.kind, i.microbatch, i.chunk)
+                                                                    for i in orders.orders[stage]]
+        assert all(a.end_s <= b.start_s for a, b in zip(items, items[1:]))
+    for link in {t.link for t in timeline.transfers}:
+        moves = [t for t in timeline.transfers if t.link == link]
+        assert all(a.end_s <= b.start_s and a.ready_s <= b.ready_s for a, b in zip(moves, moves[1:]))
+    assert timeline.step_s == pytest.approx(max(end for _, end in timeline.tails))
+    assert timeline.step_s >= max(busy + tail for busy, tail in zip(timeline.busy_s, seconds["tail_s"])) - 1e-9
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(pipelines(), st.data())
+def test_the_step_never_shortens_when_any_seconds_grow(pipeline, data):
+    # what lets a simulation with per-stage lower bounds bound every plan
+    orders, seconds = pipeline
+    before = simulate_pipeline(orders, **seconds)
+    name = data.draw(st.sampled_from([k for k, v in seconds.items() if v is not None]))
+    grown = json.loads(json.dumps(seconds[name]))
+    row = data.draw(st.integers(0, len(grown) - 1))
+    if isinstance(grown[row], list):
+        grown[row][data.draw(st.integers(0, len(grown[row]) - 1))] += data.draw(st.floats(0.01, 3.0))
+    else:
+        grown[row] += data.draw(st.floats(0.01, 3.0))
+    after = simulate_pipeline(orders, **{**seconds, name: grown})
+    assert after.step_s >= before.step_s - 1e-9
+    assert all(a.end_s >= b.end_s - 1e-9 for a_items, b_items in zip(after.items, before.items)
+               for a, b in zip(a_items, b_items))

@@ -152,7 +152,8 @@ class _Run:
             return virtual == 0 or ("F", item.microbatch, virtual) in self.arrived
         if item.kind == "B":
             last = virtual == self.orders.virtual_stages - 1
-            return ("F", item.microbatch, virtual) in self.done and (last or ("B", item.microbatch, virtual) in self.arrived)
+            gradient = last or ("B", item.microbatch, virtual) in self.arrived
+            return ("F", item.microbatch, virtual) in self.done and gradient
         return ("B", item.microbatch, virtual) in self.done
 
     def dispatch(self, now: float) -> None:

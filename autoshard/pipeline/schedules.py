@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from autoshard.errors import InputError, Problem
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
@@ -93,7 +95,8 @@ def parse_schedule(text: str) -> tuple[str, int]:
             raise InputError(f"{name} takes no virtual stage count (got {text!r})", "schedule")
         return name, 1
     if not chunks.isdigit():
-        raise InputError(f"interleaved needs its virtual stages per device, e.g. interleaved:2 (got {text!r})", "schedule")
+        raise InputError(f"interleaved needs its virtual stages per device, e.g. interleaved:2 (got {text!r})",
+                         "schedule")
     return name, int(chunks)
 
 
@@ -124,6 +127,31 @@ def inflight_peaks(orders: StageOrders) -> tuple[int, ...]:
     return tuple(peaks)
 
 
+def activation_peaks(orders: StageOrders, activation_bytes) -> tuple[float, ...]:
+    """Per stage, the most activation bytes it holds at once, when a microbatch through chunk `c`
+    of stage `s` saves `activation_bytes[s][c]` (one number for all, one per stage, or one per
+    (stage, chunk)); held as in `inflight_peaks`, from `F`'s start to `W`'s end."""
+    table = np.asarray(activation_bytes, dtype=float)
+    if table.ndim == 1 and table.shape == (orders.stages,):
+        table = np.repeat(table[:, None], orders.chunks, axis=1)
+    if table.ndim > 2 or table.ndim == 1 or (table.ndim == 2 and table.shape != (orders.stages, orders.chunks)):
+        raise InputError(f"has shape {table.shape}; expected a number, {orders.stages} per-stage numbers or "
+                         f"({orders.stages}, {orders.chunks}) per (stage, chunk)", "activation_bytes")
+    table = np.broadcast_to(table, (orders.stages, orders.chunks))
+    bad = [Problem(f"activation_bytes[{s}][{c}]", f"must be a finite number of bytes >= 0, got {float(table[s, c])!r}")
+           for s, c in zip(*np.nonzero(~(np.isfinite(table) & (table >= 0))))]
+    if bad:
+        raise InputError(bad)
+    peaks = []
+    for stage, order in enumerate(orders.orders):
+        held = peak = 0.0
+        for item in order:
+            held += {"F": 1, "B": 0, "W": -1}[item.kind] * float(table[stage, item.chunk])
+            peak = max(peak, held)
+        peaks.append(peak)
+    return tuple(peaks)
+
+
 def _shape_problems(schedule: str, stages, microbatches, chunks) -> list[Problem]:
     problems = []
     if schedule not in SCHEDULES:
@@ -135,13 +163,14 @@ def _shape_problems(schedule: str, stages, microbatches, chunks) -> list[Problem
         return problems
     if schedule == "interleaved":
         if chunks < 2:
-            problems.append(Problem("chunks", f"interleaved 1F1B needs at least 2 virtual stages per device, got {chunks} "
-                                              f"(one is the 1f1b schedule)"))
+            problems.append(Problem("chunks", f"interleaved 1F1B needs at least 2 virtual stages per device, "
+                                              f"got {chunks} (one is the 1f1b schedule)"))
         if microbatches % stages:
             problems.append(Problem("microbatches", f"interleaved 1F1B needs the microbatches to be a multiple of the "
                                                     f"stages ({stages}), got {microbatches}"))
     elif chunks != 1:
-        problems.append(Problem("chunks", f"{schedule} runs one chunk per stage, got {chunks}; only interleaved takes more"))
+        problems.append(Problem("chunks", f"{schedule} runs one chunk per stage, got {chunks}; "
+                                          f"only interleaved takes more"))
     return problems
 
 
