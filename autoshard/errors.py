@@ -20,6 +20,13 @@ class Problem:
         return f"{self.where}: {self.message}" if self.where else self.message
 
 
+def json_type(value: object) -> str:
+    """What a parsed JSON value is, in the words of a message: "a string", "null", ..."""
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null",
+             int: "a number", float: "a number"}
+    return names.get(type(value), type(value).__name__)
+
+
 class AutoshardError(Exception):
     """Base of every error autoshard raises on purpose."""
 

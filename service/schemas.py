@@ -27,7 +27,8 @@ GraphDocument = Annotated[dict[str, Any], WithJsonSchema(graph_json_schema())]
 
 
 class _Wire(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Python's JSON reader takes NaN, Infinity and 1e999; no option means anything with them
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class MeshAxis(_Wire):

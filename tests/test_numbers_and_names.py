@@ -145,3 +145,20 @@ def test_rest_slice_in_other_digits_is_422(http):
 
 def test_examples_still_read(capsys):
     assert main(["validate", str(Path("examples") / "mlp.json"), "--mesh", "dp=2,tp=4"]) == 0
+
+
+@pytest.mark.parametrize("options, where", [
+    ({"time_limit_s": "Infinity"}, "/options/time_limit_s"),
+    ({"gap_limit": "NaN"}, "/options/gap_limit"),
+    ({"weights": {"time": "Infinity"}}, "/options/weights/time"),
+    ({"memory_budget_bytes": "1e999"}, "/options/memory_budget_bytes"),
+])
+def test_rest_options_that_are_not_finite_are_422_at_their_pointer(http, options, where):
+    # Python's JSON reader takes NaN, Infinity and 1e999 (as infinity) from a body
+    body = json.dumps({"graph": MLP, "mesh": "dp=2", "options": options})
+    for spelling in ("Infinity", "NaN", "1e999"):
+        body = body.replace(f'"{spelling}"', spelling)
+    response = http.post("/v1/plans", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 422
+    assert [(p["where"], p["message"]) for p in error_of(response)["problems"]] == [
+        (where, "Input should be a finite number")]
