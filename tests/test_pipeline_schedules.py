@@ -328,9 +328,14 @@ def test_trace_is_trace_event_format():
             assert event["bp"] == "e"  # bound to the slice that encloses it: the receiving item
     slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     for flow in (e for e in trace["traceEvents"] if e["ph"] in ("s", "f")):
-        enclosing = [s for s in slices if s["tid"] == flow["tid"] and s["ts"] <= flow["ts"] <= s["ts"] + s["dur"]
-                     and s["cat"] != "transfer"]
-        assert enclosing, flow
+        # bound to one item's slice both ways: it encloses ts, and it has the same pid, tid, ts and cat
+        bound = [s for s in slices if (s["pid"], s["tid"], s["ts"], s["cat"]) == (flow["pid"], flow["tid"], flow["ts"],
+                                                                                   flow["cat"])]
+        assert len(bound) == 1 and bound[0]["dur"] > 0, flow
+    # an activation leaves F and reaches F; a gradient leaves the fused backward's W and reaches B
+    categories = {(e["name"].split()[0], e["ph"]): e["cat"] for e in trace["traceEvents"] if e["ph"] in ("s", "f")}
+    assert categories == {("activation", "s"): "forward", ("activation", "f"): "forward",
+                          ("gradient", "s"): "backward_weight", ("gradient", "f"): "backward_input"}
     tails = [e for e in slices if e["cat"] == "tail"]
     assert [(e["tid"], e["dur"]) for e in tails] == [(0, 0.25e6), (1, 0.25e6)]
     # F0 on stage 0 is 0-1 s: one million microseconds

@@ -5,8 +5,9 @@ One process, "autoshard predicted step"; one track (thread) per stage, then one 
 direction that carries a transfer ("link 0->1"). A complete slice (`ph: X`) per work item
 (`F`/`B`/`W`, category forward / backward_input / backward_weight), per stage tail (gradient
 reduction and optimizer) and per transfer on its link's track. Each transfer is also a flow
-(`ph: s` on the item that sent it, `ph: f` with `bp: e` on the item that received it, one id
-per transfer), drawn as an arrow between the stages. Times are microseconds from the step's
+(`ph: s` at the start of the item that sent it, `ph: f` with `bp: e` at the start of the item
+that received it, with their categories; one id per transfer), drawn as an arrow between the
+stages. Times are microseconds from the step's
 start (`ts`, `dur`).
 
 Spec: "Trace Event Format", Google, https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU
@@ -54,10 +55,7 @@ def trace_events(timeline: PipelineTimeline) -> dict:
         forward = move.direction == "forward"
         sender = by_item[move.source[0], "F" if forward else sent_by, move.microbatch, move.source[1]]
         receiver = by_item[move.target[0], "F" if forward else "B", move.microbatch, move.target[1]]
-        events += [{"ph": "s", "id": flow_id, "name": name, "cat": "transfer", "pid": PROCESS, "tid": sender.stage,
-                    "ts": sender.start_s * 1e6},
-                   {"ph": "f", "bp": "e", "id": flow_id, "name": name, "cat": "transfer", "pid": PROCESS,
-                    "tid": receiver.stage, "ts": receiver.start_s * 1e6}]
+        events += [_flow("s", flow_id, name, sender), {**_flow("f", flow_id, name, receiver), "bp": "e"}]
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"schedule": orders.schedule, "stages": orders.stages, "microbatches": orders.microbatches,
                           "chunks": orders.chunks, "step_s": timeline.step_s,
@@ -73,6 +71,14 @@ def write_trace(timeline: PipelineTimeline, path: str | Path) -> Path:
 
 def _item_name(item: ItemEvent, chunks: int) -> str:
     return f"{item.kind}{item.microbatch}" + (f" chunk {item.chunk}" if chunks > 1 else "")
+
+
+def _flow(phase: str, flow_id: int, name: str, item: ItemEvent) -> dict:
+    """A flow's end bound to `item`'s slice: the slice's track, start and category (Perfetto and
+    chrome://tracing bind to the slice enclosing `ts`; Chrome DevTools to the one with the same
+    pid, tid, ts and cat)."""
+    return {"ph": phase, "id": flow_id, "name": name, "cat": CATEGORIES[item.kind], "pid": PROCESS, "tid": item.stage,
+            "ts": item.start_s * 1e6}
 
 
 def _slice(name: str, category: str, start_s: float, end_s: float, tid: int, args: dict) -> dict:
