@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from autoshard.errors import AutoshardError, InfeasibleError, InputError, Problem
+from autoshard.graph.schema import RepeatedKey, decode_json
 
 
 class NotFound(AutoshardError):
@@ -74,8 +75,16 @@ def _where(loc: tuple[Any, ...]) -> str:
     return "/" + "/".join(p.replace("~", "~0").replace("/", "~1") for p in parts)
 
 
-def _http_error(_: Request, error: Exception) -> JSONResponse:
+async def _http_error(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, HTTPException)
+    if error.status_code == 400 and isinstance(error.__cause__, ValueError):
+        # FastAPI's parser cannot convert an integer literal of over 4300 digits; ours names where it is
+        try:
+            decode_json(await request.body())
+        except InputError as named:
+            return _input_error(request, named)
+        except (ValueError, RecursionError, RepeatedKey):
+            pass
     # 400: a body FastAPI could not parse at all (nested too deeply, not UTF-8)
     kind = {400: "malformed", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}.get(error.status_code,
                                                                                                  "http")

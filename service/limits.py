@@ -7,7 +7,6 @@ counted as it arrives and refused once it passes the limit.
 
 from __future__ import annotations
 
-import json
 
 from fastapi import Request
 from starlette.exceptions import HTTPException
@@ -16,7 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from autoshard.encodable import check_encodable, printable
 from autoshard.errors import InputError
-from autoshard.graph.schema import RepeatedKey, distinct_keys
+from autoshard.graph.schema import RepeatedKey, decode_json
 from service.errors import error_body
 
 
@@ -77,13 +76,14 @@ async def readable_body(request: Request) -> None:
     """A dependency of every route: a JSON body repeating a key in one object is refused (422)
     naming the key, as a graph file is; JSON parsers keep the last value without a word. So is
     a string UTF-8 cannot encode (a lone surrogate escape, `"\\ud800"`), by its pointer: it could
-    never be sent back, so a job holding one is never stored. A body that is not JSON at all is
+    never be sent back, so a job holding one is never stored; and so is an integer literal too long
+    to mean anything, by its pointer. A body that is not JSON at all is
     left to the route's parser (400)."""
     body = await request.body()  # read once: the route's parser gets the same bytes
     if not body:
         return
     try:
-        document = json.loads(body, object_pairs_hook=distinct_keys)
+        document = decode_json(body)
     except RepeatedKey as error:
         raise InputError(f"the key {printable(error.args[0])!r} appears twice in one object; JSON would keep only "
                          "the last", "") from None

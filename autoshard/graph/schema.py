@@ -21,8 +21,10 @@ from autoshard.graph.layers import layer_problems
 from autoshard.graph.model import Constraint, Graph, Op, Tensor
 from autoshard.graph.state import STATE_FIELDS, state_problems
 from autoshard.mesh import Mesh
-from autoshard.ops import OP_KINDS, OpError
-from autoshard.reductions import REDUCTION_KINDS
+from autoshard.ops import OP_KINDS, OpError, OpKind
+from autoshard.ops.attributes import attribute_problems
+from autoshard.ops.payloads import PAYLOADS, payload_dtype_problem
+from autoshard.reductions import REDUCTION_KINDS, REDUCTIONS
 from autoshard.sharding import Sharding
 
 FORMAT = "autoshard.graph/v1"
@@ -120,7 +122,7 @@ def parse_json(text: str, where: str) -> Any:
     """`text` as JSON, refusing a key repeated in one object (JSON keeps the last silently),
     nesting too deep to walk and strings UTF-8 cannot encode (lone surrogates)."""
     try:
-        document = json.loads(text, object_pairs_hook=distinct_keys)
+        document = decode_json(text)
     except json.JSONDecodeError as error:
         raise InputError(f"not JSON: {error.msg} at line {error.lineno} column {error.colno}", where) from None
     except RecursionError:
@@ -130,6 +132,47 @@ def parse_json(text: str, where: str) -> Any:
                          "the last", where) from None
     check_encodable(document)
     return document
+
+
+# Longer integer literals are beyond any size, count or index a document can mean (2**64 has 20
+# digits); past 4300 digits Python would not even convert them.
+MAX_INTEGER_DIGITS = 30
+
+
+class HugeInteger:
+    """Stands in for an integer literal of more than MAX_INTEGER_DIGITS digits while a document is
+    decoded, so that the reader can name where it was."""
+
+    __slots__ = ("digits",)
+
+    def __init__(self, digits: int):
+        self.digits = digits
+
+
+def decode_json(text: str | bytes) -> Any:
+    """JSON text as Python values: raises `RepeatedKey` for a key repeated in one object, and an
+    InputError naming by pointer every integer literal too long to mean anything."""
+    huge: list[HugeInteger] = []
+
+    def bounded_int(literal: str) -> int | HugeInteger:
+        digits = len(literal) - literal.startswith("-")
+        if digits <= MAX_INTEGER_DIGITS:
+            return int(literal)
+        huge.append(HugeInteger(digits))
+        return huge[-1]
+
+    document = json.loads(text, object_pairs_hook=distinct_keys, parse_int=bounded_int)
+    if huge:
+        raise InputError(_huge_integer_problems(document, ""))
+    return document
+
+
+def _huge_integer_problems(value: Any, where: str) -> list[Problem]:
+    if isinstance(value, HugeInteger):
+        return [Problem(where or "/", f"an integer of {value.digits} digits is beyond any size autoshard reads "
+                                      f"(at most {MAX_INTEGER_DIGITS} digits)")]
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    return [p for key, item in items for p in _huge_integer_problems(item, where + pointer((key,)))]
 
 
 class RepeatedKey(Exception):
@@ -215,6 +258,7 @@ def _build(model: GraphModel, mesh: Mesh | None) -> Graph:
             problems.append(Problem(f"/outputs/{j}", f"unknown tensor {name!r}"))
     constraints = _constraints(model, tensors, mesh, problems)
     outputs = tuple(model.outputs) or tuple(n for n in producer if not any(n in op.inputs for op in ops))
+    problems.extend(_pin_problems(model, tensors, outputs))
     problems.extend(state_problems(tensors, producer, outputs))
     if not problems:
         _check_acyclic(ops, producer, problems, tensors)
@@ -252,9 +296,14 @@ def _build_op(i: int, m: OpModel, tensors: dict[str, Tensor], producer: dict[str
         problems.append(Problem(f"{where}/kind", f"{label}: unknown op kind {m.kind!r}; expected one of {sorted(OP_KINDS)}"))
         return None
     attrs = dict(m.attrs) | dict(m.model_extra or {})
+    for a in m.attrs.keys() & (m.model_extra or {}).keys():
+        problems.append(Problem(f"{where}/attrs/{a}", f"{label}: attribute {a!r} is given both here and at the top "
+                                                      f"level of the op; give it once"))
     for a in attrs:
         if a not in kind.attrs:
             problems.append(Problem(f"{where}/{a}", f"{label}: {m.kind} takes no attribute {a!r}" + (f"; it takes {list(kind.attrs)}" if kind.attrs else "")))
+    for a, message in attribute_problems(attrs).items():
+        problems.append(Problem(f"{where}/attrs/{a}" if a in m.attrs else f"{where}/{a}", f"{label}: {message}"))
     low, high = kind.num_inputs
     if len(m.inputs) < low or (high is not None and len(m.inputs) > high):
         expected = str(low) if low == high else f"{low} to {high}" if high is not None else f"at least {low}"
@@ -273,6 +322,7 @@ def _build_op(i: int, m: OpModel, tensors: dict[str, Tensor], producer: dict[str
     if len(nest.output_maps) != len(m.outputs):
         problems.append(Problem(f"{where}/outputs", f"{label}: {m.kind} produces {len(nest.output_maps)} output(s), got {len(m.outputs)}"))
         return None
+    problems.extend(_dtype_problems(kind, attrs, m, tensors, where, label))
     for j, (t, shape, dtype) in enumerate(zip(m.outputs, nest.output_shapes(), out_dtypes)):
         declared = tensors[t]
         if declared.shape != shape:
@@ -280,6 +330,22 @@ def _build_op(i: int, m: OpModel, tensors: dict[str, Tensor], producer: dict[str
         if dtype is not None and declared.dtype != dtype:
             problems.append(Problem(f"/tensors/{t}/dtype", f"{label} ({m.kind}) produces dtype {dtype} for {t!r}, but it is declared {declared.dtype}"))
     return Op(m.name, m.kind, tuple(m.inputs), tuple(m.outputs), attrs, nest, m.module, m.layer)
+
+
+def _dtype_problems(kind: OpKind, attrs: dict[str, Any], m: OpModel, tensors: dict[str, Tensor], where: str,
+                    label: str) -> list[Problem]:
+    """The op computes on the dtype the lowering gives it, its first input's (or, with no inputs,
+    its result's): a float for a float-only kind, one its payload has a meaning on."""
+    field, name = (f"{where}/inputs/0", m.inputs[0]) if m.inputs else (f"{where}/outputs/0", m.outputs[0])
+    dtype = tensors[name].dtype
+    payload = kind.payload_of(attrs)
+    if kind.float_only and not DTYPES[dtype].is_float:
+        problem = f"{m.kind} computes on floating-point values only"
+    elif payload in PAYLOADS:
+        problem = payload_dtype_problem(payload, dtype)
+    else:
+        problem = None
+    return [Problem(field, f"{label} ({m.kind}) reads {name!r} of dtype {dtype}: {problem}")] if problem else []
 
 
 def _constraints(model: GraphModel, tensors: dict[str, Tensor], mesh: Mesh | None,
@@ -302,6 +368,26 @@ def _constraints(model: GraphModel, tensors: dict[str, Tensor], mesh: Mesh | Non
                                                f"by /constraints/{first[0]}; a tensor has one required sharding"))
         out.append(Constraint(c.tensor, sharding, c.required))
     return out
+
+
+def _pin_problems(model: GraphModel, tensors: dict[str, Tensor], outputs: tuple[str, ...]) -> list[Problem]:
+    """Partial pins a tensor cannot hold: an input or parameter is stored, whole or split, never
+    partial; a graph output is resharded to its pin from the value as produced, and resharding
+    can reduce a partial value but never make one, except an idempotent kind's (max, min: a
+    whole value on every device already is one)."""
+    problems = []
+    for i, c in enumerate(model.constraints):
+        if c.partial is None or c.tensor not in tensors:
+            continue
+        where, role = f"/constraints/{i}/partial", tensors[c.tensor].role
+        if role != "intermediate":
+            problems.append(Problem(where, f"{role} {c.tensor!r} is stored whole or split on each device, never "
+                                           f"partial; pin it without `partial`"))
+        elif c.tensor in outputs and not REDUCTIONS[c.partial.kind].idempotent:
+            problems.append(Problem(where, f"graph output {c.tensor!r} cannot be pinned {c.partial.kind}-partial: "
+                                           f"it is resharded to its pin from the value as produced, and resharding "
+                                           f"reduces partial values but never makes one"))
+    return problems
 
 
 def _sharding_problems(sharding: Sharding, shape: tuple[int, ...], mesh: Mesh | None, where: str,

@@ -86,7 +86,7 @@ def _payload_nest(b: Body, ctx: LoweringContext, name: str | None = None) -> lis
     """The op's loop nest as one linalg.generic: payload in the first input's dtype, then
     converted to the result's dtype and folded with the reduction kind over reduction loops."""
     op, nest, out = ctx.op, ctx.op.nest, ctx.out
-    name = name or op.attrs.get("payload") or op.op_kind.payload
+    name = name or op.op_kind.payload_of(op.attrs)
     if name is None:
         raise InputError(f"op kind {op.kind!r} has no MLIR lowering yet", ctx.where)
     reductions = bool(nest.reduction_loops)
@@ -138,7 +138,6 @@ def _reduce_mean(b: Body, ctx: LoweringContext) -> list[Operand]:
 # --- normalisations and attention ---------------------------------------------------------
 
 def _softmax(b: Body, ctx: LoweringContext) -> list[Operand]:
-    ctx.require_float()
     (x,) = ctx.inputs
     dim = ctx.op.attrs.get("axis", -1) % len(x.shape)
     out = empty(b, x.spec)
@@ -162,7 +161,6 @@ def _sum_over(b: Body, x: Operand, dim: int, square: bool, hint: str) -> Operand
 
 def _normalise(b: Body, ctx: LoweringContext, centre: bool) -> list[Operand]:
     """layer_norm (`centre`) and rms_norm: y = (x [- mean]) / sqrt(mean of squares + eps) [* gamma] [+ beta]."""
-    ctx.require_float()
     x, params = ctx.inputs[0], ctx.inputs[1:]
     rank, dtype = len(x.shape), x.dtype
     dim = ctx.op.attrs.get("axis", -1) % rank
@@ -195,7 +193,6 @@ def _normalise(b: Body, ctx: LoweringContext, centre: bool) -> list[Operand]:
 def _attention(b: Body, ctx: LoweringContext) -> list[Operand]:
     """scores = q k^T (generic), scaled and causally masked (generic), linalg.softmax over the
     keys, then weights v (generic). Loops of the op: b0 h1 s2 e3 t4 d5."""
-    ctx.require_float()
     q, k, v = ctx.inputs[:3]
     mask = ctx.inputs[3] if len(ctx.inputs) == 4 else None
     dtype = q.dtype
@@ -467,4 +464,6 @@ LOWERINGS: dict[str, Lowering] = {
 
 def lower(b: Body, ctx: LoweringContext) -> list[Operand]:
     """Emit `ctx.op` and return its results; kinds not in the table are payload loop nests."""
+    if ctx.op.op_kind.float_only:
+        ctx.require_float()
     return LOWERINGS.get(ctx.op.kind, _payload_nest)(b, ctx)

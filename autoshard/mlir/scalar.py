@@ -12,6 +12,7 @@ from typing import Callable
 from autoshard.dtypes import DTYPES
 from autoshard.errors import InputError
 from autoshard.mlir.text import Body, elem_type, float_literal
+from autoshard.ops.payloads import payload_dtype_problem
 from autoshard.reductions import REDUCTIONS
 
 Emit = Callable[[Body, list[str], str], str]  # (body, scalar operands, dtype) -> result name
@@ -101,14 +102,15 @@ PAYLOAD_OPS: dict[str, Emit] = {
     "min": _binary("arith.minimumf", "arith.minsi"),
     "pow": _binary("math.powf", "math.ipowi"),
 }
-_LOGICAL = {"copy": "", "add": "arith.ori", "max": "arith.ori", "mul": "arith.andi", "min": "arith.andi"}
+_LOGICAL = {"copy": "", "add": "arith.ori", "max": "arith.ori", "mul": "arith.andi", "min": "arith.andi"}  # on_bool payloads
 
 
 def payload(b: Body, name: str, args: list[str], dtype: str, where: str) -> str:
     """Emit payload `name` on scalar operands of `dtype`; returns the result's name."""
     if dtype == "bool":
-        if name not in _LOGICAL:
-            raise InputError(f"payload {name!r} has no lowering on bool values; expected one of {sorted(_LOGICAL)}", where)
+        problem = payload_dtype_problem(name, dtype)
+        if problem:
+            raise InputError(problem, where)
         return args[0] if name == "copy" else _op(b, _LOGICAL[name], args, dtype, name)
     if name in _REAL_ONLY:
         if DTYPES[dtype].is_float:

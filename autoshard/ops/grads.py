@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from autoshard.affine import AffineMap
+from autoshard.ops.attributes import attribute_problems
 from autoshard.ops.loops import INVALID, PARALLEL, REDUCTION, LoopNest, map_extent
 from autoshard.ops.nn import attention_weights, window_params, windows
 from autoshard.ops.payloads import PAYLOADS
@@ -229,6 +230,10 @@ def _forward(attrs: Attrs) -> tuple[OpKind, GradRule, Attrs, int]:
     for name in forward:
         if name not in kind.attrs:
             raise OpError(f"{of} takes no attribute {name!r}" + (f"; it takes {list(kind.attrs)}" if kind.attrs else ""), "forward")
+    wrong = attribute_problems(forward)
+    if wrong:
+        name = next(iter(wrong))
+        raise OpError(wrong[name], f"forward/{name}")
     wrt = attrs.get("wrt")
     rule = GRAD_RULES[of]
     if not isinstance(wrt, int) or isinstance(wrt, bool) or wrt not in rule.differentiable:

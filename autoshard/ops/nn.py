@@ -73,7 +73,7 @@ def _sdpa_flops(nest: LoopNest, attrs: Attrs) -> float:
     return 2.0 * b * h * s * t * (d + e) + 5.0 * b * h * s * t
 
 
-register(OpKind("attention", (3, 4), _sdpa_loops, _sdpa, _sdpa_flops, attrs=("causal", "scale"),
+register(OpKind("attention", (3, 4), _sdpa_loops, _sdpa, _sdpa_flops, attrs=("causal", "scale"), float_only=True,
                 doc="softmax(q k^T * scale [causal mask] [mask]) v over [B, H, S, D] heads, optional mask input"))
 
 

@@ -37,6 +37,7 @@ class Payload:
     arity: int
     fn: Callable[..., np.ndarray]
     flops: int = 1  # per element, for the compute model
+    on_bool: bool = False  # has a logical meaning on bool values (add/max: or, mul/min: and)
 
     @property
     def combiner_of(self) -> str | None:
@@ -46,7 +47,7 @@ class Payload:
 
 
 PAYLOADS: dict[str, Payload] = {p.name: p for p in (
-    Payload("copy", 1, lambda x: x, 0),
+    Payload("copy", 1, lambda x: x, 0, on_bool=True),
     Payload("neg", 1, np.negative),
     Payload("abs", 1, np.abs),
     Payload("exp", 1, np.exp, 4),
@@ -61,14 +62,23 @@ PAYLOADS: dict[str, Payload] = {p.name: p for p in (
     Payload("sigmoid", 1, _sigmoid, 4),
     Payload("silu", 1, lambda x: x * _sigmoid(x), 5),
     Payload("square", 1, np.square),
-    Payload("add", 2, np.add),
+    Payload("add", 2, np.add, on_bool=True),
     Payload("sub", 2, np.subtract),
-    Payload("mul", 2, np.multiply),
+    Payload("mul", 2, np.multiply, on_bool=True),
     Payload("div", 2, np.divide),
-    Payload("max", 2, np.maximum),
-    Payload("min", 2, np.minimum),
+    Payload("max", 2, np.maximum, on_bool=True),
+    Payload("min", 2, np.minimum, on_bool=True),
     Payload("pow", 2, np.power, 4),
 )}
+
+def payload_dtype_problem(name: str, dtype: str) -> str | None:
+    """Why payload `name` cannot compute on `dtype` values, or None: a bool has only the logical
+    payloads (the IR has no arithmetic on i1)."""
+    if dtype == "bool" and not PAYLOADS[name].on_bool:
+        return (f"payload {name!r} has no meaning on bool values; bool values take "
+                f"{[n for n, p in PAYLOADS.items() if p.on_bool]}")
+    return None
+
 
 UNARY = tuple(n for n, p in PAYLOADS.items() if p.arity == 1 and n != "copy")
 BINARY = tuple(n for n, p in PAYLOADS.items() if p.arity == 2)

@@ -100,8 +100,8 @@ def _rms_norm(inputs: list[np.ndarray], ctx: Context) -> list[np.ndarray]:
 
 
 register(OpKind("softmax", (1, 1), _normalising_loops((0, 0)), _softmax, lambda n, a: 5.0 * n.points(),
-                attrs=("axis",), doc="softmax over the dim named by attribute axis (default -1), which cannot be split"))
+                float_only=True, attrs=("axis",), doc="softmax over the dim named by attribute axis (default -1), which cannot be split"))
 register(OpKind("layer_norm", (1, 3), _normalising_loops((0, 2)), _layer_norm, lambda n, a: 8.0 * n.points(),
-                attrs=("axis", "eps"), doc="layer norm over the dim named by attribute axis, with optional gamma, beta"))
+                float_only=True, attrs=("axis", "eps"), doc="layer norm over the dim named by attribute axis, with optional gamma, beta"))
 register(OpKind("rms_norm", (1, 2), _normalising_loops((0, 1)), _rms_norm, lambda n, a: 4.0 * n.points(),
-                attrs=("axis", "eps"), doc="RMS norm over the dim named by attribute axis, with optional gamma"))
+                float_only=True, attrs=("axis", "eps"), doc="RMS norm over the dim named by attribute axis, with optional gamma"))

@@ -79,7 +79,14 @@ class OpKind:
     # The reduction kind whose identity cells outside an input read as (a window's padding), or
     # None for ops whose maps never reach outside their inputs.
     window_fill: Callable[[Attrs], str | None] = field(default=lambda attrs: None)
+    # True when the op computes on floating-point values only (its first input must be a float).
+    float_only: bool = False
     doc: str = ""
+
+    def payload_of(self, attrs: Attrs) -> str | None:
+        """The payload an op of this kind computes: a `generic` op names its own in attribute
+        `payload`, other kinds have the row's."""
+        return attrs.get("payload") or self.payload
 
 
 OP_KINDS: dict[str, OpKind] = {}

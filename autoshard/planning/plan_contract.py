@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from autoshard.errors import InputError, Problem, ShardingError
+from autoshard.errors import InputError, Problem, ShardingError, json_type
 from autoshard.graph.model import Graph
 from autoshard.graph.schema import pointer
 from autoshard.mesh import Mesh
@@ -67,7 +67,7 @@ def document_problems(document: Any, graph: Graph, mesh: Mesh) -> list[Problem]:
     """Every problem with the document's shape: format, keys, mesh, and which ops and tensors it
     names (their options and shardings are then read by `plan_from_json`)."""
     if not isinstance(document, dict):
-        return [Problem("/", f"a plan is a JSON object, got {_json_type(document)}")]
+        return [Problem("/", f"a plan is a JSON object, got {json_type(document)}")]
     problems = []
     if document.get("format") != PLAN_FORMAT:
         problems.append(Problem("/format", f"expected {PLAN_FORMAT!r}, got {document.get('format')!r}"
@@ -79,7 +79,7 @@ def document_problems(document: Any, graph: Graph, mesh: Mesh) -> list[Problem]:
     problems += _op_problems(document.get("ops"), graph)
     problems += _tensor_problems(document.get("tensors"), graph, mesh)
     if "reshardings" in document and not isinstance(document["reshardings"], list):
-        problems.append(Problem("/reshardings", f"expected a list, got {_json_type(document['reshardings'])}"))
+        problems.append(Problem("/reshardings", f"expected a list, got {json_type(document['reshardings'])}"))
     return problems
 
 
@@ -112,7 +112,7 @@ def _mesh_problems(document: dict[str, Any], mesh: Mesh) -> list[Problem]:
 
 def _op_problems(ops: Any, graph: Graph) -> list[Problem]:
     if not isinstance(ops, dict):
-        return [Problem("/ops", f"expected an object keyed by op name, got {_json_type(ops)}")]
+        return [Problem("/ops", f"expected an object keyed by op name, got {json_type(ops)}")]
     problems = [Problem(pointer(("ops", name)), f"graph {graph.name!r} has no op {name!r}")
                 for name in ops if name not in graph.op_by_name]
     for op in graph.ops:
@@ -123,7 +123,7 @@ def _op_problems(ops: Any, graph: Graph) -> list[Problem]:
                                            f'{{"kind": "{op.kind}", "option": [mesh axes per loop]}}'))
         elif not isinstance(entry, dict):
             problems.append(Problem(where, f'expected an object such as {{"kind": "{op.kind}", "option": [["dp"], []]}}, '
-                                           f"got {_json_type(entry)}"))
+                                           f"got {json_type(entry)}"))
         else:
             problems += _unknown_keys(entry, OP_KEYS, where)
             if entry.get("kind") != op.kind:
@@ -137,7 +137,7 @@ def _op_problems(ops: Any, graph: Graph) -> list[Problem]:
 
 def _tensor_problems(tensors: Any, graph: Graph, mesh: Mesh) -> list[Problem]:
     if not isinstance(tensors, dict):
-        return [Problem("/tensors", f"expected an object keyed by tensor name, got {_json_type(tensors)}")]
+        return [Problem("/tensors", f"expected an object keyed by tensor name, got {json_type(tensors)}")]
     problems = [Problem(pointer(("tensors", name)), f"graph {graph.name!r} has no tensor {name!r}")
                 for name in tensors if name not in graph.tensors]
     for name, tensor in graph.tensors.items():
@@ -187,7 +187,7 @@ def _read_resharding(entry: Any, plan: Plan, where: str,
     other); else None, with its problems added."""
     graph, count = plan.graph, len(problems)
     if not isinstance(entry, dict):
-        problems.append(Problem(where, f"expected a resharding object, got {_json_type(entry)}"))
+        problems.append(Problem(where, f"expected a resharding object, got {json_type(entry)}"))
         return None
     problems += _unknown_keys(entry, RESHARDING_KEYS, where)
     tensor, consumer, index = entry.get("tensor"), entry.get("consumer"), entry.get("input")
@@ -219,14 +219,14 @@ def _read_resharding(entry: Any, plan: Plan, where: str,
 def _step_problems(steps: Any, source: Sharding, target: Sharding, plan: Plan, tensor: str,
                    where: str) -> list[Problem]:
     if not isinstance(steps, list):
-        return [Problem(f"{where}/steps", f"expected a list of steps, got {_json_type(steps)}")]
+        return [Problem(f"{where}/steps", f"expected a list of steps, got {json_type(steps)}")]
     problems: list[Problem] = []
     shape = plan.graph.tensors[tensor].shape
     at = source
     for j, step in enumerate(steps):
         here = f"{where}/steps/{j}"
         if not isinstance(step, dict):
-            problems.append(Problem(here, f"expected a step object, got {_json_type(step)}"))
+            problems.append(Problem(here, f"expected a step object, got {json_type(step)}"))
             return problems
         problems += _unknown_keys(step, STEP_KEYS, here)
         if step.get("kind") not in STEP_KINDS:
@@ -275,8 +275,3 @@ def _under(where: str, error: ShardingError) -> list[Problem]:
 def _unknown_keys(entry: Mapping[str, Any], known: frozenset[str] | set[str], where: str) -> list[Problem]:
     return [Problem(f"{where}/{pointer((key,))[1:]}", f"unknown key {key!r}; expected one of {sorted(known)}")
             for key in entry if key not in known]
-
-
-def _json_type(value: Any) -> str:
-    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
-    return names.get(type(value), "a number")
