@@ -16,10 +16,10 @@ with the layers fixed, the edges to and from them costs on the rest's nodes. Eac
 solved once more with everything else fixed (its edges with other kinds and the rest shared out
 per layer), and the rest after it. The plan is an ordinary `Plan`, its objective the whole
 formulation's (each value delivered as `estimate` delivers it: the objective is the report's
-price), checked against the budget by `estimate`. The time limit is shared out by problem size:
-half to the bound problems below, each by its share of their nodes, and half to the solves of
-the plan, two per kind's representative and two of the rest, each by its nodes (tighter frontier
-points, when memory binds, take one more solve's time per kind).
+price), checked against the budget by `estimate`. The time limit is shared out: half to the
+bound problems below, each by its share of their nodes; a quarter to the kinds' two solves each,
+by their nodes in all layers (tighter frontier points, when memory binds, take one more solve's
+time per kind); a quarter to the rest's two solves.
 
 The certified bound. Split the whole problem's nodes into parts: the rest joined with the layers
 beside it, and the other layers of each kind in chains of consecutive ones. The whole objective
@@ -125,15 +125,16 @@ def plan_layer_once(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSetti
         rest_part = parts.part(rest)
         chains = [_chains(parts, kind, beside) for kind in kinds]
     formulated = time.perf_counter()
-    # each solve's share of the time limit by its problem's nodes: the bounds' share to the bound
-    # problems, the rest to the kinds' representatives (two solves each) and the rest (two)
-    bound_nodes = max(rest_joined.num_nodes + sum(p.num_nodes for found in chains for p in found), 1)
+    # the bound problems' share of the time limit by their nodes; of the plan's share, half to the
+    # kinds by their nodes in all layers (a kind's plan is paid once per layer), half to the rest
+    bound_nodes = max(rest_joined.num_nodes + sum(p.num_nodes for found in chains for p, _ in found), 1)
     bound_s = settings.time_limit_s * BOUND_SHARE / bound_nodes
-    plan_s = settings.time_limit_s * (1 - BOUND_SHARE) / (2 * len(rest) + 2 * sum(len(k.layers[0].nodes) for k in kinds))
+    plan_s = settings.time_limit_s * (1 - BOUND_SHARE) / 2
+    kind_nodes = [len(k.layers[0].nodes) * len(k.layers) for k in kinds]
     with phases.phase("solve"):
         step_phases = graph.phases
-        plans = [_solve_kind(parts, kind, found, step_phases, bound_s, plan_s * len(kind.layers[0].nodes), settings)
-                 for kind, found in zip(kinds, chains)]
+        plans = [_solve_kind(parts, kind, found, step_phases, bound_s, plan_s * nodes / sum(kind_nodes), settings)
+                 for kind, found, nodes in zip(kinds, chains, kind_nodes)]
         rest_bound = _solve(rest_joined, bound_s * rest_joined.num_nodes, settings)
         rest_hint = np.asarray(rest_bound.solution[:len(rest)], dtype=np.int64)
         rest_memory = score(rest_part, rest_hint).peak_usage if len(rest) else 0
@@ -148,10 +149,10 @@ def plan_layer_once(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSetti
                 raise InfeasibleError(_too_big(plans, rest_memory, budget))
             solution = _layer_solution(plans, picks, formulation.problem.num_nodes)
             rest_limit = max(layer_budget + rest_memory - _picked_memory(plans, picks), 0)
-            _solve_rest(parts, rest, rest_hint, solution, plan_s * len(rest), settings, rest_limit)
+            _solve_rest(parts, rest, rest_hint, solution, plan_s / 2, settings, rest_limit)
             if attempt == 0 and _refine_kinds(parts, plans, picks, solution, settings):
                 solution = _layer_solution(plans, picks, formulation.problem.num_nodes, rest, solution[rest])
-                _solve_rest(parts, rest, solution[rest], solution, plan_s * len(rest), settings,
+                _solve_rest(parts, rest, solution[rest], solution, plan_s / 2, settings,
                             max(budget - _picked_memory(plans, picks), 0))
         with phases.phase("pricing"):
             plan = formulation.plan(solution)
@@ -224,37 +225,47 @@ def _wrap_edges(parts: Parts, kind: Kind) -> tuple[dict[int, np.ndarray], list[t
     return unary, edges
 
 
-def _chains(parts: Parts, kind: Kind, beside: set[int]) -> list[Problem]:
+def _chains(parts: Parts, kind: Kind, beside: set[int]) -> list[tuple[Problem, int]]:
     """The bound problems of the kind's layers not beside the rest: chains of `CHAIN_LAYERS`
     consecutive ones, each with its readings from outside (`Parts.joined`), no memory limit;
-    chains that are one problem appear once per chain, as the same object."""
+    chains that are one problem appear once per chain, as the same object. Each with its number
+    of layers (its first nodes, layer after layer)."""
     away = [layer for layer in kind.layers if layer.layer not in beside]
     distinct: dict[tuple, Problem] = {}
     found = []
     for start in range(0, len(away), CHAIN_LAYERS):
-        problem, key = parts.joined(np.concatenate([layer.nodes for layer in away[start:start + CHAIN_LAYERS]]))
-        found.append(distinct.setdefault(key, problem))
+        chain = away[start:start + CHAIN_LAYERS]
+        problem, key = parts.joined(np.concatenate([layer.nodes for layer in chain]))
+        found.append((distinct.setdefault(key, problem), len(chain)))
     return found
 
 
-def _solve_kind(parts: Parts, kind: Kind, chains: list[Problem], step_phases: dict[str, str], bound_s_per_node: float,
+def _solve_kind(parts: Parts, kind: Kind, chains: list[tuple[Problem, int]], step_phases: dict[str, str], bound_s_per_node: float,
                 time_s: float, settings: SolveSettings) -> KindPlan:
     """The kind's fastest plan (with the reshardings between consecutive layers; half of
     `time_s`, the other half is its second solve's) and its share of the certified bound: one
     solve per distinct chain."""
     bounds: dict[int, int] = {}
-    for problem in chains:
+    width = len(kind.layers[0].nodes)
+    seen: list[np.ndarray] = []  # each layer's plan in the chains' solutions
+    for problem, layers in chains:
         if id(problem) not in bounds:
-            bounds[id(problem)] = int(_solve(problem, bound_s_per_node * problem.num_nodes, settings).lower_bound)
+            found = _solve(problem, bound_s_per_node * problem.num_nodes, settings)
+            bounds[id(problem)] = int(found.lower_bound)
+            seen += list(np.asarray(found.solution[:layers * width], dtype=np.int64).reshape(layers, width))
     representative = kind.layers[0]
     part = parts.part(representative.nodes)
     wrap = _wrap_edges(parts, kind)
     steady = with_terms(part, *wrap, None)
-    fastest = _solve(steady, time_s / 2, settings)
+    # the chains' solvers plan whole stacks of the kind: their best layer starts the steady solve
+    hint = min(seen, key=lambda x: score(steady, x).cost) if seen else None
+    fastest = _solve(steady, time_s / 2, settings, hint=hint).solution
+    if hint is not None and score(steady, hint).cost < score(steady, fastest).cost:
+        fastest = hint
     forward = [q for q, name in enumerate(representative.part.ops) if step_phases[name] == "forward"]
     turn = int(part.intervals[forward[-1], 0]) if forward else -1
-    return KindPlan(kind, part, wrap, sum(bounds[id(problem)] for problem in chains), turn, time_s / 2,
-                    [_point(part, steady, turn, fastest.solution)])
+    return KindPlan(kind, part, wrap, sum(bounds[id(problem)] for problem, _ in chains), turn, time_s / 2,
+                    [_point(part, steady, turn, fastest)])
 
 
 def _point(part: Problem, steady: Problem, turn: int, solution: tuple[int, ...]) -> FrontierPoint:
