@@ -403,3 +403,19 @@ def test_the_search_hands_each_bounds_prices_to_its_solve_only(monkeypatch):
     assert solves and all(known is pools[0].found[label] for label, known in solves)
     # the prices stay out of what the search reports, and are let go once handed over
     assert all(e.prices is None and "prices" not in (e.bound or {}) for e in result.entries)
+
+
+def test_without_a_time_budget_the_candidates_of_most_axes_are_bounded_first(monkeypatch):
+    import autoshard.search.run as run
+
+    pools = []
+    monkeypatch.setattr(run, "open_pool", lambda inputs, slots, ray: pools.append(_InlinePool(inputs)) or pools[-1])
+    document = json.loads(EXAMPLE.read_text())
+    enumerated = [c.label for c in enumerate_candidates("dgx-h100", 8).candidates]
+    axes = {c.label: len(c.axis_sizes) for c in enumerate_candidates("dgx-h100", 8).candidates}
+    search(document, SearchOptions(devices=8, topology="dgx-h100", settings=SETTINGS))
+    bounded = [label for kind, label, _ in pools[-1].submitted if kind == "bound"]
+    assert bounded == sorted(enumerated, key=lambda label: -axes[label]) and len(set(axes.values())) > 1
+    # under a budget the cheapest come first, so that more are bounded before it is spent
+    search(document, SearchOptions(devices=8, topology="dgx-h100", settings=SETTINGS, time_budget_s=600))
+    assert [label for kind, label, _ in pools[-1].submitted if kind == "bound"] == enumerated

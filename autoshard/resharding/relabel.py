@@ -11,6 +11,7 @@ their order does not matter)."""
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Sequence
 
 from autoshard.mesh import Mesh
@@ -28,10 +29,14 @@ def representative_pair(mesh: Mesh, source: Sharding, target: Sharding,
         rename.update((old, new) for old, new in zip(order + rest, members) if old != new)
     if not rename:
         return source, target
-    return _renamed(mesh, source, rename), _renamed(mesh, target, rename)
+    renaming = tuple(rename.items())
+    return _renamed(mesh, source, renaming), _renamed(mesh, target, renaming)
 
 
-def _renamed(mesh: Mesh, sharding: Sharding, rename: dict[str, str]) -> Sharding:
+@lru_cache(maxsize=65536)
+def _renamed(mesh: Mesh, sharding: Sharding, renaming: tuple[tuple[str, str], ...]) -> Sharding:
+    """Kept: a formulation renames each of its few shardings the same few ways for many pairs."""
+    rename = dict(renaming)
     split = tuple(tuple(rename.get(a, a) for a in axes) for axes in sharding.split_axes)
     partial = tuple(sorted((rename.get(a, a) for a in sharding.partial_axes), key=mesh.axis_index))
     return Sharding(split, partial, sharding.partial_kind, sharding.dims_offsets, sharding.halo_sizes)

@@ -76,8 +76,13 @@ class _Tensor:
         self._floors: tuple[float, float, float] | None = None
         self.monotone: dict[tuple[int, int], list[tuple[Sharding, Move, float]]] = {}  # (start, goal) -> path
         self._monotone_edges: dict[tuple, tuple[_Edge, ...]] = {}
+        # A pair's search asks, per state, whether each dim still leaves the start (by start) and
+        # which runs of the goal it may append (by goal): a row of pairs shares one side of each
+        self._leaving: dict[tuple[int, int], tuple[bool, ...]] = {}
+        self._runs: dict[tuple[int, int], tuple[tuple[tuple[str, ...], ...], ...]] = {}
+        self._monotone_out: dict[tuple, tuple[_Edge, ...]] = {}
         self._dims: dict[int, tuple[tuple[str, ...], ...]] = {}
-        self._left: dict[tuple[int, int], float] = {}
+        self.lefts: dict[tuple[int, int], float] = {}  # least_left, by (state, goal)
 
     def id(self, state: Sharding) -> int:
         found = self.ids.get(state)
@@ -87,19 +92,32 @@ class _Tensor:
             self.into.append({})
         return found
 
-    def monotone_edges(self, state: int, goal_partial: tuple[str, ...], source: tuple[tuple[str, ...], ...],
-                       goal: tuple[tuple[str, ...], ...]) -> list[_Edge]:
-        """`monotone_moves` and each dim's `monotone_dim_moves` towards the dims' axes in `source`
-        and `goal`, priced and kept apart: pairs whose ends differ share most of them."""
-        dims = self.dims(state)
-        leaving = tuple(source[d][:len(axes)] == axes for d, axes in enumerate(dims))
-        edges = list(self._kept((state, goal_partial), lambda ctx: monotone_moves(ctx, self.states[state])))
-        for d, axes in enumerate(dims):
-            runs = monotone_runs(axes, goal[d])
-            if runs or leaving[d]:
-                edges += self._kept((state, goal_partial, d, leaving, runs),
-                                    lambda ctx: monotone_dim_moves(ctx, self.states[state], d, leaving, runs))
-        return edges
+    def monotone_edges(self, state: int, goal_partial: tuple[str, ...], start: int,
+                       goal: int) -> tuple[tuple[_Edge, ...], bool]:
+        """`monotone_moves` and each dim's `monotone_dim_moves` towards the dims' axes in `start`
+        and `goal`, priced and kept apart (pairs whose ends differ share most of them), and
+        whether every dim's axes are still a prefix of the start's (the direct exchange into the
+        goal is offered from there)."""
+        leaving = self._leaving.get((state, start))
+        if leaving is None:
+            source = self.dims(start)
+            leaving = self._leaving[state, start] = tuple(source[d][:len(axes)] == axes
+                                                          for d, axes in enumerate(self.dims(state)))
+        runs = self._runs.get((state, goal))
+        if runs is None:
+            towards = self.dims(goal)
+            runs = self._runs[state, goal] = tuple(monotone_runs(axes, towards[d])
+                                                   for d, axes in enumerate(self.dims(state)))
+        key = (state, goal_partial, leaving, runs)
+        edges = self._monotone_out.get(key)
+        if edges is None:
+            edges = self._kept((state, goal_partial), lambda ctx: monotone_moves(ctx, self.states[state]))
+            for d, dim_runs in enumerate(runs):
+                if dim_runs or leaving[d]:
+                    edges += self._kept((state, goal_partial, d, leaving, dim_runs),
+                                        lambda ctx: monotone_dim_moves(ctx, self.states[state], d, leaving, dim_runs))
+            self._monotone_out[key] = edges
+        return edges, all(leaving)
 
     def _kept(self, key: tuple, make: Callable[[Context], tuple[Move, ...]]) -> tuple[_Edge, ...]:
         found = self._monotone_edges.get(key)
@@ -173,9 +191,9 @@ class _Tensor:
         the same offsets) needs a step that moves data, as all_slice only appends axes."""
         if state == goal:
             return 0.0
-        found = self._left.get((state, goal))
+        found = self.lefts.get((state, goal))
         if found is None:
-            found = self._left[state, goal] = self._least_left(state, goal)
+            found = self.lefts[state, goal] = self._least_left(state, goal)
         return found
 
     def _least_left(self, state: int, goal: int) -> float:
@@ -459,35 +477,39 @@ def _monotone_path(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, sourc
     found = tensor.monotone.get((first, last))
     if found is not None:
         return found
-    source_dims, goal_dims = tensor.dims(first), tensor.dims(last)
     floor = tensor.floors()[0]
+    goal_partial, lefts, least_left = goal.partial_axes, tensor.lefts, tensor.least_left
     best: dict[int, tuple[float, int, int]] = {first: (0.0, 0, 0)}
     came: dict[int, tuple[int, Move, float]] = {}
     bound = math.inf
     tie = itertools.count()
     # A*: states come up in the order of their seconds plus `least_left`, a lower bound of the
     # rest that no step lowers by more than it costs, so a state's first settling is its best.
-    frontier = [(tensor.least_left(first, last), best[first], next(tie), first)]
+    frontier = [(least_left(first, last), best[first], next(tie), first)]
     while frontier:
         _, key, _, state = heapq.heappop(frontier)
         if state == last:
             break
         if key > best[state]:
             continue
-        edges = tensor.monotone_edges(state, goal.partial_axes, source_dims, goal_dims)
+        edges, leaving = tensor.monotone_edges(state, goal_partial, first, last)
         # The exchange into the goal, from states whose axes have only left their source places,
         # unless even its least price ends past the best path found.
-        if key[0] + floor <= bound and all(a == s[:len(a)] for a, s in zip(tensor.dims(state), source_dims)):
+        if key[0] + floor <= bound and leaving:
             into = tensor.goal_edge(state, last)
-            edges += [] if into is None else [into]
+            if into is not None:
+                edges += (into,)
+        at, permuted, steps = key[0], key[1], key[2] + 1
         for after, seconds, permutes, move in edges:
-            reached = key[0] + seconds
+            reached = at + seconds
             if reached > bound:
                 continue
             known = best.get(after)
-            new_key = (reached, key[1] + permutes, key[2] + 1)
+            new_key = (reached, permuted + permutes, steps)
             if known is None or new_key < known:
-                left = tensor.least_left(after, last)
+                left = 0.0 if after == last else lefts.get((after, last))
+                if left is None:
+                    left = least_left(after, last)
                 if reached + left > bound:
                     continue
                 best[after] = new_key
