@@ -49,3 +49,7 @@ class ShardingError(InputError):
 
 class InfeasibleError(AutoshardError):
     """No plan satisfies the pins and the memory budget; the message says which conflicts."""
+
+
+class Interrupted(AutoshardError):
+    """Stopped by a signal (Ctrl-C, SIGTERM) before it finished; the message says what was kept."""

@@ -73,8 +73,10 @@ class PhaseTimes:
         if self.announce is not None and not reports_itself:
             ticker = threading.Thread(target=self._tick, args=(name, started, stop), daemon=True)
             ticker.start()
+        ended = False
         try:
             yield
+            ended = True
         finally:
             stop.set()
             if ticker is not None:
@@ -84,7 +86,7 @@ class PhaseTimes:
             entry = self.entries.setdefault(name, {"wall_s": 0.0, "peak_rss_bytes": 0})
             entry["wall_s"] += wall_s
             entry["peak_rss_bytes"] = max(entry["peak_rss_bytes"], peak)
-            if self.announce is not None and wall_s > LONG_PHASE_S:
+            if self.announce is not None and wall_s > LONG_PHASE_S and ended:  # an interrupt says so itself
                 self.announce(f"{name}: {wall_s:.1f} s, peak {peak / 2 ** 30:.2f} GiB resident")
 
     def _tick(self, name: str, started: float, stop: threading.Event) -> None:

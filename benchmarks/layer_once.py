@@ -6,9 +6,14 @@ certified lower bound.
 
 Each case runs in a fresh process (one at a time: the machine is shared), whole graph first
 (`make_plan`), then composed (`plan_layer_once`): both solve the same formulation, so their
-objectives and certified bounds are in the same units. `--whole-up-to N` skips the whole-graph solve above N layers (its row then says so,
-and the composed row is measured against nothing). A mesh of more than 8 devices is bound to DGX
-H100 nodes of 8 GPUs (the last axis inside a node), as in `transformer_bench.py`.
+objectives and certified bounds are in the same units. `--whole-up-to N` skips the whole-graph
+solve above N layers (the composed row is then measured against nothing). A mesh of more than 8
+devices is bound to DGX H100 nodes of 8 GPUs (the last axis inside a node), as in
+`transformer_bench.py`.
+
+    python benchmarks/layer_once.py --exact --time-limit 120
+
+solves small GPT and MLP training steps to optimality both ways instead (`EXACT_CASES`).
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--whole-up-to", type=int, default=96, help="skip the whole-graph solve above this many layers")
     p.add_argument("--methods", nargs="+", choices=("whole", "composed"), default=["whole", "composed"])
     p.add_argument("--jsonl", help="append each measurement as a JSON line to this file")
+    p.add_argument("--exact", action="store_true",
+                   help="instead: small graphs solved to optimality both ways (CP-SAT, gap 0, deterministic)")
     return p.parse_args(argv)
 
 
@@ -89,8 +96,41 @@ def row(r: dict[str, Any], whole_bound: int | None) -> str:
             f"| {against(r['lower_bound_ps'])} | {r['step_s'] * 1e3:.2f} ms |")
 
 
+# (graph, layers, mesh) of the exact table: GPT hidden 64, 4 heads, seq 16, batch 4, vocab 128; MLP hidden 32, batch 8
+EXACT_CASES = [("gpt", 4, "dp=2,tp=2"), ("gpt", 5, "dp=2,tp=2"), ("gpt", 6, "dp=2,tp=2"),
+               ("mlp", 4, "tp=2"), ("mlp", 4, "dp=2,tp=2"), ("mlp", 6, "dp=2,tp=2")]
+
+
+def exact(model: str, layers: int, mesh_text: str, time_limit: float) -> str:
+    """A table row: the whole-graph optimum against the composed plan and bound."""
+    from autoshard.graph.schema import graph_from_json
+    from autoshard.mesh import Mesh
+    from autoshard.models import GPTConfig, MLPConfig, gpt, mlp
+    from autoshard.planning.compose import plan_layer_once
+    from autoshard.planning.hardware import bind_hardware
+    from autoshard.planning.make_plan import SolveSettings, make_plan
+
+    document = (gpt(GPTConfig(layers=layers, hidden=64, heads=4, seq=16, batch=4, vocab=128), training=True)
+                if model == "gpt" else mlp(MLPConfig(layers=layers, batch=8, hidden=32), training=True))
+    graph, mesh = graph_from_json(document), Mesh.parse(mesh_text)
+    hw = bind_hardware("dgx-h100", mesh)
+    settings = SolveSettings(time_limit_s=time_limit, deterministic=True, gap_limit=0.0)
+    whole, composed = make_plan(graph, mesh, hw, settings).solver, plan_layer_once(graph, mesh, hw, settings).solver
+    optimum = whole["objective_ps"]
+    return (f"| {model.upper()}, {layers} layers | {mesh_text} | {composed['composition']['kinds']} "
+            f"| {optimum} ps ({whole['status']}) | {composed['objective_ps']} ps | {composed['lower_bound_ps']} ps "
+            f"| {composed['objective_ps'] / optimum:.4f} | {composed['lower_bound_ps'] / optimum:.4f} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
+    if args.exact:
+        print("| graph | mesh | kinds | whole optimum | composed objective | composed bound "
+              "| composed objective / optimum | composed bound / optimum |\n"
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |", flush=True)
+        for case in EXACT_CASES:
+            print(exact(*case, time_limit=args.time_limit), flush=True)
+        return 0
     print(f"GPT training steps on {args.mesh} ({args.topology}), solver limit {args.time_limit:g} s, "
           f"{args.workers} workers\n")
     print(HEADER, flush=True)

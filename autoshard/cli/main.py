@@ -19,7 +19,8 @@ from typing import Callable, Sequence
 
 import autoshard
 import autoshard.cli
-from autoshard.errors import AutoshardError, InfeasibleError, InputError
+from autoshard.cli.interrupts import INTERRUPTED, signals_interrupt
+from autoshard.errors import AutoshardError, InfeasibleError, InputError, Interrupted
 from autoshard.phases import collect_garbage_rarely
 
 
@@ -31,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-NOT_COMMANDS = ("main", "args")  # the modules of `autoshard.cli` that are not commands
+NOT_COMMANDS = ("main", "args", "interrupts")  # the modules of `autoshard.cli` that are not commands
 
 
 def _commands() -> dict[str, Callable[[argparse._SubParsersAction], None]]:
@@ -49,7 +50,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.run(args) or 0)
+        with signals_interrupt():
+            return int(args.run(args) or 0)
+    except Interrupted as error:
+        print(f"autoshard {args.command}: {error}", file=sys.stderr)
+        return INTERRUPTED
+    except KeyboardInterrupt:
+        print(f"autoshard {args.command}: interrupted", file=sys.stderr)
+        return INTERRUPTED
     except InputError as error:
         print(f"autoshard {args.command}: {len(error.problems)} problem(s):", file=sys.stderr)
         for problem in error.problems:
@@ -70,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return INTERNAL_ERROR
 
 
-INTERNAL_ERROR = 4  # exit code: 1 a verification failed, 2 bad input, 3 no feasible plan
+INTERNAL_ERROR = 4  # exit code: 1 a verification failed, 2 bad input, 3 no feasible plan, 130 interrupted
 
 
 def _write_crash_report(args: argparse.Namespace) -> str:

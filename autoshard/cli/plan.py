@@ -11,8 +11,9 @@ from typing import Any
 
 from autoshard.cli.args import (add_hardware_args, hardware_from_args, integer_flag, mesh_from_args, number_flag,
                                 parse_bytes, parse_slice)
-from autoshard.delivery.deliver import Deliverables, deliver, ir_request_problems
-from autoshard.errors import InputError, Problem
+from autoshard.delivery.deliver import Deliverables, deliver, ir_request_problems, placement_options
+from autoshard.delivery.document import plan_document
+from autoshard.errors import InputError, Interrupted, Problem
 from autoshard.graph.builder import document_text
 from autoshard.graph.schema import load_graph
 from autoshard.graph.summary import si, size
@@ -20,7 +21,7 @@ from autoshard.numerals import parse_finite
 from autoshard.phases import PhaseTimes
 from autoshard.planning.compose import plan_layer_once
 from autoshard.planning.formulation import Weights, weight_name_problem
-from autoshard.planning.make_plan import MAX_SEED, SolveSettings, make_plan, memory_budget_problem
+from autoshard.planning.make_plan import MAX_SEED, BestSoFar, PlanResult, SolveSettings, make_plan, memory_budget_problem
 from autoshard.sim.verify import VERIFY_POLICIES, policy_problem
 
 
@@ -184,17 +185,36 @@ def run(args: argparse.Namespace) -> int:
         graph = load_graph(args.graph, mesh)
         hw = hardware_from_args(args, mesh)
         settings, stages = checked_settings(args)
-    if args.layer_once:
-        result = plan_layer_once(graph, mesh, hw, settings, phases=phases)
-    else:
-        result = make_plan(graph, mesh, hw, settings, progress=ProgressLine(), phases=phases)
-    delivered = deliver(result, hw, args.topology, emit=stages, dialect=args.dialect, arguments=args.arguments,
-                        verify=args.verify, optimize_collectives=not args.no_collective_opt,
-                        nodes=args.nodes, slice_shape=parse_slice(args.slice))
-    document = delivered.document
-    written = write_deliverables(delivered, args.output, phases)
-    print_summary(document, written)
-    return 1 if document["verification"]["status"] == "failed" else 0
+    best, result = BestSoFar(), None
+    try:
+        if args.layer_once:
+            result = plan_layer_once(graph, mesh, hw, settings, phases=phases)
+        else:
+            result = make_plan(graph, mesh, hw, settings, progress=ProgressLine(), phases=phases, best_so_far=best)
+        delivered = deliver(result, hw, args.topology, emit=stages, dialect=args.dialect, arguments=args.arguments,
+                            verify=args.verify, optimize_collectives=not args.no_collective_opt,
+                            nodes=args.nodes, slice_shape=parse_slice(args.slice))
+        written = write_deliverables(delivered, args.output, phases)
+    except KeyboardInterrupt:
+        raise interrupted(result or best.result(), args, phases) from None
+    print_summary(delivered.document, written)
+    return 1 if delivered.document["verification"]["status"] == "failed" else 0
+
+
+def interrupted(found: PlanResult | None, args: argparse.Namespace, phases: PhaseTimes) -> Interrupted:
+    """Stopped by a signal: the best plan found so far is written as plan.json, priced but
+    neither verified nor emitted (its solver status `interrupted` unless the solve had ended)."""
+    if found is None:
+        return Interrupted("interrupted before the solver had found a plan; nothing was written")
+    said = f"solver status {found.solver['status']}, objective {found.solver['objective_s']:.6g} s"
+    if not args.output:
+        return Interrupted(f"interrupted; the best plan found so far ({said}) was not written (no -o)")
+    document = plan_document(found, args.topology)
+    document["topology_options"] = placement_options(args.nodes, parse_slice(args.slice))
+    document["verification"] = {"status": "skipped", "reason": "interrupted before verification"}
+    document["phases"] = phases.to_json()
+    written = write_deliverables(Deliverables(document, {}), args.output, phases)
+    return Interrupted(f"interrupted; wrote the best plan found so far to {written[0]} ({said})")
 
 
 def write_deliverables(delivered: Deliverables, output: str | None, phases: PhaseTimes) -> list[Path]:

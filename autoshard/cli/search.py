@@ -13,12 +13,12 @@ from pathlib import Path
 from autoshard.cli.args import integer_flag, number_flag
 from autoshard.cli.plan import add_solve_args, checked_settings, print_summary, write_deliverables
 from autoshard.delivery.deliver import deliver
-from autoshard.errors import InputError, Problem
+from autoshard.errors import InputError, Interrupted, Problem
 from autoshard.graph.builder import document_text
 from autoshard.graph.schema import read_json
 from autoshard.search.candidates import MAX_AXES, parse_fixed
 from autoshard.search.ranking import best_plan, ranking_document, ranking_table
-from autoshard.search.run import Entry, SearchCancelled, SearchOptions, search
+from autoshard.search.run import Entry, SearchOptions, search
 from autoshard.search.tasks import SearchInputs
 
 
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     except InputError as error:
         raise InputError([Problem(_field(p.where), p.message) for p in error.problems]) from None
     except KeyboardInterrupt:
-        raise SearchCancelled("interrupted; the workers were stopped") from None
+        raise Interrupted("interrupted; the workers were stopped") from None
     finally:
         progress.finish()
     ranking = ranking_document(result, options, str(document.get("name", Path(args.graph).stem)))

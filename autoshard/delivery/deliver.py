@@ -60,6 +60,15 @@ def partitioned_program(plan: Plan, price: Price, optimize_collectives: bool = T
         return optimize(program)
 
 
+def placement_options(nodes: int | None, slice_shape: Sequence[int] | None = None,
+                      mapping: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:
+    """A plan document's `topology_options`: where the mesh was placed, the keys given."""
+    return {key: value for key, value in
+            (("nodes", nodes), ("slice", list(slice_shape) if slice_shape else None),
+             ("mapping", {a: list(d) for a, d in mapping.items()} if mapping else None))
+            if value is not None}
+
+
 def deliver(result: PlanResult, hardware: Hardware, topology: str, *, emit: Sequence[str] = (),
             dialect: str = "mesh", arguments: str = "local", verify: str = "auto",
             optimize_collectives: bool = True, seed: int = 0, verify_max_bytes: float = ALWAYS_LIMIT_BYTES,
@@ -74,10 +83,7 @@ def deliver(result: PlanResult, hardware: Hardware, topology: str, *, emit: Sequ
     if problems:
         raise InputError(problems)
     document = plan_document(result, topology)
-    document["topology_options"] = {key: value for key, value in
-                                    (("nodes", nodes), ("slice", list(slice_shape) if slice_shape else None),
-                                     ("mapping", {a: list(d) for a, d in mapping.items()} if mapping else None))
-                                    if value is not None}
+    document["topology_options"] = placement_options(nodes, slice_shape, mapping)
     phases = result.phases
     program, changes = partitioned_program(result.plan, hardware.collective_seconds, optimize_collectives, phases)
     if optimize_collectives:

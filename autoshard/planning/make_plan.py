@@ -162,7 +162,7 @@ def make_plan(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = 
             first = solve(per_use.problem, time_limit_s=time_limit_s * PER_USE_SHARE, workers=settings.workers,
                           seed=settings.seed, hint=_whole_hint(per_use.problem, per_use.hint),
                           progress=_without_bound(progress), deterministic=settings.deterministic,
-                          gap_limit=settings.gap_limit)
+                          gap_limit=settings.gap_limit, incumbent=_as_shared(per_use, formulation, incumbent))
             if first.feasible:
                 hint = np.array(formulation.solution(per_use.plan(first.solution), {}), dtype=np.int64)
             time_limit_s -= time_limit_s * PER_USE_SHARE
@@ -204,6 +204,15 @@ def _no_worse_than(problem: Problem, result: Result, start: np.ndarray) -> Resul
     gap = (kept.cost - result.lower_bound) / kept.cost if kept.cost > 0 else 0.0
     return replace(result, solution=tuple(int(s) for s in start), cost=kept.cost, gap=gap, feasible=True,
                    status="feasible")
+
+
+def _as_shared(per_use: Formulation, formulation: Formulation, incumbent: Callable[[np.ndarray], None] | None
+               ) -> Callable[[np.ndarray], None] | None:
+    """`incumbent` for the solve priced use by use: its solutions, each value delivered as
+    produced, offered as solutions of the problem with shared reshardings (the same cost)."""
+    if incumbent is None:
+        return None
+    return lambda solution: incumbent(np.array(formulation.solution(per_use.plan(solution), {}), dtype=np.int64))
 
 
 def _without_bound(progress: Callable[[str, float, float, float], None] | None

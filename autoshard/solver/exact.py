@@ -18,6 +18,7 @@ true optimum; the cost of the returned solution is always recomputed exactly fro
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -29,6 +30,7 @@ from ortools.sat.python import cp_model
 
 from autoshard.solver.flat import FORBIDDEN, FlatProblem
 from autoshard.solver.schedule import gained
+from autoshard.solver.stopping import cp_solver, stoppable
 
 COEF_BUDGET = 2**50
 EXACT_PAIR_LIMIT = 400_000
@@ -324,7 +326,7 @@ def solve_exact(fp: FlatProblem, *, time_limit_s: float, workers: int = 1, seed:
         built.model.proto.solution_hint.values.extend(
             chosen[movable].astype(np.int64).tolist()
             + (chosen[built.pair_first] & chosen[built.pair_second]).astype(np.int64).tolist())
-    solver = cp_model.CpSolver()
+    solver = cp_solver()
     params = solver.parameters
     params.num_workers = max(1, workers)
     params.random_seed = seed
@@ -362,10 +364,7 @@ def solve_exact(fp: FlatProblem, *, time_limit_s: float, workers: int = 1, seed:
         timer = threading.Timer(give_up_s, lambda: None if callback.found else solver.stop_search())
         timer.start()
     try:
-        if stall is not None:
-            with stall.watch():
-                status = solver.solve(built.model, callback)
-        else:
+        with stoppable(solver), (stall.watch() if stall is not None else contextlib.nullcontext()):
             status = solver.solve(built.model, callback)
     finally:
         if timer is not None:

@@ -17,6 +17,7 @@ from ortools.sat.python import cp_model
 
 from autoshard.solver.exact import Stall
 from autoshard.solver.flat import FORBIDDEN, FlatProblem
+from autoshard.solver.stopping import cp_solver, stoppable
 
 # Differing groups times rows: the dense table of usage changes per row stays under this.
 TABLE_LIMIT = 50_000_000
@@ -107,18 +108,19 @@ def relink_groups(fp: FlatProblem, group: np.ndarray, best: np.ndarray, other: n
 
     for t in take:
         model.add_hint(t, 0)
-    solver = cp_model.CpSolver()
+    solver = cp_solver()
     if deterministic_time is None:
         solver.parameters.max_time_in_seconds = max(time_limit_s, 0.01)
     else:
         solver.parameters.max_deterministic_time = deterministic_time
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = seed
-    if patience_s is None or deterministic_time is not None:
-        status = solver.solve(model)
-    else:
-        with Stall(patience_s, solver.stop_search, bounds=False).watch() as stall:
-            status = solver.solve(model, _Solutions(stall))
+    with stoppable(solver):
+        if patience_s is None or deterministic_time is not None:
+            status = solver.solve(model)
+        else:
+            with Stall(patience_s, solver.stop_search, bounds=False).watch() as stall:
+                status = solver.solve(model, _Solutions(stall))
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     chosen = np.array([solver.boolean_value(t) for t in take], dtype=bool)

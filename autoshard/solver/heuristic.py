@@ -193,12 +193,12 @@ class HeuristicRun:
         plan goes to `incumbent`."""
         feasible = self.note_feasible()
         self._note_gain(self.search.best_obj if feasible else math.inf)
+        if self.incumbent is not None and feasible and self.search.best_obj < self.offered:
+            self.offered = self.search.best_obj  # handed over before it is reported: a caller seeing the report has it
+            self.incumbent(self.search.best_x.copy())
         if self.progress is not None:
             self.progress(phase, self.search.best_obj if feasible else math.inf, self.bound,
                           time.monotonic() - self.start)
-        if self.incumbent is not None and feasible and self.search.best_obj < self.offered:
-            self.offered = self.search.best_obj
-            self.incumbent(self.search.best_x.copy())
 
     def _note_gain(self, best: float) -> None:
         """Ends the current stretch without a gain when `best` or the bound gained."""

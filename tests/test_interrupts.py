@@ -1,0 +1,88 @@
+"""Ctrl-C and SIGTERM: `plan` stops in any phase, writes the best plan found so far (solver status
+`interrupted`) and exits 130 with one line; any other command says it was interrupted in one
+line, without a traceback. Each test starts the command, waits for what it prints on entering
+the phase, then sends the signal."""
+
+from __future__ import annotations
+
+import json
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from autoshard.cli.interrupts import INTERRUPTED
+from autoshard.cli.main import main
+
+WAIT_S = 120  # for the phase to begin and for the command to end: a loaded machine is slow, never this slow
+
+
+def interrupt_when(command: list[str], marker: str, number: signal.Signals) -> tuple[int, list[str], str]:
+    """Run `autoshard COMMAND`, send signal `number` once `marker` appears in its stderr or
+    stdout; its exit code, the lines it printed on stderr after the marker other than progress
+    (indented), and its stdout."""
+    process = subprocess.Popen([sys.executable, "-m", "autoshard.cli.main", *command], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    seen = {process.stdout: "", process.stderr: ""}
+    deadline = time.monotonic() + WAIT_S
+    while marker not in seen[process.stdout] + seen[process.stderr]:
+        assert time.monotonic() < deadline and process.poll() is None, seen
+        for stream in select.select(list(seen), [], [], 1.0)[0]:
+            seen[stream] += stream.readline()
+    process.send_signal(number)
+    out, err = process.communicate(timeout=WAIT_S)
+    assert "Traceback" not in err
+    return process.returncode, [line for line in err.splitlines() if not line.startswith("  ")], \
+        seen[process.stdout] + out
+
+
+@pytest.fixture(scope="module")
+def gpt(tmp_path_factory) -> Path:
+    """A training step big enough that formulating and solving each take seconds."""
+    path = tmp_path_factory.mktemp("graphs") / "gpt.json"
+    assert main(["generate", "gpt", "--training", "--layers", "4", "-o", str(path)]) == 0
+    return path
+
+
+def plan_command(graph: Path, output: Path, mesh: str = "dp=2,tp=4") -> list[str]:
+    return ["plan", str(graph), "--mesh", mesh, "--topology", "dgx-h100", "--time-limit", "60", "--gap-limit", "0",
+            "--verify", "never", "-o", str(output)]
+
+
+@pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_solving_writes_the_best_plan_so_far_and_exits_130(gpt, tmp_path, number):
+    code, err, _ = interrupt_when(plan_command(gpt, tmp_path), "first plan within memory", number)
+    assert code == INTERRUPTED and len(err) == 1, err
+    assert err[0].startswith(f"autoshard plan: interrupted; wrote the best plan found so far to {tmp_path / 'plan.json'}")
+    document = json.loads((tmp_path / "plan.json").read_text())
+    assert document["solver"]["status"] == "interrupted"
+    assert document["verification"]["status"] == "skipped"
+    assert set(document["ops"]) and document["totals"]["step_s"] > 0
+
+
+def test_a_signal_while_formulating_exits_130_with_one_line_and_writes_nothing(gpt, tmp_path):
+    # a three-axis mesh formulates for many seconds: the phase is announced after 3
+    command = plan_command(gpt, tmp_path, mesh="dp=2,tp=2,pp=2")
+    code, err, _ = interrupt_when(command, "formulate: 3 s so far", signal.SIGINT)
+    assert code == INTERRUPTED
+    assert err == ["autoshard plan: interrupted before the solver had found a plan; nothing was written"]
+    assert not (tmp_path / "plan.json").exists()
+
+
+def test_a_signal_while_importing_the_users_code_exits_130_without_a_traceback(tmp_path):
+    source = tmp_path / "slow.py"
+    source.write_text(textwrap.dedent("""
+        import time
+
+        def make():
+            print("building the model", flush=True)
+            time.sleep(60)
+    """))
+    code, err, _ = interrupt_when(["import", "jax", f"{source}:make", "-o", str(tmp_path / "g.json")],
+                                  "building the model", signal.SIGINT)
+    assert (code, err) == (INTERRUPTED, ["autoshard import: interrupted"])
