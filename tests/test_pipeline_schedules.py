@@ -125,7 +125,14 @@ def test_tails_run_once_after_each_stages_last_item():
     orders = stage_orders("1f1b", 2, 2)
     assert simulate_pipeline(orders, 1, 1, 1, tail_s=(3.0, 0.5)).step_s == 12.0
     timeline = simulate_pipeline(orders, 1, 1, 1, tail_s=(0.0, 3.0))
-    assert timeline.step_s == 10.0 and timeline.tails == ((9.0, 9.0), (7.0, 10.0))
+    assert timeline.step_s == 10.0
+    assert [(t.stage, t.start_s, t.end_s) for t in timeline.tails] == [(0, 9.0, 9.0), (1, 7.0, 10.0)]
+    parts = simulate_pipeline(orders, 1, 1, 1, tail_s={"gradient all_reduce": (1.0, 2.5), "optimizer": 0.5})
+    assert [(t.stage, t.name, t.start_s, t.end_s) for t in parts.tails] == [
+        (0, "gradient all_reduce", 9.0, 10.0), (0, "optimizer", 10.0, 10.5),
+        (1, "gradient all_reduce", 7.0, 9.5), (1, "optimizer", 9.5, 10.0)]
+    assert parts.step_s == 10.5
+    assert simulate_pipeline(orders, 1, 1, 1, tail_s={}).step_s == 9.0
     assert timeline.idle_s == (3.0, 3.0)  # the bubble is measured up to the last item, tails aside
 
 
@@ -262,6 +269,9 @@ def test_bad_seconds_are_named_each():
         simulate_pipeline(orders, (1.0, -1.0), 1.0, float("nan"), transfer_s=[[1.0], [-2.0]], tail_s=(1, 2, 3))
     assert [p.where for p in error.value.problems] == ["forward_s[1][0]", "weight_s[0][0]", "weight_s[1][0]",
                                                       "transfer_s[backward][0]", "tail_s"]
+    with pytest.raises(InputError) as error:
+        simulate_pipeline(orders, 1, 1, 1, tail_s={"optimizer": (1.0, -1.0)})
+    assert [p.where for p in error.value.problems] == ["tail_s[optimizer][1]"]
     with pytest.raises(InputError, match="expected a number, 2 per-stage numbers"):
         simulate_pipeline(orders, (1.0, 2.0, 3.0), 1.0, 1.0)
 
@@ -402,7 +412,7 @@ def test_every_item_starts_after_its_inputs_and_nothing_overlaps(pipeline):
     for link in {t.link for t in timeline.transfers}:
         moves = [t for t in timeline.transfers if t.link == link]
         assert all(a.end_s <= b.start_s and a.ready_s <= b.ready_s for a, b in zip(moves, moves[1:]))
-    assert timeline.step_s == pytest.approx(max(end for _, end in timeline.tails))
+    assert timeline.step_s == pytest.approx(max(part.end_s for part in timeline.tails))
     assert timeline.step_s >= max(busy + tail for busy, tail in zip(timeline.busy_s, seconds["tail_s"])) - 1e-9
 
 

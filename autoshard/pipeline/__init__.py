@@ -9,11 +9,11 @@ prices each stage and hands the seconds in.
 May import: `errors` (and numpy).
 """
 
-from autoshard.pipeline.events import ItemEvent, PipelineTimeline, TransferEvent, simulate_pipeline
+from autoshard.pipeline.events import ItemEvent, PipelineTimeline, TailEvent, TransferEvent, simulate_pipeline
 from autoshard.pipeline.schedules import (SCHEDULES, StageOrders, WorkItem, activation_peaks, inflight_peaks,
                                           parse_schedule, stage_orders)
 from autoshard.pipeline.trace import trace_events, write_trace
 
 __all__ = ["SCHEDULES", "StageOrders", "WorkItem", "activation_peaks", "inflight_peaks", "parse_schedule",
-           "stage_orders", "ItemEvent", "PipelineTimeline", "TransferEvent", "simulate_pipeline", "trace_events",
+           "stage_orders", "ItemEvent", "PipelineTimeline", "TailEvent", "TransferEvent", "simulate_pipeline", "trace_events",
            "write_trace"]

@@ -15,7 +15,8 @@ The rules:
   activations sent back to back queue for the link rather than sharing it unpriced). Virtual
   stages on one stage (`S = 1`) hand over in place, without a transfer.
 - Each stage's tail (gradient reduction and optimizer step, once per step) starts when its last
-  item ends; the step ends when the last tail does.
+  item ends, its parts (e.g. a gradient `all_reduce`, then the optimizer) one after the other;
+  the step ends when the last tail does.
 - The bubble is the time a stage is idle between 0 and the end of the last item of any stage,
   and `bubble_fraction` is the idle time of all stages over their busy time (Megatron-LM's
   t_pb / t_id: (S - 1) / M for 1F1B on equal stages).
@@ -31,13 +32,13 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Mapping, NamedTuple
 
 import numpy as np
 
 from autoshard.errors import InputError, Problem
 from autoshard.pipeline.schedules import StageOrders, WorkItem, inflight_peaks
-from autoshard.pipeline.seconds import DIRECTIONS, Seconds, TransferSeconds, per_boundary, per_chunk, per_stage
+from autoshard.pipeline.seconds import DIRECTIONS, TAIL, Seconds, TransferSeconds, per_boundary, per_chunk, per_stage
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,15 +75,25 @@ class TransferEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class TailEvent:
+    """One part of a stage's once-per-step tail as it ran."""
+
+    stage: int
+    name: str
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class PipelineTimeline:
     """One predicted step: `items[s]` in the order stage `s` ran them, the transfers by start,
-    and per stage its tail (start, end), busy and idle seconds and in-flight peak
+    the tails' parts by stage, and per stage its busy and idle seconds and in-flight peak
     ((microbatch, chunk) pairs whose activations it held at once, `inflight_peaks`)."""
 
     orders: StageOrders
     items: tuple[tuple[ItemEvent, ...], ...]
     transfers: tuple[TransferEvent, ...]
-    tails: tuple[tuple[float, float], ...]
+    tails: tuple[TailEvent, ...]
     step_s: float
     busy_s: tuple[float, ...]
     idle_s: tuple[float, ...]
@@ -91,20 +102,25 @@ class PipelineTimeline:
 
 
 def simulate_pipeline(orders: StageOrders, forward_s: Seconds, backward_s: Seconds, weight_s: Seconds, *,
-                      transfer_s: TransferSeconds = None, tail_s: Seconds = 0.0) -> PipelineTimeline:
+                      transfer_s: TransferSeconds = None,
+                      tail_s: Seconds | Mapping[str, Seconds] = 0.0) -> PipelineTimeline:
     """Run `orders` with these seconds and return the timeline.
 
     `forward_s`, `backward_s` (input gradient) and `weight_s` (weight gradient): one number, one
     per stage, or one per (stage, chunk). `transfer_s`: None (free), one number, one per virtual
     boundary (`S*V - 1` of them, both directions), a (2, S*V - 1) table (forward row, backward
-    row) or a callable `(boundary, direction) -> seconds`. `tail_s`: one number or one per stage."""
+    row) or a callable `(boundary, direction) -> seconds`. `tail_s`: one number or one per stage,
+    or named parts run in their order, each one number or one per stage
+    (`{"gradient all_reduce": ..., "optimizer": ...}`)."""
     stages, chunks = orders.stages, orders.chunks
     problems: list[Problem] = []
     seconds = {"F": per_chunk("forward_s", forward_s, stages, chunks, problems),
                "B": per_chunk("backward_s", backward_s, stages, chunks, problems),
                "W": per_chunk("weight_s", weight_s, stages, chunks, problems)}
     transfers = per_boundary("transfer_s", transfer_s, orders.virtual_stages - 1, problems)
-    tails = per_stage("tail_s", tail_s, stages, problems)
+    parts = tail_s if isinstance(tail_s, Mapping) else {TAIL: tail_s}
+    tails = {name: per_stage(f"tail_s[{name}]" if parts is tail_s else "tail_s", value, stages, problems)
+             for name, value in parts.items()}
     if problems:
         raise InputError(problems)
     items, moves = _run(orders, seconds, transfers)
@@ -163,8 +179,12 @@ class _Run:
             if link not in self.link_busy and self.queues[link]:
                 ready_s, _, send = heapq.heappop(self.queues[link])
                 self.link_busy.add(link)
-                duration = self.transfers[DIRECTIONS.index(send.direction)][min(send.source, send.target)]
-                self.at(now + duration, ("moved", link, send, ready_s, now))
+                boundary = min(send.source, send.target)
+                end_s = now + self.transfers[DIRECTIONS.index(send.direction)][boundary]
+                self.moves.append(TransferEvent(send.direction, send.microbatch, boundary,
+                                                self.orders.placement(send.source), self.orders.placement(send.target),
+                                                ready_s, now, end_s))
+                self.at(end_s, ("moved", link, send))
         self.changed_links.clear()
         for stage in sorted(self.changed_stages):
             order = self.orders.orders[stage]
@@ -198,13 +218,10 @@ class _Run:
         self.sequence += 1
         self.changed_links.add(link)
 
-    def moved(self, now: float, link: tuple[int, int], send: _Send, ready_s: float, start_s: float) -> None:
+    def moved(self, now: float, link: tuple[int, int], send: _Send) -> None:
         self.link_busy.discard(link)
         self.changed_links.add(link)
         self.arrive(send)
-        self.moves.append(TransferEvent(send.direction, send.microbatch, min(send.source, send.target),
-                                        self.orders.placement(send.source), self.orders.placement(send.target),
-                                        ready_s, start_s, now))
 
     def arrive(self, send: _Send) -> None:
         self.arrived.add(("F" if send.direction == "forward" else "B", send.microbatch, send.target))
@@ -226,16 +243,21 @@ def _run(orders: StageOrders, seconds: dict[str, np.ndarray], transfers: np.ndar
              for stage, order in enumerate(orders.orders) if run.next[stage] < len(order)]
     if stuck:
         raise InputError([Problem("orders", message) for message in stuck])
-    return run.items, sorted(run.moves, key=lambda m: (m.start_s, m.end_s, m.boundary, m.direction, m.microbatch))
+    return run.items, run.moves  # the transfers as they started
 
 
 def _timeline(orders: StageOrders, items: list[list[ItemEvent]], moves: list[TransferEvent],
-              tails: np.ndarray) -> PipelineTimeline:
+              tails: dict[str, np.ndarray]) -> PipelineTimeline:
     span_s = max(stage_items[-1].end_s for stage_items in items)
     busy = [float(sum(e.end_s - e.start_s for e in stage_items)) for stage_items in items]
     idle = [span_s - b for b in busy]
-    ends = [(stage_items[-1].end_s, stage_items[-1].end_s + float(tail)) for stage_items, tail in zip(items, tails)]
+    parts = []
+    for stage, stage_items in enumerate(items):
+        end_s = stage_items[-1].end_s
+        for name, seconds in tails.items():
+            parts.append(TailEvent(stage, name, end_s, end_s + float(seconds[stage])))
+            end_s = parts[-1].end_s
     total_busy = sum(busy)
-    return PipelineTimeline(orders, tuple(tuple(stage_items) for stage_items in items), tuple(moves), tuple(ends),
-                            max(end for _, end in ends), tuple(busy), tuple(idle),
+    return PipelineTimeline(orders, tuple(tuple(stage_items) for stage_items in items), tuple(moves), tuple(parts),
+                            max([span_s] + [part.end_s for part in parts]), tuple(busy), tuple(idle),
                             sum(idle) / total_busy if total_busy else 0.0, inflight_peaks(orders))

@@ -13,6 +13,7 @@ import numpy as np
 from autoshard.errors import Problem
 
 DIRECTIONS = ("forward", "backward")  # activations to the next virtual stage, gradients to the one before
+TAIL = "gradient reduction + optimizer"  # a tail given as one part
 
 Seconds = Union[float, Sequence[float], Sequence[Sequence[float]], np.ndarray]
 TransferSeconds = Union[None, Seconds, Callable[[int, str], float]]

@@ -3,8 +3,8 @@ chrome://tracing open), so the bubbles can be seen and laid beside a profiler tr
 
 One process, "autoshard predicted step"; one track (thread) per stage, then one per link
 direction that carries a transfer ("link 0->1"). A complete slice (`ph: X`) per work item
-(`F`/`B`/`W`, category forward / backward_input / backward_weight), per stage tail (gradient
-reduction and optimizer) and per transfer on its link's track. Each transfer is also a flow
+(`F`/`B`/`W`, category forward / backward_input / backward_weight), part of a stage's
+tail (gradient reduction, optimizer) and per transfer on its link's track. Each transfer is also a flow
 (`ph: s` at the start of the item that sent it, `ph: f` with `bp: e` at the start of the item
 that received it, with their categories; one id per transfer), drawn as an arrow between the
 stages. Times are microseconds from the step's
@@ -44,9 +44,9 @@ def trace_events(timeline: PipelineTimeline) -> dict:
             events.append(_slice(_item_name(item, orders.chunks), CATEGORIES[item.kind], item.start_s, item.end_s,
                                  item.stage, {"microbatch": item.microbatch, "chunk": item.chunk,
                                               "virtual_stage": orders.virtual_stage(item.stage, item.chunk)}))
-    for stage, (start_s, end_s) in enumerate(timeline.tails):
-        if end_s > start_s:
-            events.append(_slice("gradient reduction + optimizer", "tail", start_s, end_s, stage, {}))
+    for part in timeline.tails:
+        if part.end_s > part.start_s:
+            events.append(_slice(part.name, "tail", part.start_s, part.end_s, part.stage, {}))
     sent_by = "B" if orders.split_backward else "W"
     for flow_id, move in enumerate(timeline.transfers, start=1):
         name = f"{PAYLOADS[move.direction]} {move.microbatch}"
