@@ -282,6 +282,8 @@ def test_a_hand_made_order_is_checked():
     assert error.value.problems[0].where == "orders[0]"
     with pytest.raises(InputError, match="misses W0"):
         StageOrders("custom", 1, 1, 1, False, ((WorkItem("F", 0), WorkItem("B", 0)),))
+    with pytest.raises(InputError, match="microbatches: must be a whole number of at least 1, got 0"):
+        StageOrders("custom", 1, 0, 1, False, ((),))
     # each stage's order is valid, but stage 0 waits at B0 for stage 1, which waits at F1 for stage 0
     first, second = (WorkItem(k, m) for k, m in (("F", 0), ("B", 0), ("W", 0))), (WorkItem(k, 1) for k in "FBW")
     stuck = StageOrders("custom", 2, 2, 1, False, (tuple(first) + tuple(second),

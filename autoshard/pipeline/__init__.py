@@ -15,5 +15,5 @@ from autoshard.pipeline.schedules import (SCHEDULES, StageOrders, WorkItem, acti
 from autoshard.pipeline.trace import trace_events, write_trace
 
 __all__ = ["SCHEDULES", "StageOrders", "WorkItem", "activation_peaks", "inflight_peaks", "parse_schedule",
-           "stage_orders", "ItemEvent", "PipelineTimeline", "TailEvent", "TransferEvent", "simulate_pipeline", "trace_events",
-           "write_trace"]
+           "stage_orders", "ItemEvent", "PipelineTimeline", "TailEvent", "TransferEvent", "simulate_pipeline",
+           "trace_events", "write_trace"]

@@ -65,6 +65,9 @@ class StageOrders:
     orders: tuple[tuple[WorkItem, ...], ...]
 
     def __post_init__(self):
+        problems = _count_problems(self.stages, self.microbatches, self.chunks)
+        if problems:
+            raise InputError(problems)
         problems = [Problem(f"orders[{stage}]", message) for stage, order in enumerate(self.orders)
                     for message in _order_problems(order, self.microbatches, self.chunks)]
         if len(self.orders) != self.stages:
@@ -152,13 +155,17 @@ def activation_peaks(orders: StageOrders, activation_bytes) -> tuple[float, ...]
     return tuple(peaks)
 
 
+def _count_problems(stages, microbatches, chunks) -> list[Problem]:
+    return [Problem(where, f"must be a whole number of at least 1, got {value!r}")
+            for where, value in (("stages", stages), ("microbatches", microbatches), ("chunks", chunks))
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1]
+
+
 def _shape_problems(schedule: str, stages, microbatches, chunks) -> list[Problem]:
-    problems = []
+    problems = _count_problems(stages, microbatches, chunks)
     if schedule not in SCHEDULES:
-        problems.append(Problem("schedule", f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}"))
-    for where, value in (("stages", stages), ("microbatches", microbatches), ("chunks", chunks)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            problems.append(Problem(where, f"must be a whole number of at least 1, got {value!r}"))
+        expected = ", ".join(SCHEDULES)
+        problems.insert(0, Problem("schedule", f"unknown schedule {schedule!r}; expected one of {expected}"))
     if problems:
         return problems
     if schedule == "interleaved":
