@@ -21,7 +21,7 @@ _REAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _MAX_DIGITS = 30
 
 
-def describe_character(char: str) -> str:
+def _describe_character(char: str) -> str:
     """`'²' (U+00B2 SUPERSCRIPT TWO)`: the character, its code point and its Unicode name."""
     name = unicodedata.name(char, "")
     return f"{char!r} (U+{ord(char):04X}{' ' + name if name else ''})"
@@ -32,11 +32,11 @@ def non_ascii_problem(text: str) -> str | None:
     odd = next((c for c in text if not c.isascii()), None)
     if odd is None:
         return None
-    return f"{describe_character(odd)} is not an ASCII character; write numbers with the digits 0-9"
+    return f"{_describe_character(odd)} is not an ASCII character; write numbers with the digits 0-9"
 
 
-def parse_integer(text: str, where: str, minimum: int | None = None) -> int:
-    """An integer in ASCII digits (an optional sign), at least `minimum` when given."""
+def parse_integer(text: str, where: str) -> int:
+    """An integer in ASCII digits, with an optional sign (range checks are the caller's)."""
     stripped = text.strip()
     problem = non_ascii_problem(stripped)
     if problem is None and not _INTEGER.fullmatch(stripped):
@@ -45,10 +45,7 @@ def parse_integer(text: str, where: str, minimum: int | None = None) -> int:
         problem = f"expected a whole number of at most {_MAX_DIGITS} digits, got {len(stripped.lstrip('+-'))}"
     if problem is not None:
         raise InputError(problem, where)
-    value = int(stripped)
-    if minimum is not None and value < minimum:
-        raise InputError(f"must be at least {minimum}, got {value}", where)
-    return value
+    return int(stripped)
 
 
 def parse_finite(text: str, where: str) -> float:
@@ -71,8 +68,11 @@ def parse_dims(text: str, where: str, expected: str) -> tuple[int, ...]:
     """`4x4x4` -> (4, 4, 4): positive sizes in ASCII digits joined by x; `expected` describes the form."""
     parts = text.lower().split("x")
     problem = non_ascii_problem(text)
-    if problem is None and not all(p.strip().isdigit() and int(p) > 0 for p in parts):  # ASCII digits by now
+    if problem is None and not all(p.strip().isdigit() for p in parts):  # ASCII digits by now
         problem = f"{expected}, got {text!r}"
     if problem is not None:
         raise InputError(problem, where)
-    return tuple(parse_integer(p, where) for p in parts)
+    dims = tuple(parse_integer(p, where) for p in parts)
+    if not all(dims):
+        raise InputError(f"{expected}, got {text!r}", where)
+    return dims
