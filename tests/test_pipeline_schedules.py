@@ -339,15 +339,23 @@ def test_trace_is_trace_event_format():
         if event["ph"] == "f":
             assert event["bp"] == "e"  # bound to the slice that encloses it: the receiving item
     slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    bound_to = {}
     for flow in (e for e in trace["traceEvents"] if e["ph"] in ("s", "f")):
         # bound to one item's slice both ways: it encloses ts, and it has the same pid, tid, ts and cat
         bound = [s for s in slices if (s["pid"], s["tid"], s["ts"], s["cat"]) == (flow["pid"], flow["tid"], flow["ts"],
                                                                                    flow["cat"])]
         assert len(bound) == 1 and bound[0]["dur"] > 0, flow
+        bound_to[flow["id"], flow["ph"]] = bound[0]["args"]["kind"]
+    # a flow's two ends share cat and name (Chrome DevTools groups them by cat, name and id)
+    ends = {}
+    for flow in (e for e in trace["traceEvents"] if e["ph"] in ("s", "f")):
+        ends.setdefault(flow["id"], set()).add((flow["cat"], flow["name"]))
+    assert all(len(found) == 1 for found in ends.values())
     # an activation leaves F and reaches F; a gradient leaves the fused backward's W and reaches B
-    categories = {(e["name"].split()[0], e["ph"]): e["cat"] for e in trace["traceEvents"] if e["ph"] in ("s", "f")}
-    assert categories == {("activation", "s"): "forward", ("activation", "f"): "forward",
-                          ("gradient", "s"): "backward_weight", ("gradient", "f"): "backward_input"}
+    kinds_by_name = {(name.split()[0], phase): kind for (flow_id, phase), kind in bound_to.items()
+                     for (_, name) in ends[flow_id]}
+    assert kinds_by_name == {("activation", "s"): "forward", ("activation", "f"): "forward",
+                             ("gradient", "s"): "backward_weight", ("gradient", "f"): "backward_input"}
     tails = [e for e in slices if e["cat"] == "tail"]
     assert [(e["tid"], e["dur"]) for e in tails] == [(0, 0.25e6), (1, 0.25e6)]
     # F0 on stage 0 is 0-1 s: one million microseconds

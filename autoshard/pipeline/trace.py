@@ -3,12 +3,14 @@ chrome://tracing open), so the bubbles can be seen and laid beside a profiler tr
 
 One process, "autoshard predicted step"; one track (thread) per stage, then one per link
 direction that carries a transfer ("link 0->1"). A complete slice (`ph: X`) per work item
-(`F`/`B`/`W`, category forward / backward_input / backward_weight), part of a stage's
-tail (gradient reduction, optimizer) and per transfer on its link's track. Each transfer is also a flow
+(`F`/`B`/`W`, category `compute`, its kind in `args`), per part of a stage's tail (gradient
+reduction, optimizer) and per transfer on its link's track. Each transfer is also a flow
 (`ph: s` at the start of the item that sent it, `ph: f` with `bp: e` at the start of the item
-that received it, with their categories; one id per transfer), drawn as an arrow between the
-stages. Times are microseconds from the step's
-start (`ts`, `dur`).
+that received it; one id per transfer), drawn as an arrow between the stages. Perfetto and
+chrome://tracing bind a flow event to the slice enclosing its `ts` on its track; Chrome DevTools
+groups a flow's events by (cat, name, id) and binds each to the slice of equal pid, tid, ts and
+cat, which is why every work item shares the one category its flows carry. Times are
+microseconds from the step's start (`ts`, `dur`).
 
 Spec: "Trace Event Format", Google, https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU
 """
@@ -21,7 +23,8 @@ from pathlib import Path
 from autoshard.pipeline.events import ItemEvent, PipelineTimeline
 
 PROCESS = 0
-CATEGORIES = {"F": "forward", "B": "backward_input", "W": "backward_weight"}
+COMPUTE = "compute"  # the category of every work item and of the flows between them
+KINDS = {"F": "forward", "B": "backward_input", "W": "backward_weight"}
 PAYLOADS = {"forward": "activation", "backward": "gradient"}
 
 
@@ -41,8 +44,8 @@ def trace_events(timeline: PipelineTimeline) -> dict:
     for stage_items in timeline.items:
         for item in stage_items:
             by_item[item.stage, item.kind, item.microbatch, item.chunk] = item
-            events.append(_slice(_item_name(item, orders.chunks), CATEGORIES[item.kind], item.start_s, item.end_s,
-                                 item.stage, {"microbatch": item.microbatch, "chunk": item.chunk,
+            events.append(_slice(_item_name(item, orders.chunks), COMPUTE, item.start_s, item.end_s, item.stage,
+                                 {"kind": KINDS[item.kind], "microbatch": item.microbatch, "chunk": item.chunk,
                                               "virtual_stage": orders.virtual_stage(item.stage, item.chunk)}))
     for part in timeline.tails:
         if part.end_s > part.start_s:
@@ -74,10 +77,8 @@ def _item_name(item: ItemEvent, chunks: int) -> str:
 
 
 def _flow(phase: str, flow_id: int, name: str, item: ItemEvent) -> dict:
-    """A flow's end bound to `item`'s slice: the slice's track, start and category (Perfetto and
-    chrome://tracing bind to the slice enclosing `ts`; Chrome DevTools to the one with the same
-    pid, tid, ts and cat)."""
-    return {"ph": phase, "id": flow_id, "name": name, "cat": CATEGORIES[item.kind], "pid": PROCESS, "tid": item.stage,
+    """A flow's end bound to `item`'s slice: on its track, at its start, in its category."""
+    return {"ph": phase, "id": flow_id, "name": name, "cat": COMPUTE, "pid": PROCESS, "tid": item.stage,
             "ts": item.start_s * 1e6}
 
 
