@@ -53,3 +53,7 @@ class InfeasibleError(AutoshardError):
 
 class Interrupted(AutoshardError):
     """Stopped by a signal (Ctrl-C, SIGTERM) before it finished; the message says what was kept."""
+
+
+class OutOfTime(AutoshardError):
+    """A time budget ran out before any answer was found: not a proof that there is none."""

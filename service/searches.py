@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autoshard.delivery.deliver import deliver
-from autoshard.errors import AutoshardError, InputError, Problem
+from autoshard.errors import AutoshardError, InputError, OutOfTime, Problem
 from autoshard.search.ranking import best_plan, ranking_document
 from autoshard.search.run import Entry, SearchCancelled, SearchOptions, search
 from autoshard.search.tasks import SearchInputs
@@ -96,13 +96,17 @@ class Searches:
         try:
             result = search(job.graph, job.options, progress=progress, cancelled=job.cancel.is_set)
             ranking = ranking_document(result, job.options, str(job.graph.get("name", "")))
-            plan = None
-            if result.best is not None:
-                inputs = SearchInputs(job.graph, job.options.topology, job.options.settings)
-                plan_result, hardware = best_plan(result, inputs)
-                candidate = result.best.candidate
-                plan = deliver(plan_result, hardware, job.options.topology, verify="never", nodes=candidate.nodes,
-                               slice_shape=candidate.slice_shape, mapping=candidate.mapping_json).document
+            if result.best is None:  # the ranking says what each candidate came to
+                error = result.no_plan_error()
+                kind = "timeout" if isinstance(error, OutOfTime) else "infeasible"
+                self._set(job, status="failed", ranking=ranking, error={"kind": kind, "message": str(error),
+                                                                        "problems": []})
+                return
+            inputs = SearchInputs(job.graph, job.options.topology, job.options.settings)
+            plan_result, hardware = best_plan(result, inputs)
+            candidate = result.best.candidate
+            plan = deliver(plan_result, hardware, job.options.topology, verify="never", nodes=candidate.nodes,
+                           slice_shape=candidate.slice_shape, mapping=candidate.mapping_json).document
             self._set(job, status="done", ranking=ranking, plan=plan)
         except SearchCancelled:
             self._set(job, status="cancelled")

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from autoshard.cli.args import integer_flag, number_flag
-from autoshard.errors import InputError
+from autoshard.errors import InfeasibleError, InputError, OutOfTime
 from autoshard.planning.make_plan import MAX_SEED
 
 
@@ -77,6 +77,13 @@ def run(args: argparse.Namespace) -> int:
               f"{result.lower_bound}, gap {result.gap:.2%}", file=sys.stderr)
     _emit({"solution": list(result.solution), "cost": result.cost, "lower_bound": result.lower_bound,
            "feasible": result.feasible}, args.output)
+    if result.status == "infeasible":
+        raise InfeasibleError("no assignment fits the usage limit and chooses nothing forbidden (proved); the "
+                              "answer written is the one breaking the least")
+    if not result.feasible:
+        raise OutOfTime(f"no assignment that fits the usage limit and chooses nothing forbidden was found in "
+                        f"--time-limit {args.time_limit:g} s (none is proved not to exist); the answer written is "
+                        f"the one breaking the least")
     return 0
 
 

@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 import autoshard
 import autoshard.cli
 from autoshard.cli.interrupts import INTERRUPTED, signals_interrupt
-from autoshard.errors import AutoshardError, InfeasibleError, InputError, Interrupted
+from autoshard.errors import AutoshardError, InfeasibleError, InputError, Interrupted, OutOfTime
 from autoshard.phases import collect_garbage_rarely
 
 
@@ -65,7 +65,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except InfeasibleError as error:
         print(f"autoshard {args.command}: infeasible: {error}", file=sys.stderr)
-        return 3
+        return INFEASIBLE
+    except OutOfTime as error:
+        print(f"autoshard {args.command}: out of time: {error}", file=sys.stderr)
+        return OUT_OF_TIME
     except AutoshardError as error:
         print(f"autoshard {args.command}: {error}", file=sys.stderr)
         return 2
@@ -78,7 +81,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return INTERNAL_ERROR
 
 
-INTERNAL_ERROR = 4  # exit code: 1 a verification failed, 2 bad input, 3 no feasible plan, 130 interrupted
+# exit codes: 0 success, 1 a verification failed, 2 bad input, 130 interrupted (`interrupts`)
+INFEASIBLE = 3  # no feasible plan
+INTERNAL_ERROR = 4  # a bug
+OUT_OF_TIME = 5  # a time budget ran out before any plan was found
 
 
 def _write_crash_report(args: argparse.Namespace) -> str:

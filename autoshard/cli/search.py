@@ -117,8 +117,7 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         (Path(args.output) / "ranking.json").write_text(document_text(ranking))
     if result.best is None:
-        print("no candidate has a plan within the memory budget", file=sys.stderr)
-        return 3
+        raise result.no_plan_error()
     gap = "unknown" if result.gap is None else f"{100 * result.gap:.2f}%"
     print(f"best: {result.best.candidate.label}, certified within {gap} of every candidate's best plan")
     plan_result, hardware = best_plan(result, SearchInputs(document, options.topology, options.settings))

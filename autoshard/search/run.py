@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from autoshard.errors import AutoshardError, InputError, Problem
+from autoshard.errors import AutoshardError, InfeasibleError, InputError, OutOfTime, Problem
 from autoshard.graph.schema import load_graph
 from autoshard.planning.formulation import PICOSECONDS
 from autoshard.planning.make_plan import SolveSettings
@@ -83,6 +83,16 @@ class SearchResult:
     certified_bound_ps: int  # no plan on any candidate costs less
     wall_s: float
     where: str
+
+    def no_plan_error(self) -> AutoshardError:
+        """Why no candidate has a plan (`best` is None): the time budget ran out before some
+        candidate was solved (`OutOfTime`: not a proof that none has one), or every candidate was
+        found to have no plan within the memory budget (`InfeasibleError`)."""
+        unsolved = self.counts["unsolved"]
+        if unsolved:
+            return OutOfTime(f"the search's time budget ran out before any candidate had a plan ({unsolved} of "
+                             f"{self.counts['candidates']} candidates were not solved)")
+        return InfeasibleError("no candidate has a plan within the memory budget")
 
     @property
     def gap(self) -> float | None:
