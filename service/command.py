@@ -8,9 +8,10 @@ one process, as the job runner and the plan store live in it.
 from __future__ import annotations
 
 import argparse
+import socket
 
 from autoshard.cli.args import integer_flag
-from autoshard.errors import InputError, Problem
+from autoshard.errors import AutoshardError, InputError, Problem
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,5 +42,27 @@ def run(args: argparse.Namespace) -> int:
         raise InputError([Problem(f"--{e['loc'][0]} (or AUTOSHARD_{str(e['loc'][0]).upper()})", e["msg"])
                           for e in error.errors()]) from None
     Store(settings.db).close()  # an unusable --db is refused here, in one line, not by the server's start-up
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
+    listening = listening_socket(args.host, args.port)  # a port in use or an unknown host: one line, exit 2
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), log_level=args.log_level))
+    server.run(sockets=[listening])
+    if not server.started:  # the app's start-up failed; uvicorn logged why
+        raise AutoshardError(f"the service did not start on {args.host}:{args.port}; its log above says why")
     return 0
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to `host`:`port` for the server to listen on, or an InputError naming the
+    flag: uvicorn would log the failure and exit 3, the code of an infeasible plan."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as error:
+        raise InputError(f"cannot listen on {host!r}: {error.strerror}", "--host") from None
+    listening = socket.socket(family, kind, proto)
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart may reuse the port
+    try:
+        listening.bind(address)
+    except OSError as error:
+        listening.close()
+        raise InputError(f"cannot listen on {host}:{port}: {error.strerror}", "--port") from None
+    return listening
