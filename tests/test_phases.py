@@ -11,8 +11,8 @@ from autoshard.cli.main import main
 from autoshard.models import GPTConfig, gpt
 from autoshard.phases import PhaseTimes
 
-PHASES = ["load", "formulate", "solve", "pricing", "partition", "collective_optimizations", "verification",
-          "ir_emission", "writing"]
+PHASES = ["load", "kernel_compilation", "formulate", "solve", "pricing", "partition", "collective_optimizations",
+          "verification", "ir_emission", "writing"]
 
 
 def test_plan_json_carries_every_phase_and_they_sum_to_the_wall_time(tmp_path, capsys):
@@ -58,3 +58,20 @@ def test_a_long_phase_is_announced_while_it_runs_and_when_it_ends(monkeypatch):
     assert [line.split(":")[0] for line in heard if "resident" in line] == ["formulate", "solve"]
     assert list(recorder.to_json()) == ["formulate", "solve", "load"]
     assert recorder.to_json()["formulate"]["wall_s"] >= 0.2
+
+
+def test_the_solvers_one_off_compilation_is_a_phase_of_its_own_before_formulating(monkeypatch):
+    """numba's first compilation (about 25 s after an install) is announced as itself when long and
+    is neither formulate_s nor solve_s: it runs before either starts."""
+    import autoshard.planning.make_plan as make_plan_module
+    from autoshard import Mesh, bind_hardware, load_graph
+    from autoshard.planning.make_plan import SolveSettings, make_plan
+
+    recorder = PhaseTimes()
+    ended_before = []
+    monkeypatch.setattr(make_plan_module, "compile_kernels", lambda: ended_before.append(list(recorder.entries)))
+    mesh = Mesh.parse("dp=2,tp=2")
+    make_plan(load_graph("examples/mlp.json", mesh), mesh, bind_hardware("dgx-h100", mesh),
+              SolveSettings(deterministic=True), phases=recorder)
+    assert ended_before == [[]]
+    assert list(recorder.to_json()) == ["kernel_compilation", "formulate", "solve", "pricing"]

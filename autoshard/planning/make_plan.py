@@ -22,6 +22,7 @@ from autoshard.planning.microbatches import Microbatching, microbatch, repeat_fo
 from autoshard.planning.plan import Plan
 from autoshard.planning.report import Report, delivered_shardings, estimate
 from autoshard.solver import Problem, score, solve
+from autoshard.solver.heuristic import compile_kernels
 from autoshard.solver.solve import Result
 from autoshard.solver.problem import certified_lower
 
@@ -131,6 +132,10 @@ def make_plan(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = 
     `best_so_far` is kept up to date with the best plan found while solving; `prices`: resharding
     prices already found on this mesh and hardware (`resharding_prices`), to be reused."""
     phases = PhaseTimes() if phases is None else phases
+    # numba compiles the solver's kernels once per install (about 25 s; then from its cache on
+    # disk, once per process): a phase of its own, announced when long, not the plan's solve_s
+    with phases.phase("kernel_compilation"):
+        compile_kernels()
     started = time.perf_counter()
     budget_bytes = settings.memory_budget_bytes if settings.memory_budget_bytes is not None else hw.hbm_bytes
     with phases.phase("formulate"):
