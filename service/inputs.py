@@ -168,7 +168,8 @@ def plan_inputs(canonical: Mapping[str, Any]) -> PlanInputs:
                              memory_budget_bytes=options.get("memory_budget_bytes"),
                              weights=Weights(**options["weights"]),
                              deterministic=options.get("deterministic", False),
-                             microbatches=options.get("microbatches", 1))
+                             microbatches=options.get("microbatches", 1),
+                             mesh_order_splits=options.get("mesh_order_splits", False))
     return PlanInputs(graph_from_json(canonical["graph"], mesh), mesh,
                       bind_topology(canonical["topology"], canonical["topology_options"], mesh),
                       topology_name(canonical["topology"]), settings, tuple(options["emit"]), options["dialect"],

@@ -27,8 +27,9 @@ GraphDocument = Annotated[dict[str, Any], WithJsonSchema(graph_json_schema())]
 
 
 class _Wire(BaseModel):
-    # Python's JSON reader takes NaN, Infinity and 1e999; no option means anything with them
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    # Python's JSON reader takes NaN, Infinity and 1e999; no option means anything with them.
+    # strict: `true` is not a number nor "yes" a boolean, as the CLI refuses them
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
 class MeshAxis(_Wire):
@@ -103,6 +104,9 @@ class PlanOptions(_Wire):
                                                    "timing fields); time_limit_s no longer stops the solve")
     microbatches: int = Field(1, ge=1, description="forward and backward on 1/M of the batch, M times, gradients "
                                                    "accumulated, the optimizer once (inputs must declare batch_dim)")
+    mesh_order_splits: bool = Field(False, description="a dim split over several mesh axes takes them in mesh "
+                                                       "order only, the one order DTensor's placements express "
+                                                       "(as `--mesh-order-splits`)")
 
 
 class PlanRequest(_Wire):

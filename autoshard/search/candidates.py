@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import cost_models
@@ -76,13 +76,27 @@ def parse_fixed(text: str, where: str = "--fix") -> dict[str, int]:
     except InputError as error:
         raise InputError([Problem(where, p.message) for p in error.problems]) from None
     fixed = dict(zip(mesh.axis_names, mesh.shape))
-    problems = [Problem(f"{where} {name}", f"a fixed axis needs a size of at least 2, got {size}")
-                for name, size in fixed.items() if size < 2]
-    problems += [Problem(f"{where} {name}", "the names a0, a1, ... are given to the axes that are not fixed")
-                 for name in fixed if _is_positional(name)]
+    problems = fixed_axes_problems(fixed, lambda name: f"{where} {name}")
     if problems:
         raise InputError(problems)
     return fixed
+
+
+def fixed_axes_problems(fixed: Mapping[str, int], at: Callable[[str], str]) -> list[Problem]:
+    """What is wrong with the axes every candidate must have, each at `at(name)`: a name no mesh
+    axis can have, a size under 2, or a name a0, a1, ... (those name the axes that are not fixed)."""
+    problems = []
+    for name, size in fixed.items():
+        try:
+            Mesh((name,), (size,))
+        except InputError as error:
+            problems += [Problem(at(name), p.message) for p in error.problems]
+            continue
+        if size < 2:
+            problems.append(Problem(at(name), f"a fixed axis needs a size of at least 2, got {size}"))
+        if _is_positional(name):
+            problems.append(Problem(at(name), "the names a0, a1, ... are given to the axes that are not fixed"))
+    return problems
 
 
 def _is_positional(name: str) -> bool:

@@ -7,6 +7,7 @@ same things in the same order on either (see `autoshard.search.run`).
 
 from __future__ import annotations
 
+import importlib.util
 import multiprocessing
 import socket
 from concurrent import futures
@@ -82,6 +83,14 @@ class LocalPool:
             self._executor.shutdown(wait=True)
 
 
+RAY_MISSING = "Ray is not installed; install the extra: pip install 'autoshard[ray]'"
+
+
+def ray_installed() -> bool:
+    """Whether Ray can be imported, without importing it (that takes seconds)."""
+    return importlib.util.find_spec("ray") is not None
+
+
 class RayPool:
     """Tasks on Ray: `address` "auto" starts a local instance of `slots` CPUs unless one runs (then
     joins it); any other address joins that cluster. A Ray instance this pool started it also stops."""
@@ -90,7 +99,7 @@ class RayPool:
         try:
             import ray
         except ImportError:
-            raise InputError("Ray is not installed; install the extra: pip install 'autoshard[ray]'", "ray") from None
+            raise InputError(RAY_MISSING, "ray") from None
         self._ray = ray
         self.slots = slots
         self._started = False

@@ -15,7 +15,8 @@ import cost_models
 from autoshard.errors import InputError, Problem
 from autoshard.planning.formulation import Weights as ObjectiveWeights
 from autoshard.planning.make_plan import MAX_MEMORY_BUDGET_BYTES, MAX_SEED, SolveSettings
-from autoshard.search.candidates import MAX_AXES, enumerate_candidates
+from autoshard.search.candidates import MAX_AXES, enumerate_candidates, fixed_axes_problems
+from autoshard.search.fanout import RAY_MISSING, ray_installed
 from autoshard.search.run import SearchOptions
 from service.errors import Conflict, NotFound
 from service.inputs import check_graph_size, parse_graph
@@ -27,7 +28,8 @@ router = APIRouter(prefix="/v1/searches", tags=["searches"], responses=errors(42
 
 
 class _Wire(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: `true` is not a number nor "yes" a boolean
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class SearchSettings(_Wire):
@@ -45,6 +47,8 @@ class SearchSettings(_Wire):
     seed: int = Field(0, ge=0, le=MAX_SEED)
     deterministic: bool = Field(False, description="fixed solver work instead of the clock: the same request "
                                                    "gives the same ranking")
+    mesh_order_splits: bool = Field(False, description="a dim split over several mesh axes takes them in mesh "
+                                                       "order only (as `autoshard search --mesh-order-splits`)")
     ray: bool = Field(False, description="run the solves on Ray (a local instance, or the one the server runs in); "
                                          "needs the server's `ray` extra")
 
@@ -101,9 +105,9 @@ def checked_options(body: SearchRequest, request: Request) -> SearchOptions:
     if budget_s > settings.max_time_limit_s:
         problems.append(Problem("/options/time_budget_s", f"at most {settings.max_time_limit_s:g} s on this service, "
                                                           f"got {budget_s:g}"))
-    for name, size in options.fix.items():
-        if size < 2:
-            problems.append(Problem(f"/options/fix/{name}", f"a fixed axis needs a size of at least 2, got {size}"))
+    problems += fixed_axes_problems(options.fix, lambda name: f"/options/fix/{name}")
+    if options.ray and not ray_installed():
+        problems.append(Problem("/options/ray", RAY_MISSING))
     if problems:
         raise InputError(problems)
     weights = options.weights
@@ -111,7 +115,7 @@ def checked_options(body: SearchRequest, request: Request) -> SearchOptions:
                               memory_budget_bytes=options.memory_budget_bytes,
                               weights=ObjectiveWeights(weights.time, weights.comm_s_per_byte,
                                                        weights.memory_s_per_byte),
-                              deterministic=options.deterministic)
+                              deterministic=options.deterministic, mesh_order_splits=options.mesh_order_splits)
     check_graph_size(body.graph, settings)
     parse_graph(body.graph, None, settings)  # its constraints are checked per candidate mesh
     try:
