@@ -48,17 +48,24 @@ def parse_integer(text: str, where: str) -> int:
     return int(stripped)
 
 
-def parse_finite(text: str, where: str) -> float:
-    """A finite real number in ASCII (`1.5`, `2e-3`); `nan`, `inf` and overflowing exponents are refused."""
+def parse_real(text: str, where: str) -> float:
+    """A real number in ASCII (`1.5`, `2e-3`, also `nan` and `inf`: a caller that checks ranges
+    says what it expects of those, with its other problems)."""
     stripped = text.strip()
     problem = non_ascii_problem(stripped)
-    if problem is None and stripped.lower().lstrip("+-") in ("nan", "inf", "infinity"):
-        problem = f"{text!r} is not a finite number"
-    if problem is None and not _REAL.fullmatch(stripped):
+    if (problem is None and not _REAL.fullmatch(stripped)
+            and stripped.lower().lstrip("+-") not in ("nan", "inf", "infinity")):
         problem = f"expected a number like 1.5 or 2e-3, got {text!r}"
     if problem is not None:
         raise InputError(problem, where)
-    value = float(stripped)
+    return float(stripped)
+
+
+def parse_finite(text: str, where: str) -> float:
+    """A finite real number in ASCII; `nan`, `inf` and overflowing exponents (`1e400`) are refused."""
+    value = parse_real(text, where)
+    if math.isnan(value) or text.strip().lower().lstrip("+-") in ("inf", "infinity"):
+        raise InputError(f"{text!r} is not a finite number", where)
     if not math.isfinite(value):
         raise InputError(f"{text!r} is beyond the range of a floating-point number", where)
     return value

@@ -61,13 +61,26 @@ def test_cli_sizes_in_other_digits_exit_2_naming_the_flag_and_character(capsys, 
 
 @pytest.mark.parametrize("argv, flag", [
     (["plan", "examples/mlp.json", "--mesh", "x=2", "--seed", ARABIC_INDIC_THREE], "--seed"),
-    (["plan", "examples/mlp.json", "--mesh", "x=2", "--time-limit", "nan"], "--time-limit"),
-    (["iopddl", "tests/data/iopddl_example.json", "--time-limit", "nan"], "--time-limit"),
+    (["plan", "examples/mlp.json", "--mesh", "x=2", "--time-limit", f"1{ARABIC_INDIC_THREE}"], "--time-limit"),
     (["search", "examples/mlp.json", "--devices", f"{SUPERSCRIPT_TWO}"], "--devices"),
 ])
-def test_numeric_flags_take_ascii_finite_numbers_only(capsys, argv, flag):
+def test_numeric_flags_take_ascii_digits_only(capsys, argv, flag):
     err = refused(capsys, argv)
-    assert f"argument {flag}: " in err
+    assert f"argument {flag}: " in err and "is not an ASCII character" in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["plan", "examples/mlp.json", "--mesh", "x=2", "--time-limit", "nan"],
+    ["iopddl", "tests/data/iopddl_example.json", "--time-limit", "nan"],
+    ["iopddl", "tests/data/iopddl_example.json", "--time-limit", "inf"],
+])
+def test_a_time_limit_that_is_not_finite_is_refused(capsys, argv):
+    assert "--time-limit: must be a positive number of seconds" in refused(capsys, argv)
+
+
+def test_a_capacity_factor_that_is_not_finite_is_refused(tmp_path, capsys):
+    err = refused(capsys, ["generate", "moe", "-o", str(tmp_path / "moe.json"), "--capacity-factor", "inf"])
+    assert "--capacity-factor: must be a positive number, got inf" in err
 
 
 @pytest.mark.parametrize("argv, flag, words", [

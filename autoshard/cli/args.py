@@ -13,7 +13,7 @@ from autoshard.graph.builder import document_text
 from autoshard.graph.model import Graph
 from autoshard.graph.summary import graph_summary
 from autoshard.mesh import Mesh
-from autoshard.numerals import non_ascii_problem, parse_dims, parse_finite, parse_integer
+from autoshard.numerals import non_ascii_problem, parse_dims, parse_finite, parse_integer, parse_real
 from autoshard.planning.hardware import bind_hardware
 
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
@@ -43,8 +43,9 @@ def integer_flag(text: str) -> int:
 
 
 def number_flag(text: str) -> float:
-    """argparse `type` of every real-number flag: ASCII and finite (argparse names the flag)."""
-    return _flag_value(parse_finite, text)
+    """argparse `type` of every real-number flag: in ASCII (argparse names the flag); `nan` and `inf`
+    are left to the command's range checks, which report every flag's problem at once."""
+    return _flag_value(parse_real, text)
 
 
 def _flag_value(parse: Callable[[str, str], Any], text: str) -> Any:

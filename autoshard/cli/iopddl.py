@@ -49,8 +49,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.solution is not None:
         raise InputError("a SOLUTION file is only read with --score", "SOLUTION")
-    if args.time_limit <= 0:
-        raise InputError(f"must be positive, found {args.time_limit}", "--time-limit")
+    if not (math.isfinite(args.time_limit) and args.time_limit > 0):
+        raise InputError(f"must be a positive number of seconds, found {args.time_limit}", "--time-limit")
     if args.workers < 1:
         raise InputError(f"must be at least 1, found {args.workers}", "--workers")
     if not 0 <= args.seed <= MAX_SEED:

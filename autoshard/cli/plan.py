@@ -17,7 +17,7 @@ from autoshard.errors import InputError, Interrupted, Problem
 from autoshard.graph.builder import document_text
 from autoshard.graph.schema import load_graph
 from autoshard.graph.summary import si, size
-from autoshard.numerals import parse_finite
+from autoshard.numerals import parse_real
 from autoshard.phases import PhaseTimes
 from autoshard.planning.compose import plan_layer_once
 from autoshard.planning.formulation import Weights, weight_name_problem
@@ -89,7 +89,7 @@ def parse_weights(text: str, problems: list[Problem]) -> Weights:
             problems.append(Problem("--weights", wrong))
             continue
         try:
-            values[name] = parse_finite(value, "--weights")
+            values[name] = parse_real(value, "--weights")  # Weights says which values it takes
         except InputError as error:
             problems.append(Problem("--weights", f"{name}: {error.problems[0].message}"))
     try:

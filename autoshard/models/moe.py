@@ -43,7 +43,7 @@ class MoEConfig:
                                  *(("ffn",) if self.ffn is not None else ()))
         if isinstance(self.top_k, int) and isinstance(self.experts, int) and self.top_k > self.experts:
             problems.append(Problem("top_k", f"must be at most experts ({self.experts}), got {self.top_k}"))
-        if not isinstance(self.capacity_factor, (int, float)) or not self.capacity_factor > 0:
+        if not isinstance(self.capacity_factor, (int, float)) or not 0 < self.capacity_factor < math.inf:
             problems.append(Problem("capacity_factor", f"must be a positive number, got {self.capacity_factor!r}"))
         raise_problems(problems + float_dtype(self.dtype) + one_of(self.activation, UNARY, "activation"))
 
