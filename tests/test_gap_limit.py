@@ -4,26 +4,14 @@ import numpy as np
 import pytest
 
 from autoshard.cli.main import main
-from autoshard.solver import Problem, solve
+from autoshard.solver import solve
 from autoshard.solver.exact import solve_exact
 from autoshard.solver.flat import flatten
 from service.inputs import canonical_plan_request, plan_inputs
 from service.schemas import PlanRequest
 from support.cli import plan_args
 from support.service import MLP, error_of, settings_for
-
-
-def frustrated_ring(base: int) -> Problem:
-    """Seven nodes of two strategies on a ring with chords; an edge costs 100 when its ends agree.
-    An odd ring always has such an edge, but the memory-free relaxation (the local polytope)
-    sees none: its bound is short by about 200 of the optimum 7 * base + 203. Each node costs
-    `base` (+1 for its second strategy), so that shortfall is a small fraction of the cost."""
-    n = 7
-    costs = tuple(np.array([base, base + 1]) for _ in range(n))
-    usages = tuple(np.zeros(2, dtype=np.int64) for _ in range(n))
-    edges = np.array([[i, (i + 1) % n] for i in range(n)] + [[i, (i + 3) % n] for i in range(0, n, 2)])
-    return Problem(costs, usages, np.array([[0, 1]] * n), edges,
-                   tuple(np.eye(2, dtype=np.int64) * 100 for _ in edges))
+from support.solver_problems import frustrated_ring
 
 
 OPTIMUM = 203  # above 7 * base

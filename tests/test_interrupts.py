@@ -14,10 +14,15 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from autoshard.cli.interrupts import INTERRUPTED
 from autoshard.cli.main import main
+from autoshard.solver.exact import solve_exact
+from autoshard.solver.flat import flatten
+from autoshard.solver.stopping import stop_running_solves
+from support.solver_problems import frustrated_ring
 
 WAIT_S = 120  # for the phase to begin and for the command to end: a loaded machine is slow, never this slow
 
@@ -45,7 +50,7 @@ def interrupt_when(command: list[str], marker: str, number: signal.Signals) -> t
 def gpt(tmp_path_factory) -> Path:
     """A training step big enough that formulating and solving each take seconds."""
     path = tmp_path_factory.mktemp("graphs") / "gpt.json"
-    assert main(["generate", "gpt", "--training", "--layers", "4", "-o", str(path)]) == 0
+    assert main(["generate", "gpt", "--training", "--layers", "2", "-o", str(path)]) == 0
     return path
 
 
@@ -86,3 +91,18 @@ def test_a_signal_while_importing_the_users_code_exits_130_without_a_traceback(t
     code, err, _ = interrupt_when(["import", "jax", f"{source}:make", "-o", str(tmp_path / "g.json")],
                                   "building the model", signal.SIGINT)
     assert (code, err) == (INTERRUPTED, ["autoshard import: interrupted"])
+
+
+def test_a_running_cp_sat_solve_stops_when_asked_from_another_thread():
+    # what the signal watcher does: CP-SAT holds the main thread in C++, where no Python handler runs
+    fp = flatten(frustrated_ring(base=10**6))
+    stopped = solve_exact(fp, time_limit_s=600, hint=np.zeros(fp.n, dtype=np.int64),
+                          progress=lambda cost, bound, elapsed_s: stop_running_solves())
+    assert stopped.x is not None and not stopped.optimal  # alone, CP-SAT proves this ring optimal at once
+    assert solve_exact(fp, time_limit_s=600, hint=np.zeros(fp.n, dtype=np.int64)).optimal
+
+
+def test_a_search_stopped_by_a_signal_stops_its_workers_and_exits_130(tmp_path):
+    graph = Path(__file__).parent.parent / "examples" / "mlp.json"
+    code, err, _ = interrupt_when(["search", str(graph), "--devices", "64", "--jobs", "1"], "bounding", signal.SIGINT)
+    assert (code, err) == (INTERRUPTED, ["autoshard search: interrupted; the workers were stopped"])

@@ -47,7 +47,11 @@ def _commands() -> dict[str, Callable[[argparse._SubParsersAction], None]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     collect_garbage_rarely()
-    parser = build_parser()
+    try:
+        parser = build_parser()  # imports every command's module: Ctrl-C may well land here
+    except KeyboardInterrupt:
+        print("autoshard: interrupted", file=sys.stderr)
+        return INTERRUPTED
     args = parser.parse_args(argv)
     try:
         with signals_interrupt():

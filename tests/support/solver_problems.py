@@ -48,3 +48,16 @@ def enumerate_optimum(problem: Problem) -> int | None:
 
 def flat_assignments(fp):
     return (np.array(x) for x in itertools.product(*(range(s) for s in fp.sizes())))
+
+
+def frustrated_ring(base: int) -> Problem:
+    """Seven nodes of two strategies on a ring with chords; an edge costs 100 when its ends agree.
+    An odd ring always has such an edge, but the memory-free relaxation (the local polytope)
+    sees none: its bound is short by about 200 of the optimum 7 * base + 203. Each node costs
+    `base` (+1 for its second strategy), so that shortfall is a small fraction of the cost."""
+    n = 7
+    costs = tuple(np.array([base, base + 1]) for _ in range(n))
+    usages = tuple(np.zeros(2, dtype=np.int64) for _ in range(n))
+    edges = np.array([[i, (i + 1) % n] for i in range(n)] + [[i, (i + 3) % n] for i in range(0, n, 2)])
+    return Problem(costs, usages, np.array([[0, 1]] * n), edges,
+                   tuple(np.eye(2, dtype=np.int64) * 100 for _ in edges))
