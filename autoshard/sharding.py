@@ -105,6 +105,9 @@ class Sharding:
         axes = partial.get("axes", [])
         if not isinstance(axes, list) or not all(isinstance(a, str) for a in axes):
             raise ShardingError("partial axes must be a list of mesh axis names", "partial/axes")
+        if value.get("partial") is not None and not axes:  # else read as not partial, whatever the kind says
+            raise ShardingError("a partial value needs at least one mesh axis; leave partial out for a value "
+                                "that is not partial", "partial/axes")
         offsets = value.get("sharded_dims_offsets", [])
         if not isinstance(offsets, list) or not all(
                 isinstance(d, list) and all(isinstance(o, int) and not isinstance(o, bool) for o in d) for d in offsets):

@@ -26,6 +26,9 @@ RESHARD = ["reshard", "--mesh", "x=2,y=2", "--shape", "6x6", "--to", "[]"]
     ('[["x"], [], []]', "--from", "split_axes has 3 entries but the tensor has rank 2"),
     ('{"split_axes": [["x"]], "sharded_dims_offsets": [[0, 3, 6], [], []]}', "--from",
      "3 entries but the tensor has rank 2"),
+    ('{"split_axes": [["x"]], "partial": {"kind": "sum", "axes": []}}', "--from partial/axes",
+     "needs at least one mesh axis"),
+    ('{"split_axes": [["x"]], "partial": {}}', "--from partial/axes", "needs at least one mesh axis"),
 ])
 def test_reshard_refuses_a_misspelled_or_too_long_sharding_naming_it(capsys, source, where, words):
     assert main([*RESHARD, "--from", source]) == 2
@@ -83,3 +86,9 @@ def test_rest_refuses_nodes_with_a_tpu_profile_and_an_infinite_bandwidth(http):
     response = http.post("/v1/plans", content=body, headers={"content-type": "application/json"})
     assert response.status_code == 422
     assert [p["where"] for p in error_of(response)["problems"]] == ["/topology/nvlink/bytes_per_s_oneway_peak"]
+
+
+def test_collective_refuses_a_mesh_axis_mapped_twice(capsys):
+    argv = ["collective", "all_reduce", "--mesh", "dp=2,tp=2", "--bytes", "1MiB", "--mapping", "dp=node,dp=gpu,tp=gpu"]
+    assert main(argv) == 2
+    assert "  --mapping: mesh axis 'dp' is mapped twice" in capsys.readouterr().err

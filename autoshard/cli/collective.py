@@ -51,6 +51,8 @@ def parse_mapping(text: str | None) -> dict[str, list[str]] | None:
         axis, sep, dims = part.partition("=")
         if not sep or not axis.strip() or not dims.strip():
             raise InputError(f"expected AXIS=DIM[+DIM...][,...], e.g. dp=node,tp=gpu; got {text!r}", "--mapping")
+        if axis.strip() in mapping:
+            raise InputError(f"mesh axis {axis.strip()!r} is mapped twice; give each axis once", "--mapping")
         mapping[axis.strip()] = [d.strip() for d in dims.split("+")]
     return mapping
 
