@@ -12,8 +12,9 @@ ROOT = Path(autoshard.__file__).parent
 # The pipeline, lowest first: a module may import its own unit and the units before it.
 # `frontends` translate both ways: framework programs into graphs and plans back into the framework's shardings, so
 # they sit above the plan's delivery.
-ORDER = ("errors", "dtypes", "reductions", "affine", "mesh", "sharding", "phases", "ops", "resharding", "graph", "models",
-         "solver", "pipeline", "planning", "spmd", "mlir", "sim", "delivery", "search", "frontends", "client", "cli")
+ORDER = ("errors", "numerals", "encodable", "dtypes", "reductions", "affine", "mesh", "sharding", "phases", "ops",
+         "resharding", "graph", "models", "solver", "pipeline", "planning", "spmd", "mlir", "sim", "delivery", "search",
+         "frontends", "client", "cli")
 FRONT_DOOR = "autoshard/__init__.py"  # re-exports the user's few names, lazily, from anywhere
 
 
