@@ -2,5 +2,6 @@
 the bound hardware, the formulation as a solver problem, `make_plan`, the plan itself and the
 report that prices any plan.
 
-May import: the vocabulary, `ops`, `resharding`, `graph`, `solver`.
+May import: the vocabulary, `ops`, `resharding`, `graph`, `solver`, `pipeline` (the schedules that price a
+pipelined plan).
 """

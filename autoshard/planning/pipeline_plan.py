@@ -1,0 +1,221 @@
+"""A training step pipelined over S stages: the layers cut into contiguous parts, each stage a
+sub-mesh with the same axes, the step priced by simulating the schedule event by event.
+
+How it is made:
+1. One intra-stage plan of the whole graph on the stage's mesh (`make_plan`, with the
+   microbatches asked for). Its memory budget is S budgets, as each stage holds about 1/S of
+   the graph; each stage's own peak is checked against one budget in step 5.
+2. Each op's seconds per run from that plan's prices (`estimate`, per op its compute and the
+   reshardings into it). The plan is of the step on one microbatch (the microbatch machinery
+   divides every batch dim by M), so an op's seconds divided by its runs are its seconds on one
+   microbatch as planned, not the whole batch's divided by M: small ops and collectives do not
+   shrink linearly with the batch.
+3. The cut: S x V parts (V chunks per stage, interleaved) of contiguous layers, chosen by a
+   dynamic programme over cut points on the per-layer sums of F + B + W seconds of that one
+   plan's ops (`pipeline_stages.balanced_cuts`): no range is planned again. Part `v` runs on
+   stage `v mod S` as its chunk `v div S` (the looped placement of `autoshard.pipeline`).
+4. Per part F, B and W seconds (ops classified by data flow, `pipeline_work`), per boundary the
+   activations (forward) and their gradients (backward) crossing it, each a `send_recv` over
+   the stage axis (`STAGE_AXIS`, outermost on the machine, so across nodes when there are
+   several), per stage a tail of gradient reduction (the reshardings into the optimizer) and
+   the optimizer, once per step.
+5. `simulate_pipeline` gives the step and the bubble; each stage's memory is its parameters,
+   gradients and optimizer state as planned plus the activations of the microbatches it holds in
+   flight (`activation_peaks`), against the budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+import numpy as np
+
+from autoshard.errors import InfeasibleError, InputError, Problem
+from autoshard.graph.model import Graph
+from autoshard.graph.summary import size
+from autoshard.mesh import Mesh
+from autoshard.phases import PhaseTimes
+from autoshard.pipeline import PipelineTimeline, StageOrders, activation_peaks, simulate_pipeline, stage_orders
+from autoshard.planning.costs import Hardware
+from autoshard.planning.make_plan import (MAX_MEMORY_BUDGET_BYTES, BestSoFar, PlanResult, SolveSettings,
+                                          make_plan)
+from autoshard.planning.pipeline_stages import balanced_cuts, layer_order, op_positions, position_seconds
+from autoshard.pipeline.seconds import DIRECTIONS
+from autoshard.planning.pipeline_values import PartValues, StoredBytes
+from autoshard.planning.pipeline_work import seconds_per_run, work_kinds
+
+STAGE_AXIS = "pp"  # the machine mesh's outermost axis, one position per stage
+TRANSFER = "send_recv"
+TAIL_PARTS = ("gradient reduction", "optimizer")
+# Where the checks name the settings: `stages` is the pipeline's stage count, `chunks` its schedule's V
+SETTING_OF = {"stages": "pipeline", "chunks": "schedule"}
+
+
+@dataclass(frozen=True)
+class PipelineSettings:
+    stages: int
+    schedule: str = "1f1b"
+    chunks: int = 1  # virtual stages per stage (interleaved)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One virtual stage: its layers (first, last), its ops in order, and one microbatch's
+    seconds and saved activation bytes through it."""
+
+    stage: int
+    chunk: int
+    layers: tuple[int, int]
+    ops: tuple[str, ...]
+    forward_s: float
+    backward_s: float
+    weight_s: float
+    saved_bytes: int
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    stored: StoredBytes
+    activation_bytes: float  # of the microbatches in flight at the stage's peak
+    inflight: int  # (microbatch, chunk) pairs held at once
+
+    @property
+    def peak_bytes(self) -> float:
+        return (self.stored.parameter_bytes + self.stored.gradient_bytes + self.stored.optimizer_state_bytes
+                + self.activation_bytes)
+
+
+@dataclass(frozen=True)
+class PipelinedPlan:
+    result: PlanResult  # the intra-stage plan of the whole graph: `ops` and `tensors` are the union over stages
+    stage_mesh: Mesh
+    orders: StageOrders
+    parts: tuple[Part, ...]  # in forward order (virtual stages)
+    transfer_s: dict[str, list[float]]  # per direction, per boundary between parts
+    tail_s: dict[str, list[float]]  # per `TAIL_PARTS` name, per stage
+    memory: tuple[StageMemory, ...]
+    budget_bytes: float
+    timeline: PipelineTimeline
+
+    def to_json(self) -> dict[str, Any]:
+        orders, devices = self.orders, self.stage_mesh.num_devices
+        stages = []
+        for stage in range(orders.stages):
+            memory = self.memory[stage]
+            chunks = [part for part in self.parts if part.stage == stage]
+            stages.append({
+                "stage": stage, "devices": list(range(stage * devices, (stage + 1) * devices)),
+                "mesh": {"axes": [{"name": n, "size": s} for n, s in zip(self.stage_mesh.axis_names,
+                                                                         self.stage_mesh.shape)]},
+                "chunks": [{"virtual_stage": orders.virtual_stage(stage, part.chunk), "layers": list(part.layers),
+                            "ops": list(part.ops), "forward_s": part.forward_s, "backward_s": part.backward_s,
+                            "weight_s": part.weight_s, "saved_activation_bytes_per_microbatch": part.saved_bytes}
+                           for part in chunks],
+                "forward_s": sum(p.forward_s for p in chunks), "backward_s": sum(p.backward_s for p in chunks),
+                "weight_s": sum(p.weight_s for p in chunks),
+                "tail_s": {name: seconds[stage] for name, seconds in self.tail_s.items()},
+                "busy_s": self.timeline.busy_s[stage], "idle_s": self.timeline.idle_s[stage],
+                "memory": {"parameter_bytes": memory.stored.parameter_bytes,
+                           "gradient_bytes": memory.stored.gradient_bytes,
+                           "optimizer_state_bytes": memory.stored.optimizer_state_bytes,
+                           "activation_bytes": memory.activation_bytes, "inflight_chunks": memory.inflight,
+                           "peak_bytes": memory.peak_bytes}})
+        return {"stages": stages, "stage_count": orders.stages, "stage_axis": STAGE_AXIS,
+                "microbatches": orders.microbatches, "virtual_stages_per_stage": orders.chunks,
+                "schedule": orders.schedule, "transfer": TRANSFER, "transfer_s": self.transfer_s,
+                "memory_budget_bytes_per_device": self.budget_bytes,
+                "bubble_fraction": self.timeline.bubble_fraction, "step_s": self.timeline.step_s}
+
+
+def pipeline_mesh(stage_mesh: Mesh, stages: int) -> Mesh:
+    """The machine's mesh: the stage axis outermost, then the axes inside a stage."""
+    if STAGE_AXIS in stage_mesh.axis_names:
+        raise InputError(f"axis {STAGE_AXIS!r} is the pipeline's stage axis; name the axes inside a stage otherwise",
+                         "mesh")
+    return Mesh((STAGE_AXIS,) + stage_mesh.axis_names, (stages,) + stage_mesh.shape)
+
+
+def checked_orders(graph: Graph, pipeline: PipelineSettings, microbatches: int) -> StageOrders:
+    """The schedule's orders, once the graph is known to have enough layers for its parts; every
+    problem named by its setting (`pipeline` for the stages, `schedule` for V, `microbatches`)."""
+    stages = pipeline.stages
+    if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
+        raise InputError(f"must be a whole number of stages of at least 1, got {stages!r}", "pipeline")
+    try:
+        orders = stage_orders(pipeline.schedule, stages, microbatches, pipeline.chunks)
+    except InputError as error:
+        raise InputError([Problem(SETTING_OF.get(p.where, p.where), p.message) for p in error.problems]) from None
+    layers = len(layer_order(graph))
+    if orders.virtual_stages > layers:
+        parts = f"{stages} stages x {pipeline.chunks} virtual stages" if pipeline.chunks > 1 else f"{stages} stages"
+        raise InputError(f"{parts} need at least {orders.virtual_stages} layers, one per part; graph {graph.name!r} "
+                         f"has {layers}", "pipeline")
+    return orders
+
+
+def plan_pipeline(graph: Graph, stage_mesh: Mesh, hw: Hardware, settings: SolveSettings, pipeline: PipelineSettings,
+                  progress: Callable[[str, float, float, float], None] | None = None,
+                  phases: PhaseTimes | None = None, best_so_far: BestSoFar | None = None) -> PipelinedPlan:
+    """The pipelined plan of `graph`: `hw` is bound to `pipeline_mesh(stage_mesh, stages)`."""
+    orders = checked_orders(graph, pipeline, settings.microbatches)
+    phases = PhaseTimes() if phases is None else phases
+    budget = settings.memory_budget_bytes if settings.memory_budget_bytes is not None else hw.hbm_bytes
+    whole = replace(settings, memory_budget_bytes=min(budget * orders.stages, MAX_MEMORY_BUDGET_BYTES))
+    result = make_plan(graph, stage_mesh, hw, whole, progress=progress, phases=phases, best_so_far=best_so_far)
+    with phases.phase("pipeline"):
+        return _priced(result, stage_mesh, hw, orders, budget)
+
+
+def _priced(result: PlanResult, stage_mesh: Mesh, hw: Hardware, orders: StageOrders, budget: float) -> PipelinedPlan:
+    plan = result.plan
+    graph = plan.graph
+    layers = layer_order(graph)
+    positions = op_positions(graph)
+    kinds = work_kinds(graph, positions)
+    per_run = seconds_per_run(result.report, graph)
+    seconds = {name: entry["compute"] + entry["communication"] for name, entry in per_run.items()}
+    work = position_seconds(positions, {name: s for name, s in seconds.items() if kinds[name] != "tail"}, len(layers))
+    cuts = balanced_cuts(work, orders.virtual_stages)
+    part_at = {position: part for part, (start, end) in enumerate(cuts) for position in range(start, end)}
+    part_of = {name: part_at[position] for name, position in positions.items()}
+    values = PartValues(plan, part_of, kinds)
+    saved = values.saved_bytes(len(cuts))
+    parts, work_s = [], np.zeros((3, orders.stages, orders.chunks))
+    for part, (start, end) in enumerate(cuts):
+        stage, chunk = orders.placement(part)
+        ops = tuple(op.name for op in graph.order if part_of[op.name] == part)
+        for row, kind in enumerate(("F", "B", "W")):
+            work_s[row, stage, chunk] = sum(seconds[name] for name in ops if kinds[name] == kind)
+        parts.append(Part(stage, chunk, (layers[start], layers[end - 1]), ops, *map(float, work_s[:, stage, chunk]),
+                          saved[part]))
+    transfer_s = {direction: [sum(hw.collective_seconds(TRANSFER, [STAGE_AXIS], values.bytes_of(t)) for t in crossing)
+                              for crossing in boundaries]
+                  for direction, boundaries in values.crossing(len(cuts)).items()}
+    tail_s = {name: [0.0] * orders.stages for name in TAIL_PARTS}
+    for name, entry in per_run.items():
+        if kinds[name] == "tail":
+            stage = orders.placement(part_of[name])[0]
+            tail_s["gradient reduction"][stage] += entry["communication"]
+            tail_s["optimizer"][stage] += entry["compute"]
+    timeline = simulate_pipeline(orders, *work_s, transfer_s=[transfer_s[d] for d in DIRECTIONS] if len(cuts) > 1 else None,
+                                 tail_s=tail_s)
+    accumulated = result.microbatching.accumulated if result.microbatching is not None else {}
+    stored = values.stored_bytes({part: orders.placement(part)[0] for part in range(len(cuts))}, orders.stages,
+                                 accumulated)
+    held = activation_peaks(orders, [[parts[orders.virtual_stage(s, c)].saved_bytes for c in range(orders.chunks)]
+                                     for s in range(orders.stages)])
+    memory = tuple(StageMemory(stored[s], held[s], timeline.inflight_peak[s]) for s in range(orders.stages))
+    _check_budget(memory, budget)
+    return PipelinedPlan(result, stage_mesh, orders, tuple(parts), transfer_s, tail_s, memory, budget, timeline)
+
+
+def _check_budget(memory: tuple[StageMemory, ...], budget: float) -> None:
+    """An error naming every stage whose peak is over the budget, with its parts."""
+    over = [f"stage {stage} needs {size(m.peak_bytes)} per device (parameters {size(m.stored.parameter_bytes)}, "
+            f"gradients {size(m.stored.gradient_bytes)}, optimizer state {size(m.stored.optimizer_state_bytes)}, "
+            f"activations {size(m.activation_bytes)} of {m.inflight} microbatch chunk(s) in flight)"
+            for stage, m in enumerate(memory) if m.peak_bytes > budget]
+    if over:
+        raise InfeasibleError(f"{'; '.join(over)}: over the memory budget of {size(budget)} per device; use more "
+                              f"stages, more devices per stage, or a schedule holding fewer microbatches")
