@@ -151,3 +151,29 @@ def test_formulation_of_repeated_layers_equals_the_direct_computation():
         expected = [[scalar_cost(*price(tensor, s, d), 0.0, weights) for d in targets] for s in sources]
         assert matrix.tolist() == expected, (t, consumer, i)
     assert delivered == sum(kind == "delivered" for kind, _ in formulation.nodes) > 0
+
+
+def test_a_table_is_priced_without_cyclic_garbage_collection_and_leaves_it_as_it_was():
+    import gc
+
+    from autoshard.planning.formulation import ReshardingPrices
+
+    mesh = Mesh(("a", "b"), (2, 2))
+    collecting = []
+
+    def price(kind, axes, bytes_per_device):
+        collecting.append(gc.isenabled())
+        return 1e-6 + bytes_per_device * 1e-12
+
+    prices = ReshardingPrices(mesh, price)
+    sources = [Sharding((("a",),)), Sharding(((), ("b",)))]
+    targets = [Sharding((("b",),)), Sharding()]
+    assert gc.isenabled()
+    seconds, _ = prices.table((8, 8), 4, sources, targets)
+    assert collecting and not any(collecting) and gc.isenabled() and (seconds > 0).all()
+    gc.disable()
+    try:
+        ReshardingPrices(mesh, price).table((8, 8), 4, sources, targets)
+        assert not gc.isenabled()  # a caller that had it off keeps it off
+    finally:
+        gc.enable()

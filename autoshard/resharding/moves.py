@@ -90,7 +90,7 @@ MakeMove = Callable[[str, Sequence[str], dict[str, Any], list, Sequence[str], li
 def _mover(ctx: Context, state: Sharding) -> MakeMove:
     """Builds the moves out of `state`: the collective, its axes and attributes and the state's
     new split, partial axes and offsets, priced on the state's buffer."""
-    local = state.max_local_shape(ctx.mesh, ctx.shape)
+    local = _max_local_shape(ctx.mesh, ctx.shape, state)
 
     def make(kind_: str, axes: Sequence[str], dims: dict[str, Any], new_split: list, new_partial: Sequence[str],
              new_offsets: list) -> Move:
@@ -105,6 +105,12 @@ def _mover(ctx: Context, state: Sharding) -> MakeMove:
         return Move(kind_, tuple(axes), tuple(dims.items()), after, math.prod(buffer) * ctx.dtype_bytes)
 
     return make
+
+
+@lru_cache(maxsize=65536)
+def _max_local_shape(mesh: Mesh, shape: tuple[int, ...], state: Sharding) -> tuple[int, ...]:
+    """Kept: a monotone search builds the moves out of one state for many pairs."""
+    return state.max_local_shape(mesh, shape)
 
 
 def with_dim(seq: list, d: int, value: Any) -> list:
