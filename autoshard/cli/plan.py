@@ -11,6 +11,7 @@ from typing import Any
 
 from autoshard.cli.args import (add_hardware_args, hardware_from_args, integer_flag, mesh_from_args, number_flag,
                                 parse_bytes, parse_slice)
+from autoshard.cli._pipeline_flags import add_pipeline_args, flagged, pipeline_settings, print_pipeline
 from autoshard.delivery.deliver import Deliverables, deliver, ir_request_problems, placement_options
 from autoshard.delivery.document import plan_document
 from autoshard.errors import InputError, Interrupted, Problem
@@ -19,9 +20,11 @@ from autoshard.graph.schema import load_graph
 from autoshard.graph.summary import si, size
 from autoshard.numerals import parse_real
 from autoshard.phases import PhaseTimes
+from autoshard.pipeline import write_trace
 from autoshard.planning.compose import plan_layer_once
 from autoshard.planning.formulation import Weights, weight_name_problem
 from autoshard.planning.make_plan import MAX_SEED, BestSoFar, PlanResult, SolveSettings, make_plan, memory_budget_problem
+from autoshard.planning.pipeline_plan import pipeline_mesh, plan_pipeline
 from autoshard.sim.verify import VERIFY_POLICIES, policy_problem
 
 
@@ -36,6 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--layer-once", action="store_true",
                         help="solve each kind of repeated layer once and compose the plan (the bound is summed "
                              "over the parts); needs ops with a `layer`")
+    add_pipeline_args(parser)
     parser.set_defaults(run=run)
 
 
@@ -182,19 +186,37 @@ def run(args: argparse.Namespace) -> int:
     phases = PhaseTimes(announce=lambda text: print(f"  {text}", file=sys.stderr, flush=True))
     with phases.phase("load"):  # and validate: the graph, the mesh, the machine, every flag
         mesh = mesh_from_args(args)
+        problems: list[Problem] = []
+        pipeline = pipeline_settings(args, problems)
+        if problems:
+            raise InputError(problems)
         graph = load_graph(args.graph, mesh)
-        hw = hardware_from_args(args, mesh)
+        try:  # a pipeline's machine is its stages times the mesh inside one
+            hw = hardware_from_args(args, mesh if pipeline is None else pipeline_mesh(mesh, pipeline.stages))
+        except InputError as error:
+            raise flagged(error) from None
         settings, stages = checked_settings(args)
-    best, result = BestSoFar(), None
+    best, result, pipelined = BestSoFar(), None, None
     try:
-        if args.layer_once:
+        if pipeline is not None:
+            try:
+                pipelined = plan_pipeline(graph, mesh, hw, settings, pipeline, progress=ProgressLine(), phases=phases,
+                                          best_so_far=best)
+            except InputError as error:
+                raise flagged(error) from None
+            result = pipelined.result
+        elif args.layer_once:
             result = plan_layer_once(graph, mesh, hw, settings, phases=phases)
         else:
             result = make_plan(graph, mesh, hw, settings, progress=ProgressLine(), phases=phases, best_so_far=best)
         delivered = deliver(result, hw, args.topology, emit=stages, dialect=args.dialect, arguments=args.arguments,
                             verify=args.verify, optimize_collectives=not args.no_collective_opt,
                             nodes=args.nodes, slice_shape=parse_slice(args.slice))
+        if pipelined is not None:
+            delivered.document["pipeline"] = pipelined.to_json()
         written = write_deliverables(delivered, args.output, phases)
+        if pipelined is not None and args.trace:
+            written.append(write_trace(pipelined.timeline, args.trace))
     except KeyboardInterrupt:
         raise interrupted(result or best.result(), args, phases) from None
     print_summary(delivered.document, written)
@@ -256,6 +278,8 @@ def print_summary(document: dict[str, Any], written: list[Path]) -> None:
     if document.get("microbatches", 1) > 1:
         print(f"  {document['microbatches']} microbatches: forward and backward once per microbatch, gradients "
               f"accumulated, the optimizer once per step")
+    if "pipeline" in document:
+        print("  the whole graph planned on one stage's mesh, each stage running its part of it:")
     print(f"  step time {totals['step_s'] * 1e3:.4g} ms = compute {totals['compute_s'] * 1e3:.4g} ms "
           f"+ communication {totals['communication_s'] * 1e3:.4g} ms ({si(totals['communication_bytes'], 'B')} per device)")
     for axis, seconds in sorted(totals["communication_s_per_axis"].items()):
@@ -271,6 +295,8 @@ def print_summary(document: dict[str, Any], written: list[Path]) -> None:
         print(f"  collective optimisations: {len(optimized['changes'])} rewrite(s), communication "
               f"{optimized['communication_s_before'] * 1e3:.4g} ms -> {optimized['communication_s_after'] * 1e3:.4g} ms "
               f"in the partitioned program")
+    if "pipeline" in document:
+        print_pipeline(document["pipeline"])
     verification = document["verification"]
     if verification["status"] == "skipped":
         print(f"  simulator: not run ({verification['reason']})")
