@@ -134,9 +134,10 @@ def parse_json(text: str, where: str) -> Any:
     return document
 
 
-# Longer integer literals are beyond any size, count or index a document can mean (2**64 has 20
-# digits); past 4300 digits Python would not even convert them.
-MAX_INTEGER_DIGITS = 30
+# Longer integer literals are beyond any size, count or index a document can mean (2**128 has 39
+# digits; sizes past 2**50 bytes are refused with their own reason); past 4300 digits Python would
+# not even convert them.
+MAX_INTEGER_DIGITS = 40
 
 
 class HugeInteger:
