@@ -64,9 +64,11 @@ BOUND_SHARE = 0.5  # of the time limit, for the bound problems
 MEMORY_BUCKETS = 1024  # the knapsack's memory resolution: budget / buckets per step, rounded up
 MEMORY_RETRIES = 3
 # Consecutive layers of a kind bounded together: the bound misses the reshardings between chains
-# only. On the 3-D 1.3B training step a layer's bound was 4.5% under its cost in pairs, 1.2% in
-# chains of 8, 0.6% in chains of 16 (a chain of 16 is solved in seconds).
+# only, and what the solver's bound misses in its time. On the 3-D 1.3B training step a chain of 16
+# bounded in 6 s was 3.7% under its layers' cost, in 20 s 0.8%; at 22B width 8% in 8 s, as a chain
+# of 4 in 4 s: the bound's time per layer counts, so chains are cut equal (one problem to bound).
 CHAIN_LAYERS = 16
+MIN_CHAIN_LAYERS = 4
 
 
 @dataclass(frozen=True)
@@ -226,18 +228,26 @@ def _wrap_edges(parts: Parts, kind: Kind) -> tuple[dict[int, np.ndarray], list[t
 
 
 def _chains(parts: Parts, kind: Kind, beside: set[int]) -> list[tuple[Problem, int]]:
-    """The bound problems of the kind's layers not beside the rest: chains of `CHAIN_LAYERS`
+    """The bound problems of the kind's layers not beside the rest: chains of `_chain_length`
     consecutive ones, each with its readings from outside (`Parts.joined`), no memory limit;
     chains that are one problem appear once per chain, as the same object. Each with its number
     of layers (its first nodes, layer after layer)."""
     away = [layer for layer in kind.layers if layer.layer not in beside]
     distinct: dict[tuple, Problem] = {}
     found = []
-    for start in range(0, len(away), CHAIN_LAYERS):
-        chain = away[start:start + CHAIN_LAYERS]
+    length = _chain_length(len(away))
+    for start in range(0, len(away), length):
+        chain = away[start:start + length]
         problem, key = parts.joined(np.concatenate([layer.nodes for layer in chain]))
         found.append((distinct.setdefault(key, problem), len(chain)))
     return found
+
+
+def _chain_length(layers: int) -> int:
+    """Layers per chain: the most, up to `CHAIN_LAYERS`, that cut `layers` into equal chains (one
+    problem to bound, all the bound's time on it), if that is at least `MIN_CHAIN_LAYERS`."""
+    fits = [n for n in range(MIN_CHAIN_LAYERS, CHAIN_LAYERS + 1) if layers % n == 0]
+    return fits[-1] if fits else min(CHAIN_LAYERS, max(layers, 1))
 
 
 def _solve_kind(parts: Parts, kind: Kind, chains: list[tuple[Problem, int]], step_phases: dict[str, str], bound_s_per_node: float,
