@@ -91,6 +91,7 @@ class BestSoFar:
         self._budget_bytes = 0.0
         self._started = self._built = 0.0
         self._solution: np.ndarray | None = None
+        self._decode: Callable[[np.ndarray], np.ndarray] | None = None
         self._bound_ps = -math.inf
 
     def start(self, formulation: Formulation, hw: Hardware, budget_bytes: float, started: float, built: float,
@@ -100,9 +101,10 @@ class BestSoFar:
             self._microbatching = microbatching
             self._started, self._built = started, built
 
-    def offer(self, solution: np.ndarray) -> None:
+    def offer(self, solution: np.ndarray, decode: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+        """`decode` turns `solution` into one of the formulation's, only if `result()` is asked for."""
         with self._lock:
-            self._solution = np.array(solution, dtype=np.int64)
+            self._solution, self._decode = np.array(solution, dtype=np.int64), decode
 
     def bound(self, bound_ps: float) -> None:
         with self._lock:
@@ -112,9 +114,12 @@ class BestSoFar:
         """The last offered plan, priced, its solver status "interrupted"; None before any."""
         with self._lock:
             formulation, hw, solution, microbatching = self._formulation, self._hw, self._solution, self._microbatching
+            decode = self._decode
             bound_ps, budget_bytes, started, built = self._bound_ps, self._budget_bytes, self._started, self._built
         if formulation is None or hw is None or solution is None:
             return None
+        if decode is not None:
+            solution = decode(solution)
         plan, cost = priced_solution(formulation, hw, solution)
         lower = min(certified_lower(bound_ps), cost) if math.isfinite(bound_ps) else 0
         gap = (cost - lower) / cost if cost > 0 else 0.0
@@ -167,7 +172,7 @@ def make_plan(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = 
             first = solve(per_use.problem, time_limit_s=time_limit_s * PER_USE_SHARE, workers=settings.workers,
                           seed=settings.seed, hint=_whole_hint(per_use.problem, per_use.hint),
                           progress=_without_bound(progress), deterministic=settings.deterministic,
-                          gap_limit=settings.gap_limit, incumbent=_as_shared(per_use, formulation, incumbent))
+                          gap_limit=settings.gap_limit, incumbent=_as_shared(per_use, formulation, best_so_far))
             if first.feasible:
                 hint = np.array(formulation.solution(per_use.plan(first.solution), {}), dtype=np.int64)
             time_limit_s -= time_limit_s * PER_USE_SHARE
@@ -211,13 +216,18 @@ def _no_worse_than(problem: Problem, result: Result, start: np.ndarray) -> Resul
                    status="feasible")
 
 
-def _as_shared(per_use: Formulation, formulation: Formulation, incumbent: Callable[[np.ndarray], None] | None
+def _as_shared(per_use: Formulation, formulation: Formulation, best_so_far: BestSoFar | None
                ) -> Callable[[np.ndarray], None] | None:
-    """`incumbent` for the solve priced use by use: its solutions, each value delivered as
-    produced, offered as solutions of the problem with shared reshardings (the same cost)."""
-    if incumbent is None:
+    """What offers the solve priced use by use makes to `best_so_far`: its solutions, turned (only
+    when asked for) into the problem's with shared reshardings, each value delivered as produced
+    (the same cost)."""
+    if best_so_far is None:
         return None
-    return lambda solution: incumbent(np.array(formulation.solution(per_use.plan(solution), {}), dtype=np.int64))
+
+    def shared(solution: np.ndarray) -> np.ndarray:
+        return np.array(formulation.solution(per_use.plan(solution), {}), dtype=np.int64)
+
+    return lambda solution: best_so_far.offer(solution, shared)
 
 
 def _without_bound(progress: Callable[[str, float, float, float], None] | None
