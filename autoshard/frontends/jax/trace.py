@@ -17,7 +17,7 @@ import numpy as np
 
 from autoshard.errors import InputError
 from autoshard.frontends.jax.runtime import require_jax
-from autoshard.frontends.user_code import as_user_error, framework_quiet, source_file
+from autoshard.frontends.user_code import as_user_error, source_file
 
 # Call primitives whose body is inlined, with the parameter holding the body. Their custom
 # differentiation rules do not matter here: a gradient the user takes is already in the jaxpr.
@@ -94,7 +94,7 @@ def trace(f: Callable[..., Any], args: Sequence[Any]) -> FlatProgram:
     if not callable(f):
         raise InputError(f"expected a function, got {type(f).__name__}", "f")
     # what f raises while traced (a shape mismatch, Python control flow on a traced value) is the user's
-    with as_user_error(source_file(f), f"tracing {getattr(f, '__name__', 'the function')}"), framework_quiet():
+    with as_user_error(source_file(f), f"tracing {getattr(f, '__name__', 'the function')}"):
         closed, out_shape = jax.make_jaxpr(f, return_shape=True)(*args)
     leaves, in_tree = jax.tree_util.tree_flatten(tuple(args))
     paths = argument_paths(f, args)
