@@ -14,6 +14,7 @@ from autoshard.errors import InputError
 from autoshard.frontends.jax.runtime import require_jax
 from autoshard.frontends.jax.specs import JaxShardings, partition_specs, plan_document, plan_mesh
 from autoshard.frontends.jax.trace import Const
+from autoshard.frontends.pipelined import refuse_pipelined
 from autoshard.planning.make_plan import PlanResult
 from autoshard.planning.plan import Plan
 
@@ -85,6 +86,7 @@ def shard(f: Callable[..., Any], plan: PlanResult | Plan | dict[str, Any], mesh:
     """`f` jitted under `plan` on `mesh`, a `jax.sharding.Mesh` with the plan's axis names and sizes
     in the plan's order, of either axis type (explicit axes are run as auto ones: the plan fixes
     every sharding XLA would otherwise infer). `parameters` as for `from_function`."""
+    refuse_pipelined(plan, "autoshard.frontends.jax.shard")
     jax = require_jax()
     document = plan_document(plan)
     ours = plan_mesh(document)

@@ -18,6 +18,7 @@ from autoshard.errors import InputError, Problem
 from autoshard.frontends.torch.importer import ImportedProgram, import_program
 from autoshard.frontends.torch.lowering import DTYPES
 from autoshard.delivery.dtensor_placements import placement_specs
+from autoshard.frontends.pipelined import refuse_pipelined
 from autoshard.frontends.torch.runtime import require_torch
 from autoshard.mesh import Mesh
 from autoshard.planning.make_plan import PlanResult
@@ -37,6 +38,7 @@ def parallelize(exported_program: Any, plan: Plan | PlanResult | Mapping[str, An
     for the forward graph or for the training graph of the same program (`--training`). The
     mesh's dim names and sizes must be the plan's axes, in order.
     """
+    refuse_pipelined(plan, "autoshard.frontends.torch.parallelize")
     imported = import_program(exported_program)
     mesh = _check_mesh(_plan_mesh(plan), device_mesh)
     forward = _forward_plan(plan, imported, mesh)
