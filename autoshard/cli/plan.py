@@ -24,7 +24,7 @@ from autoshard.pipeline import write_trace
 from autoshard.planning.compose import plan_layer_once
 from autoshard.planning.formulation import Weights, weight_name_problem
 from autoshard.planning.make_plan import MAX_SEED, BestSoFar, PlanResult, SolveSettings, make_plan, memory_budget_problem
-from autoshard.planning.pipeline_plan import pipeline_mesh, plan_pipeline
+from autoshard.planning.pipeline_plan import checked_orders, pipeline_mesh, plan_pipeline
 from autoshard.sim.verify import VERIFY_POLICIES, policy_problem
 
 
@@ -191,7 +191,9 @@ def run(args: argparse.Namespace) -> int:
         if problems:
             raise InputError(problems)
         graph = load_graph(args.graph, mesh)
-        try:  # a pipeline's machine is its stages times the mesh inside one
+        try:  # the stages against the graph's layers first; a pipeline's machine is its stages times one's mesh
+            if pipeline is not None:
+                checked_orders(graph, pipeline, args.microbatches)
             hw = hardware_from_args(args, mesh if pipeline is None else pipeline_mesh(mesh, pipeline.stages))
         except InputError as error:
             raise flagged(error) from None

@@ -17,13 +17,13 @@ So the embedding and its gradient and update land with the first layer, the fina
 and the loss with the last.
 
 The cut (`balanced_cuts`) is a dynamic programme over cut points: parts of contiguous
-positions, the largest part's seconds as small as can be. A part's seconds are the sums of its
+positions, the largest part's seconds as small as can be, then the parts as even as can be. A part's seconds are the sums of its
 positions' (`position_seconds`), so no range is planned on its own.
 """
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from autoshard.errors import InputError
 from autoshard.graph.model import Graph
@@ -88,28 +88,41 @@ def position_seconds(positions: Mapping[str, int], op_seconds: Mapping[str, floa
 
 def balanced_cuts(seconds: Sequence[float], parts: int) -> tuple[tuple[int, int], ...]:
     """`parts` contiguous, non-empty ranges `[start, end)` of the positions whose largest sum of
-    `seconds` is least: a dynamic programme over the cut points, O(parts * positions**2). Among
-    equally good cuts, each cut point is the earliest."""
+    `seconds` is least (the bottleneck of a pipeline's steady state) and, among those, the most
+    even (least sum of squares); among equally even cuts, each part starts as early as it can, so
+    later stages (which hold fewer microbatches in flight) take the extra layers. Two dynamic
+    programmes over the cut points, O(parts * positions**2) each."""
     count = len(seconds)
     if not 1 <= parts <= count:
         raise InputError(f"cannot cut {count} layers into {parts} parts of at least one layer each", "pipeline")
     prefix = [0.0]
     for value in seconds:
         prefix.append(prefix[-1] + value)
-    # best[k][j]: the least largest part cutting positions [0, j) into k + 1 parts; start[k][j] where its last part starts
-    best = [[prefix[j] for j in range(count + 1)]]
-    start = [[0] * (count + 1)]
-    for k in range(1, parts):
-        row, starts = [float("inf")] * (count + 1), [0] * (count + 1)
-        for j in range(k + 1, count + 1):
-            for i in range(k, j):
-                largest = max(best[k - 1][i], prefix[j] - prefix[i])
-                if largest < row[j]:
-                    row[j], starts[j] = largest, i
-        best.append(row)
-        start.append(starts)
+    largest = _cut(prefix, parts, lambda before, part: max(before, part))[0][count]
+    ceiling = largest * (1 + 1e-12)
+    _, start = _cut(prefix, parts, lambda before, part: before + part * part if part <= ceiling else float("inf"))
     ranges, end = [], count
     for k in range(parts - 1, -1, -1):
         ranges.append((start[k][end], end))
         end = start[k][end]
     return tuple(reversed(ranges))
+
+
+def _cut(prefix: Sequence[float], parts: int, add: Callable[[float, float], float]
+         ) -> tuple[list[float], list[list[int]]]:
+    """`best[j]`: the least cost of cutting positions `[0, j)` into `parts` parts, the cost of a
+    cut built part by part as `add(cost before, seconds of the part)`; `start[k][j]`: where the
+    last of `k + 1` parts ending at `j` starts in the best such cut."""
+    count = len(prefix) - 1
+    best = [add(0.0, prefix[j]) if j else float("inf") for j in range(count + 1)]
+    start = [[0] * (count + 1)]
+    for k in range(1, parts):
+        row, starts = [float("inf")] * (count + 1), [0] * (count + 1)
+        for j in range(k + 1, count + 1):
+            for i in range(k, j):
+                cost = add(best[i], prefix[j] - prefix[i])
+                if cost < row[j]:
+                    row[j], starts[j] = cost, i
+        best = row
+        start.append(starts)
+    return best, start
