@@ -95,3 +95,15 @@ def test_an_uneven_argument_is_refused_naming_it():
         shard(mlp, result, jax_mesh(mesh))(*args)
     assert [str(p) for p in caught.value.problems] == [
         "input x: uneven (dim 0 of size 6 over 4): jit arguments and results must divide evenly"]
+
+
+def test_a_hand_edited_plan_json_is_refused_naming_the_field(plan_and_args):
+    """`shard` reads a plan document through the same contract as the CLI and the service."""
+    result, hardware, args = plan_and_args
+    document = autoshard.deliver(result, hardware, TOPOLOGY).document
+    name = next(iter(document["ops"]))
+    del document["ops"][name]
+    document["tensors"] = None
+    with pytest.raises(InputError) as caught:
+        shard(mlp, document, jax_mesh(MESH))(*args)
+    assert {f"/ops/{name}", "/tensors"} <= {p.where for p in caught.value.problems}

@@ -19,7 +19,8 @@ from autoshard.frontends.jax.runtime import require_jax
 from autoshard.graph.schema import graph_from_json
 from autoshard.mesh import Mesh
 from autoshard.planning.make_plan import PlanResult
-from autoshard.planning.plan import Plan, plan_from_json, plan_to_json
+from autoshard.planning.plan import Plan, plan_to_json
+from autoshard.planning.plan_contract import read_plan
 from autoshard.sharding import Sharding
 
 
@@ -88,7 +89,7 @@ def partition_specs(f: Any, plan: PlanResult | Plan | dict[str, Any], *args: Any
     mesh = plan_mesh(document)
     imported = import_function(f, args, parameters=parameters)
     graph = graph_from_json(imported.document, mesh)
-    read = plan_from_json(document, graph, mesh)
+    read = read_plan(document, graph, mesh)  # a plan.json document is a contract, here as in the CLI
     problems: list[Problem] = []
 
     def boundary_spec(tensor: str, sharding: Sharding, what: str) -> Any:
