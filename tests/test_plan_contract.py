@@ -6,7 +6,9 @@ emitted, simulated or priced."""
 from __future__ import annotations
 
 import copy
+import functools
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -182,3 +184,38 @@ def test_every_problem_is_named_at_once():
     with pytest.raises(InputError) as error:
         autoshard.read_plan(document, load_graph(MLP, MESH), MESH)
     assert {"/ops/layer0.act/kind", "/tensors/layer0.w2", "/extra"} <= {p.where for p in error.value.problems}
+
+
+ODD_VALUES = [None, 0, -1, 1.5, "x", "", [], {}, [[]], [["dp"]], [["nope"]], {"split_axes": 3}, True, 10 ** 50,
+              {"split_axes": [["tp"]], "partial": {"kind": "sum", "axes": ["dp"]}}, {"kind": "matmul"}, [1, 2],
+              "output", [["dp"], ["dp"]]]
+
+
+def _pointers(node, path=()):
+    yield path
+    children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, child in children:
+        yield from _pointers(child, path + (key,))
+
+
+def test_any_value_anywhere_is_an_input_error_or_a_plan():
+    """Random hand edits (values of every JSON type put anywhere, keys dropped) never raise
+    anything but an InputError: no TypeError from an unhashable or misplaced value."""
+    rng = random.Random(0)
+    where = [p for p in _pointers(DOCUMENT) if p]
+    graph = load_graph(MLP, MESH)
+    for _ in range(200):
+        document = copy.deepcopy(DOCUMENT)
+        for path in rng.sample(where, 2):
+            try:
+                node = functools.reduce(lambda n, k: n[k], path[:-1], document)
+                if isinstance(node, dict) and rng.random() < 0.2:
+                    del node[path[-1]]
+                else:
+                    node[path[-1]] = copy.deepcopy(rng.choice(ODD_VALUES))
+            except (KeyError, IndexError, TypeError):
+                pass  # an earlier edit replaced the path's parent
+        try:
+            autoshard.read_plan(document, graph, MESH)
+        except InputError as error:
+            assert error.problems

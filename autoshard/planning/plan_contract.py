@@ -229,7 +229,7 @@ def _step_problems(steps: Any, source: Sharding, target: Sharding, plan: Plan, t
             problems.append(Problem(here, f"expected a step object, got {json_type(step)}"))
             return problems
         problems += _unknown_keys(step, STEP_KEYS, here)
-        if step.get("kind") not in STEP_KINDS:
+        if not isinstance(step.get("kind"), str) or step["kind"] not in STEP_KINDS:
             problems.append(Problem(f"{here}/kind", f"expected one of {list(STEP_KINDS)}, got {step.get('kind')!r}"))
         axes = step.get("mesh_axes")
         if not isinstance(axes, list) or not axes or not all(a in plan.mesh.axis_names for a in axes):
