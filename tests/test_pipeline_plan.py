@@ -18,7 +18,8 @@ from autoshard.pipeline import simulate_pipeline, stage_orders
 from autoshard.planning.hardware import bind_hardware
 from autoshard.planning.make_plan import SolveSettings
 from autoshard.planning.pipeline_plan import PipelineSettings, pipeline_mesh, plan_pipeline
-from autoshard.planning.pipeline_stages import balanced_cuts
+from autoshard.planning.pipeline_stages import balanced_cuts, op_positions
+from autoshard.planning.pipeline_work import work_kinds
 from support.cli import mlp_graph
 
 GPT = GPTConfig(layers=4, hidden=64, heads=4, seq=16, batch=8, vocab=256)
@@ -112,6 +113,37 @@ def test_the_traces_last_slice_ends_at_the_predicted_step(planned):
     slices = [event for event in trace["traceEvents"] if event["ph"] == "X"]
     assert max(e["ts"] + e["dur"] for e in slices) == pytest.approx(document["pipeline"]["step_s"] * 1e6, rel=1e-9)
     assert sum(e["name"].startswith(("activation", "gradient")) for e in slices) == 2 * MICROBATCHES
+
+
+def test_interleaved_stages_run_every_other_part_and_the_step_is_their_simulation():
+    mesh = Mesh.of(dp=2)
+    hw = bind_hardware("dgx-h100", pipeline_mesh(mesh, 2))
+    pipelined = plan_pipeline(graph_from_json(gpt(GPT, training=True)), mesh, hw,
+                              SolveSettings(deterministic=True, microbatches=MICROBATCHES),
+                              PipelineSettings(2, "interleaved", 2))
+    parts = pipelined.parts
+    assert [(p.layers, p.stage, p.chunk) for p in parts] == [((0, 0), 0, 0), ((1, 1), 1, 0), ((2, 2), 0, 1),
+                                                              ((3, 3), 1, 1)]
+    table = [[[[p.forward_s, p.backward_s, p.weight_s][kind] for p in parts if p.stage == stage]
+              for stage in range(2)] for kind in range(3)]
+    timeline = simulate_pipeline(stage_orders("interleaved", 2, MICROBATCHES, 2), *table,
+                                 transfer_s=[pipelined.transfer_s["forward"], pipelined.transfer_s["backward"]],
+                                 tail_s=pipelined.tail_s)
+    assert pipelined.timeline.step_s == timeline.step_s
+    assert len(timeline.transfers) == 2 * MICROBATCHES * (2 * 2 - 1)
+    section = pipelined.to_json()
+    assert [[c["virtual_stage"] for c in stage["chunks"]] for stage in section["stages"]] == [[0, 2], [1, 3]]
+
+
+def test_backward_ops_are_input_or_weight_gradients_by_data_flow():
+    graph = graph_from_json(gpt(GPT, training=True))
+    kinds = work_kinds(graph, op_positions(graph))
+    assert kinds["layer2.mlp.fc1"] == "F" and kinds["adam.layer2.mlp.fc1.w.update"] == "tail"
+    # a matmul's gradient for its input reaches the layer below; its weight's gradient only the optimizer
+    assert kinds["grad.layer2.mlp.fc1.0"] == "B" and kinds["grad.layer2.mlp.fc1.1"] == "W"
+    assert kinds["grad.layer2.mlp.fc1.bias.1.sum"] == "W" and kinds["grad.logits.0"] == "B"
+    # the first layer's input gradient reaches only the embedding's gradient: nothing waits for it
+    assert kinds["grad.layer0.mlp.fc1.0"] == "W" and kinds["grad.embed.1"] == "W"
 
 
 def stack(expensive: str) -> dict:

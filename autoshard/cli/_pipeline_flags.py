@@ -62,7 +62,8 @@ def print_pipeline(section: dict[str, Any]) -> None:
     chunks = section["virtual_stages_per_stage"]
     schedule = section["schedule"] + (f":{chunks}" if chunks > 1 else "")
     devices = sum(len(stage["devices"]) for stage in stages)
-    print(f"  pipeline: {section['stage_count']} stages on {devices} devices, schedule {schedule}, "
+    count = section["stage_count"]
+    print(f"  pipeline: {count} stage{'s' if count > 1 else ''} on {devices} devices, schedule {schedule}, "
           f"{section['microbatches']} microbatches: step {section['step_s'] * 1e3:.4g} ms, "
           f"bubble {100 * section['bubble_fraction']:.1f}% of busy time; memory budget "
           f"{size(section['memory_budget_bytes_per_device'])} per device")
