@@ -105,6 +105,7 @@ EDITS = {
                                                          ["/reshardings/0/to"]),
     "resharding whose steps agree on the wrong source": (_both(("from",), (0, "before"), {"split_axes": [["tp"]]}),
                                                          ["/reshardings/0/from"]),
+    "microbatches not a count": (_set("microbatches", 0), ["/microbatches"]),
     "resharding of an unknown tensor": (_set("reshardings", 0, "tensor", "nope"), ["/reshardings/0/tensor"]),
 }
 

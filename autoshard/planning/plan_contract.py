@@ -7,7 +7,7 @@ reports every problem by JSON pointer, so that a hand-edited plan is refused rat
 emitted, simulated or priced as if it were the plan it no longer is:
 
 - `format` is `autoshard.plan/v1`; no key is unknown, at the top, in an op entry, a resharding
-  or one of its steps;
+  or one of its steps; `microbatches`, if given, is a positive integer;
 - `mesh.axes` names the mesh asked for, axis by axis;
 - `ops` has an entry for every op of the graph and no other, each with the graph's `kind` and an
   `option` giving mesh axes for each of the op's loops;
@@ -78,6 +78,11 @@ def document_problems(document: Any, graph: Graph, mesh: Mesh) -> list[Problem]:
         return problems + mesh_problems
     problems += _op_problems(document.get("ops"), graph)
     problems += _tensor_problems(document.get("tensors"), graph, mesh)
+    try:
+        from autoshard.planning.microbatches import stated_microbatches  # local: it imports the formulation
+        stated_microbatches(document)
+    except InputError as error:
+        problems += error.problems
     if "reshardings" in document and not isinstance(document["reshardings"], list):
         problems.append(Problem("/reshardings", f"expected a list, got {json_type(document['reshardings'])}"))
     return problems
