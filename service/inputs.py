@@ -124,6 +124,9 @@ def fill_options(options: Mapping[str, Any], settings: Settings) -> dict[str, An
     if filled["workers"] > settings.max_solver_threads:
         problems.append(Problem("/options/workers", f"at most {settings.max_solver_threads} solver threads on this "
                                                     f"service, got {filled['workers']}"))
+    if filled.get("layer_once") and filled.get("microbatches", 1) > 1:
+        problems.append(Problem("/options/layer_once", "composing layers solved once does not take microbatches "
+                                                       "yet; drop layer_once or microbatches"))
     if problems:
         raise InputError(problems)
     filled["emit"] = sorted(set(filled.get("emit", [])))
@@ -158,6 +161,8 @@ class PlanInputs:
     emit: tuple[str, ...]
     dialect: str
     verify: str
+    optimize_collectives: bool
+    layer_once: bool
 
 
 def plan_inputs(canonical: Mapping[str, Any]) -> PlanInputs:
@@ -173,4 +178,5 @@ def plan_inputs(canonical: Mapping[str, Any]) -> PlanInputs:
     return PlanInputs(graph_from_json(canonical["graph"], mesh), mesh,
                       bind_topology(canonical["topology"], canonical["topology_options"], mesh),
                       topology_name(canonical["topology"]), settings, tuple(options["emit"]), options["dialect"],
-                      options.get("verify", "auto"))
+                      options.get("verify", "auto"), options.get("collective_optimizations", True),
+                      options.get("layer_once", False))

@@ -13,10 +13,12 @@ def ir_arguments(stage: str, arguments: str) -> str:
     return arguments if stage == "partitioned" else ""
 
 
-def emit_ir(plan: Plan, hardware: Hardware, stage: str, dialect: str, arguments: str = "local") -> str:
+def emit_ir(plan: Plan, hardware: Hardware, stage: str, dialect: str, arguments: str = "local",
+            optimize_collectives: bool = True) -> str:
     """The partitioned IR's collectives are chosen with the hardware's prices, as the plan's
-    reshardings are, then optimised: the program `autoshard plan` emits and simulates."""
+    reshardings are, then optimised unless asked not to: the program `autoshard plan` emits and
+    simulates."""
     if stage == "annotated":
         return emit_annotated(plan, dialect=dialect)
-    program, _ = partitioned_program(plan, hardware.collective_seconds)
+    program, _ = partitioned_program(plan, hardware.collective_seconds, optimize_collectives)
     return emit_partitioned(program, dialect=dialect, arguments=arguments)

@@ -107,6 +107,11 @@ class PlanOptions(_Wire):
     mesh_order_splits: bool = Field(False, description="a dim split over several mesh axes takes them in mesh "
                                                        "order only, the one order DTensor's placements express "
                                                        "(as `--mesh-order-splits`)")
+    collective_optimizations: bool = Field(True, description="fold, reassociate and move the partitioned "
+                                                             "program's collectives where that lowers communication "
+                                                             "time; false keeps them as planned (`--no-collective-opt`)")
+    layer_once: bool = Field(False, description="solve each kind of repeated layer once and compose the plan "
+                                                "(as `--layer-once`; needs ops with a `layer`, and no microbatches)")
 
 
 class PlanRequest(_Wire):

@@ -21,6 +21,7 @@ from autoshard.delivery.deliver import deliver
 from autoshard.delivery.document import plan_document
 from autoshard.errors import AutoshardError, InfeasibleError, InputError
 from autoshard.phases import collect_garbage_rarely
+from autoshard.planning.compose import plan_layer_once
 from autoshard.planning.make_plan import BestSoFar, make_plan
 from service.inputs import plan_inputs, slice_of, topology_name
 from service.ir import ir_arguments
@@ -109,11 +110,15 @@ def run(canonical: Mapping[str, Any], conn: Connection, verify_max_bytes: float)
     try:
         progress.phase("formulating")
         inputs = plan_inputs(canonical)
-        result = make_plan(inputs.graph, inputs.mesh, inputs.hardware, inputs.settings, progress=progress,
-                           best_so_far=best)
+        if inputs.layer_once:
+            result = plan_layer_once(inputs.graph, inputs.mesh, inputs.hardware, inputs.settings)
+        else:
+            result = make_plan(inputs.graph, inputs.mesh, inputs.hardware, inputs.settings, progress=progress,
+                               best_so_far=best)
         progress.phase("emitting and verifying")
         delivered = deliver(result, inputs.hardware, inputs.topology, emit=inputs.emit, dialect=inputs.dialect,
                             verify=inputs.verify, verify_max_bytes=verify_max_bytes,
+                            optimize_collectives=inputs.optimize_collectives,
                             nodes=canonical["topology_options"].get("nodes"),
                             slice_shape=slice_of(canonical["topology_options"].get("slice")))
         ir = [(stage, inputs.dialect, ir_arguments(stage, "local"), text) for stage, text in delivered.ir.items()]

@@ -67,14 +67,25 @@ def test_serve_refuses_a_port_in_use_and_an_unknown_host_with_exit_2_naming_the_
     assert "  --host: cannot listen on 'no-such-host.invalid'" in capsys.readouterr().err
 
 
-def test_rest_takes_mesh_order_splits_as_the_cli_does(http):
-    body = {"graph": MLP, "mesh": "dp=2,tp=2", "topology": "dgx-h100",
-            "options": {"mesh_order_splits": True, "deterministic": True, "time_limit_s": 5}}
+def test_rest_takes_the_clis_plan_options(http):
+    options = {"mesh_order_splits": True, "collective_optimizations": False, "layer_once": True,
+               "deterministic": True, "time_limit_s": 5}
+    layered = MLP | {"ops": [op | {"layer": i} for i, op in enumerate(MLP["ops"])]}
+    body = {"graph": layered, "mesh": "dp=2,tp=2", "topology": "dgx-h100", "options": options}
     response = http.post("/v1/plans?wait=60", json=body)
-    assert response.status_code == 200, response.json()
-    assert response.json()["status"] == "done"
+    assert response.status_code == 200 and response.json()["status"] == "done", response.json()
+    plan = response.json()["plan"]
+    assert "composition" in plan["solver"]  # --layer-once
+    assert "collective_optimizations" not in plan  # --no-collective-opt
     search = {"graph": MLP, "devices": 8, "topology": "dgx-h100", "options": {"mesh_order_splits": True, "max_axes": 1}}
     assert http.post("/v1/searches", json=search).status_code == 202
+
+
+def test_rest_refuses_layer_once_with_microbatches_as_the_cli_does(http):
+    body = {"graph": MLP, "mesh": "dp=2", "topology": "dgx-h100", "options": {"layer_once": True, "microbatches": 2}}
+    response = http.post("/v1/plans", json=body)
+    assert response.status_code == 422
+    assert "/options/layer_once" in [p["where"] for p in response.json()["error"]["problems"]]
 
 
 @pytest.mark.parametrize("fix, where", [

@@ -94,7 +94,8 @@ def get_ir(plan_id: str, stage: Stage = "annotated", dialect: Dialect | None = N
         mesh = Mesh.parse(request["mesh"])
         plan = plan_from_json(job.plan, graph_from_json(request["graph"], mesh), mesh)
         hardware = bind_topology(request["topology"], request["topology_options"], mesh)
-        text = emit_ir(plan, hardware, stage, dialect, arguments or "local")
+        text = emit_ir(plan, hardware, stage, dialect, arguments or "local",
+                       request["options"].get("collective_optimizations", True))
         store.put_ir(plan_id, stage, dialect, arguments, text)
     return PlainTextResponse(text)
 
