@@ -228,6 +228,8 @@ def run(args: argparse.Namespace) -> int:
 def interrupted(found: PlanResult | None, args: argparse.Namespace, phases: PhaseTimes) -> Interrupted:
     """Stopped by a signal: the best plan found so far is written as plan.json, priced but
     neither verified nor emitted (its solver status `interrupted` unless the solve had ended)."""
+    if found is None and args.layer_once:
+        return Interrupted("interrupted; --layer-once has no plan before it has composed one; nothing was written")
     if found is None:
         return Interrupted("interrupted before the solver had found a plan; nothing was written")
     said = f"solver status {found.solver['status']}, objective {found.solver['objective_s']:.6g} s"
