@@ -13,7 +13,9 @@ from typing import Any, Mapping
 from autoshard.errors import InputError
 from autoshard.planning.pipeline_plan import PipelinedPlan
 
-PIPELINE_ENTRY = "autoshard.frontends.torch.pipeline"  # cuts an exported program into torch.distributed.pipelining stages
+# The pipelining entry: an exported program cut at a pipelined plan's boundaries into
+# torch.distributed.pipelining stages (issue 32)
+PIPELINE_ENTRY = "autoshard.frontends.torch.pipeline"
 
 
 def refuse_pipelined(plan: Any, entry: str) -> None:

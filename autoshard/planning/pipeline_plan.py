@@ -76,12 +76,16 @@ class Part:
 
 @dataclass(frozen=True)
 class StageMemory:
+    """Per device, what a stage holds at its peak: its state for the whole step and the saved
+    activations of the microbatches in flight (the transient values inside one F, B or W are
+    left out)."""
+
     stored: StoredBytes
-    activation_bytes: float  # of the microbatches in flight at the stage's peak
+    activation_bytes: int  # of the microbatches in flight at the stage's peak
     inflight: int  # (microbatch, chunk) pairs held at once
 
     @property
-    def peak_bytes(self) -> float:
+    def peak_bytes(self) -> int:
         return (self.stored.parameter_bytes + self.stored.gradient_bytes + self.stored.optimizer_state_bytes
                 + self.activation_bytes)
 
@@ -168,46 +172,60 @@ def plan_pipeline(graph: Graph, stage_mesh: Mesh, hw: Hardware, settings: SolveS
 
 
 def _priced(result: PlanResult, stage_mesh: Mesh, hw: Hardware, orders: StageOrders, budget: float) -> PipelinedPlan:
-    plan = result.plan
-    graph = plan.graph
-    layers = layer_order(graph)
+    graph = result.plan.graph
     positions = op_positions(graph)
     kinds = work_kinds(graph, positions)
     per_run = seconds_per_run(result.report, graph)
     seconds = {name: entry["compute"] + entry["communication"] for name, entry in per_run.items()}
+    layers = layer_order(graph)
     work = position_seconds(positions, {name: s for name, s in seconds.items() if kinds[name] != "tail"}, len(layers))
     cuts = balanced_cuts(work, orders.virtual_stages)
     part_at = {position: part for part, (start, end) in enumerate(cuts) for position in range(start, end)}
     part_of = {name: part_at[position] for name, position in positions.items()}
-    values = PartValues(plan, part_of, kinds)
+    values = PartValues(result.plan, part_of, kinds)
     saved = values.saved_bytes(len(cuts))
-    parts, work_s = [], np.zeros((3, orders.stages, orders.chunks))
-    for part, (start, end) in enumerate(cuts):
-        stage, chunk = orders.placement(part)
-        ops = tuple(op.name for op in graph.order if part_of[op.name] == part)
-        for row, kind in enumerate(("F", "B", "W")):
-            work_s[row, stage, chunk] = sum(seconds[name] for name in ops if kinds[name] == kind)
-        parts.append(Part(stage, chunk, (layers[start], layers[end - 1]), ops, *map(float, work_s[:, stage, chunk]),
-                          saved[part]))
+    ops: list[list[str]] = [[] for _ in cuts]
+    for op in graph.order:
+        ops[part_of[op.name]].append(op.name)
+    parts = tuple(Part(*orders.placement(part), (layers[start], layers[end - 1]), tuple(ops[part]),
+                       *(sum((seconds[name] for name in ops[part] if kinds[name] == kind), 0.0)
+                         for kind in ("F", "B", "W")), saved[part]) for part, (start, end) in enumerate(cuts))
     transfer_s = {direction: [sum(hw.collective_seconds(TRANSFER, [STAGE_AXIS], values.bytes_of(t)) for t in crossing)
                               for crossing in boundaries]
                   for direction, boundaries in values.crossing(len(cuts)).items()}
-    tail_s = {name: [0.0] * orders.stages for name in TAIL_PARTS}
-    for name, entry in per_run.items():
-        if kinds[name] == "tail":
-            stage = orders.placement(part_of[name])[0]
-            tail_s["gradient reduction"][stage] += entry["communication"]
-            tail_s["optimizer"][stage] += entry["compute"]
-    timeline = simulate_pipeline(orders, *work_s, transfer_s=[transfer_s[d] for d in DIRECTIONS] if len(cuts) > 1 else None,
+    tail_s = _tail_seconds(per_run, kinds, {name: orders.placement(part)[0] for name, part in part_of.items()},
+                           orders.stages)
+    timeline = simulate_pipeline(orders, *_per_chunk(parts, orders),
+                                 transfer_s=[transfer_s[d] for d in DIRECTIONS] if len(cuts) > 1 else None,
                                  tail_s=tail_s)
     accumulated = result.microbatching.accumulated if result.microbatching is not None else {}
-    stored = values.stored_bytes({part: orders.placement(part)[0] for part in range(len(cuts))}, orders.stages,
-                                 accumulated)
+    stored = values.stored_bytes({index: part.stage for index, part in enumerate(parts)},
+                                 orders.stages, accumulated)
     held = activation_peaks(orders, [[parts[orders.virtual_stage(s, c)].saved_bytes for c in range(orders.chunks)]
                                      for s in range(orders.stages)])
-    memory = tuple(StageMemory(stored[s], held[s], timeline.inflight_peak[s]) for s in range(orders.stages))
+    memory = tuple(StageMemory(stored[s], int(held[s]), timeline.inflight_peak[s]) for s in range(orders.stages))
     _check_budget(memory, budget)
-    return PipelinedPlan(result, stage_mesh, orders, tuple(parts), transfer_s, tail_s, memory, budget, timeline)
+    return PipelinedPlan(result, stage_mesh, orders, parts, transfer_s, tail_s, memory, budget, timeline)
+
+
+def _tail_seconds(per_run: dict[str, dict[str, float]], kinds: dict[str, str], stage_of: dict[str, int],
+                  stages: int) -> dict[str, list[float]]:
+    """Per stage, the reshardings into its optimizer ops (the gradients' reduction across data
+    replicas, priced where the optimizer reads them) and the optimizer's compute."""
+    tail_s = {name: [0.0] * stages for name in TAIL_PARTS}
+    for name, entry in per_run.items():
+        if kinds[name] == "tail":
+            tail_s["gradient reduction"][stage_of[name]] += entry["communication"]
+            tail_s["optimizer"][stage_of[name]] += entry["compute"]
+    return tail_s
+
+
+def _per_chunk(parts: tuple[Part, ...], orders: StageOrders) -> np.ndarray:
+    """The parts' F, B and W seconds as a (3, stages, chunks) table."""
+    table = np.zeros((3, orders.stages, orders.chunks))
+    for part in parts:
+        table[:, part.stage, part.chunk] = (part.forward_s, part.backward_s, part.weight_s)
+    return table
 
 
 def _check_budget(memory: tuple[StageMemory, ...], budget: float) -> None:

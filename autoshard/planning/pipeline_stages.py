@@ -17,8 +17,9 @@ So the embedding and its gradient and update land with the first layer, the fina
 and the loss with the last.
 
 The cut (`balanced_cuts`) is a dynamic programme over cut points: parts of contiguous
-positions, the largest part's seconds as small as can be, then the parts as even as can be. A part's seconds are the sums of its
-positions' (`position_seconds`), so no range is planned on its own.
+positions, the largest part's seconds as small as can be, then the parts as even as can be. A
+part's seconds are the sums of its positions' (`position_seconds`), so no range is planned on
+its own.
 """
 
 from __future__ import annotations
@@ -62,7 +63,10 @@ def op_positions(graph: Graph) -> dict[str, int]:
         readers = [position[reader.name] for t in op.outputs for reader in graph.consumers[t]
                    if reader.name in position]
         forward = phases[op.name] != "backward"
-        position[op.name] = (min(readers) if forward else max(readers)) if readers else (0 if forward else len(layers) - 1)
+        if readers:
+            position[op.name] = min(readers) if forward else max(readers)
+        else:  # read by nothing placed: the first layer (forward, optimizer) or the last (backward)
+            position[op.name] = 0 if forward else len(layers) - 1
     return position
 
 
