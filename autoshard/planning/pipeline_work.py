@@ -19,7 +19,6 @@ from typing import Any, Mapping
 from autoshard.graph.model import Graph
 from autoshard.planning.report import Report
 
-WORK_KINDS = ("F", "B", "W", "tail")
 _OF_PHASE = {"forward": "F", "optimizer": "tail"}
 
 
