@@ -185,6 +185,7 @@ def test_the_cut_minimises_the_largest_part():
 @pytest.mark.parametrize("extra, layers, flag, said", [
     (("--pipeline", "0"), 4, "--pipeline", "at least 1 stage"),
     (("--pipeline", "5"), 4, "--pipeline", "5 stages need at least 5 layers"),
+    (("--pipeline", "5"), 5, "--mesh", "(with --pipeline 5 the machine is pp=5,dp=2)"),
     (("--pipeline", "2", "--schedule", "interleaved:2", "--microbatches", "2"), 3, "--pipeline",
      "2 stages x 2 virtual stages need at least 4 layers"),
     (("--pipeline", "2", "--schedule", "interleaved:2", "--microbatches", "3"), 4, "--microbatches", "multiple"),

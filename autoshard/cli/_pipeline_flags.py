@@ -7,11 +7,12 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from autoshard.cli.args import integer_flag
+from autoshard.cli.args import hardware_from_args, integer_flag
 from autoshard.errors import InputError, Problem
 from autoshard.graph.summary import size
 from autoshard.pipeline import parse_schedule
-from autoshard.planning.pipeline_plan import PipelineSettings
+from autoshard.mesh import Mesh
+from autoshard.planning.pipeline_plan import PipelineSettings, pipeline_mesh
 
 # Where the planner names a setting -> the flag that gives it
 FLAGS = {"pipeline": "--pipeline", "schedule": "--schedule", "microbatches": "--microbatches", "mesh": "--mesh"}
@@ -48,6 +49,17 @@ def pipeline_settings(args: argparse.Namespace, problems: list[Problem]) -> Pipe
         problems += flagged(error).problems
         return None
     return PipelineSettings(args.pipeline, schedule, chunks)
+
+
+def pipeline_hardware(args: argparse.Namespace, stage_mesh: Mesh, stages: int) -> Any:
+    """The machine of `stages` stages of `stage_mesh`, bound as `pipeline_mesh` lays it out; a
+    binding problem says which machine it was."""
+    machine = pipeline_mesh(stage_mesh, stages)
+    try:
+        return hardware_from_args(args, machine)
+    except InputError as error:
+        raise InputError([Problem(p.where, f"{p.message} (with --pipeline {stages} the machine is {machine})")
+                          for p in error.problems]) from None
 
 
 def flagged(error: InputError) -> InputError:

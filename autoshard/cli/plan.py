@@ -11,7 +11,8 @@ from typing import Any
 
 from autoshard.cli.args import (add_hardware_args, hardware_from_args, integer_flag, mesh_from_args, number_flag,
                                 parse_bytes, parse_slice)
-from autoshard.cli._pipeline_flags import add_pipeline_args, flagged, pipeline_settings, print_pipeline
+from autoshard.cli._pipeline_flags import (add_pipeline_args, flagged, pipeline_hardware, pipeline_settings,
+                                           print_pipeline)
 from autoshard.delivery.deliver import Deliverables, deliver, ir_request_problems, placement_options
 from autoshard.delivery.document import plan_document
 from autoshard.errors import InputError, Interrupted, Problem
@@ -24,7 +25,7 @@ from autoshard.pipeline import write_trace
 from autoshard.planning.compose import plan_layer_once
 from autoshard.planning.formulation import Weights, weight_name_problem
 from autoshard.planning.make_plan import MAX_SEED, BestSoFar, PlanResult, SolveSettings, make_plan, memory_budget_problem
-from autoshard.planning.pipeline_plan import checked_orders, pipeline_mesh, plan_pipeline
+from autoshard.planning.pipeline_plan import checked_orders, plan_pipeline
 from autoshard.sim.verify import VERIFY_POLICIES, policy_problem
 
 
@@ -191,12 +192,14 @@ def run(args: argparse.Namespace) -> int:
         if problems:
             raise InputError(problems)
         graph = load_graph(args.graph, mesh)
-        try:  # the stages against the graph's layers first; a pipeline's machine is its stages times one's mesh
-            if pipeline is not None:
+        if pipeline is None:
+            hw = hardware_from_args(args, mesh)
+        else:  # the stages against the graph's layers first; the machine is the stages times one's mesh
+            try:
                 checked_orders(graph, pipeline, args.microbatches)
-            hw = hardware_from_args(args, mesh if pipeline is None else pipeline_mesh(mesh, pipeline.stages))
-        except InputError as error:
-            raise flagged(error) from None
+                hw = pipeline_hardware(args, mesh, pipeline.stages)
+            except InputError as error:
+                raise flagged(error) from None
         settings, stages = checked_settings(args)
     best, result, pipelined = BestSoFar(), None, None
     try:
