@@ -221,6 +221,12 @@ def test_a_stage_over_the_memory_budget_is_named(tmp_path, capsys):
     assert "8 microbatch chunk(s) in flight" in err
 
 
+def test_a_graph_beyond_s_budgets_says_the_whole_graph_had_s_budgets(tmp_path, capsys):
+    assert main(pipeline_args(gpt_file(tmp_path), "--pipeline", "2", "--memory-budget", "100KiB")) == 3
+    err = capsys.readouterr().err
+    assert "the whole graph on one stage's mesh, within 2 x the budget" in err and "200 KiB" in err, err
+
+
 def test_jax_shard_and_dtensor_parallelize_refuse_a_pipelined_plan():
     from autoshard.frontends.jax.shard import shard
     from autoshard.frontends.torch.apply import parallelize

@@ -166,7 +166,11 @@ def plan_pipeline(graph: Graph, stage_mesh: Mesh, hw: Hardware, settings: SolveS
     phases = PhaseTimes() if phases is None else phases
     budget = settings.memory_budget_bytes if settings.memory_budget_bytes is not None else hw.hbm_bytes
     whole = replace(settings, memory_budget_bytes=min(budget * orders.stages, MAX_MEMORY_BUDGET_BYTES))
-    result = make_plan(graph, stage_mesh, hw, whole, progress=progress, phases=phases, best_so_far=best_so_far)
+    try:
+        result = make_plan(graph, stage_mesh, hw, whole, progress=progress, phases=phases, best_so_far=best_so_far)
+    except InfeasibleError as error:
+        raise InfeasibleError(f"the whole graph on one stage's mesh, within {orders.stages} x the budget per device "
+                              f"(each stage holds about 1/{orders.stages} of it): {error}") from None
     with phases.phase("pipeline"):
         return _priced(result, stage_mesh, hw, orders, budget)
 
