@@ -142,6 +142,21 @@ def test_a_plan_read_back_from_its_document_runs_the_same(tmp_path):
     torch.testing.assert_close(out, module(*args), rtol=1e-5, atol=1e-5)
 
 
+def test_a_hand_edited_document_for_the_graph_is_refused_naming_the_field():
+    """A document made for this graph is read through the plan contract, as the CLI reads it."""
+    from autoshard.delivery.document import plan_document
+    from autoshard.errors import InputError
+    module, args = examples()["mlp"]
+    program = exported(module, args)
+    document = plan_document(sharded_plan(import_program(program).document, "tp=4"), "dgx-h100")
+    document["tensors"] = None
+    document["format"] = "autoshard.plan/v0"
+    with simulated_ranks("tp=4") as mesh:
+        with pytest.raises(InputError) as error:
+            parallelize(program, document, mesh)
+    assert {"/tensors", "/format"} <= {p.where for p in error.value.problems}
+
+
 def test_a_mesh_that_is_not_the_plans_is_refused_naming_the_axis():
     from autoshard.errors import InputError
     module, args = examples()["mlp"]

@@ -23,6 +23,7 @@ from autoshard.frontends.torch.runtime import require_torch
 from autoshard.mesh import Mesh
 from autoshard.planning.make_plan import PlanResult
 from autoshard.planning.plan import Plan, plan_from_json
+from autoshard.planning.plan_contract import read_plan
 from autoshard.planning.report import plan_reshardings
 from autoshard.resharding import bytes_moved_price
 from autoshard.sharding import Sharding
@@ -103,6 +104,8 @@ def _forward_plan(plan: Any, imported: ImportedProgram, mesh: Mesh) -> Plan:
                     "tensors": {t: plan.storage[t].to_json() for t in plan.storage}}
     else:
         document = dict(plan)
+        if isinstance(document.get("ops"), Mapping) and set(document["ops"]) == set(graph.op_by_name):
+            return read_plan(document, graph, mesh)  # made for this graph: a contract, as in the CLI
     ops = document.get("ops") or {}
     tensors = document.get("tensors") or {}
     missing = [op.name for op in graph.ops if op.name not in ops]
