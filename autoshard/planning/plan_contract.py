@@ -2,7 +2,7 @@
 
 `read_plan` is the one door a plan document comes in through: the CLI's `emit`, `simulate` and
 `estimate`, the service's `/v1/estimate` and `/v1/validate`, and Python callers
-(`autoshard.read_plan`). It checks every field against the graph and the mesh asked for and
+(`autoshard.read_plan`, JAX's `shard` and `partition_specs`, torch's `parallelize`). It checks every field against the graph and the mesh asked for and
 reports every problem by JSON pointer, so that a hand-edited plan is refused rather than
 emitted, simulated or priced as if it were the plan it no longer is:
 
