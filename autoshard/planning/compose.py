@@ -129,7 +129,8 @@ def plan_layer_once(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSetti
     formulated = time.perf_counter()
     # the bound problems' share of the time limit by their nodes; of the plan's share, half to the
     # kinds by their nodes in all layers (a kind's plan is paid once per layer), half to the rest
-    bound_nodes = max(rest_joined.num_nodes + sum(p.num_nodes for found in chains for p, _ in found), 1)
+    distinct = {id(p): p.num_nodes for found in chains for p, _ in found}  # each solved once
+    bound_nodes = max(rest_joined.num_nodes + sum(distinct.values()), 1)
     bound_s = settings.time_limit_s * BOUND_SHARE / bound_nodes
     plan_s = settings.time_limit_s * (1 - BOUND_SHARE) / 2
     kind_nodes = [len(k.layers[0].nodes) * len(k.layers) for k in kinds]
