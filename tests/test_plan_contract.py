@@ -169,13 +169,20 @@ def test_a_plan_for_a_larger_mesh_is_refused_everywhere(tmp_path, capsys, http):
 
 @pytest.mark.parametrize("mesh, where", [
     ({"axes": [{"name": "dp", "size": "2"}, {"name": "tp", "size": 4}]}, "/mesh/axes/0/size"),
+    ({"axes": [{"name": ["dp"], "size": 2}, {"name": "tp", "size": 4}]}, "/mesh/axes/0/name"),
     ({"axes": [{"name": "dp", "size": 2, "links": 1}, {"name": "tp", "size": 4}]}, "/mesh/axes/0/links"),
     ({"axes": "dp=2,tp=4"}, "/mesh"),
+    (None, "/mesh"),
 ])
-def test_a_malformed_mesh_is_named(mesh, where):
+def test_a_malformed_mesh_is_named(tmp_path, capsys, mesh, where):
     with pytest.raises(InputError) as error:
         autoshard.read_plan(DOCUMENT | {"mesh": mesh}, load_graph(MLP, MESH), MESH)
     assert where in [p.where for p in error.value.problems]
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(DOCUMENT | {"mesh": mesh}))
+    for flags in ([], ["--mesh", str(MESH)]):  # the plan's mesh stands, or is checked against --mesh
+        assert main(["emit", MLP, "--plan", str(path), *flags]) == 2
+        assert f"{where}: " in capsys.readouterr().err
 
 
 def test_every_problem_is_named_at_once():

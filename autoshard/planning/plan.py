@@ -107,13 +107,39 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
     }
 
 
+MESH_DOCUMENT = '{"axes": [{"name": "dp", "size": 2}, ...]}'
+
+
 def stated_mesh(document: Any) -> Mesh | None:
-    """The mesh a plan document says it was made for (`mesh.axes`), None if it states none."""
-    mesh_doc = document.get("mesh") if isinstance(document, dict) else None
-    axes = mesh_doc.get("axes") if isinstance(mesh_doc, dict) else None
-    if isinstance(axes, list) and all(isinstance(a, dict) and "name" in a and "size" in a for a in axes):
-        return Mesh(tuple(a["name"] for a in axes), tuple(a["size"] for a in axes))
-    return None
+    """The mesh a plan document says it was made for (`mesh.axes`), None if it states none; an
+    InputError naming each field of a mesh stated badly."""
+    if not isinstance(document, dict) or document.get("mesh") is None:
+        return None
+    problems = mesh_document_problems(document["mesh"])
+    if problems:
+        raise InputError(problems)
+    axes = document["mesh"]["axes"]
+    return Mesh(tuple(a["name"] for a in axes), tuple(a["size"] for a in axes))
+
+
+def mesh_document_problems(stated: Any) -> list[Problem]:
+    """What is wrong with a plan document's `mesh`, each at its pointer."""
+    if not isinstance(stated, dict) or not isinstance(stated.get("axes"), list):
+        return [Problem("/mesh", f"expected {MESH_DOCUMENT}, got {stated!r}")]
+    problems = [Problem(f"/mesh/{key}", f"unknown key {key!r}; expected 'axes'") for key in stated if key != "axes"]
+    for i, axis in enumerate(stated["axes"]):
+        where = f"/mesh/axes/{i}"
+        if not isinstance(axis, dict):
+            problems.append(Problem(where, f'expected {{"name": ..., "size": ...}}, got {axis!r}'))
+            continue
+        problems += [Problem(f"{where}/{key}", f"unknown key {key!r}; expected 'name' and 'size'")
+                     for key in axis if key not in ("name", "size")]
+        if not isinstance(axis.get("name"), str):
+            problems.append(Problem(f"{where}/name", f"expected a mesh axis name, got {axis.get('name')!r}"))
+        size = axis.get("size")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            problems.append(Problem(f"{where}/size", f"expected a positive integer, got {size!r}"))
+    return problems
 
 
 def check_plan_mesh(document: Any, mesh: Mesh, where: str) -> None:

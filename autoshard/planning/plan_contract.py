@@ -29,7 +29,7 @@ from autoshard.errors import InputError, Problem, ShardingError, json_type
 from autoshard.graph.model import Graph
 from autoshard.graph.schema import pointer
 from autoshard.mesh import Mesh
-from autoshard.planning.plan import Plan, check_plan_mesh, plan_from_json
+from autoshard.planning.plan import MESH_DOCUMENT, Plan, check_plan_mesh, mesh_document_problems, plan_from_json
 from autoshard.resharding.steps import STEP_KINDS
 from autoshard.sharding import Sharding
 
@@ -89,24 +89,9 @@ def document_problems(document: Any, graph: Graph, mesh: Mesh) -> list[Problem]:
 
 
 def _mesh_problems(document: dict[str, Any], mesh: Mesh) -> list[Problem]:
-    expected = '{"axes": [{"name": "dp", "size": 2}, ...]}'
-    if "mesh" not in document:
-        return [Problem("/mesh", f"missing: expected the mesh the plan was made for, {expected}")]
-    stated = document["mesh"]
-    if not isinstance(stated, dict) or not isinstance(stated.get("axes"), list):
-        return [Problem("/mesh", f"expected {expected}, got {stated!r}")]
-    problems = _unknown_keys(stated, {"axes"}, "/mesh")
-    for i, axis in enumerate(stated["axes"]):
-        where = f"/mesh/axes/{i}"
-        if not isinstance(axis, dict):
-            problems.append(Problem(where, f'expected {{"name": ..., "size": ...}}, got {axis!r}'))
-            continue
-        problems += _unknown_keys(axis, {"name", "size"}, where)
-        if not isinstance(axis.get("name"), str):
-            problems.append(Problem(f"{where}/name", f"expected a mesh axis name, got {axis.get('name')!r}"))
-        size = axis.get("size")
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            problems.append(Problem(f"{where}/size", f"expected a positive integer, got {size!r}"))
+    if document.get("mesh") is None:
+        return [Problem("/mesh", f"missing: expected the mesh the plan was made for, {MESH_DOCUMENT}")]
+    problems = mesh_document_problems(document["mesh"])
     if not problems:
         try:
             check_plan_mesh(document, mesh, "/mesh")
