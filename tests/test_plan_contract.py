@@ -106,6 +106,9 @@ EDITS = {
     "resharding whose steps agree on the wrong source": (_both(("from",), (0, "before"), {"split_axes": [["tp"]]}),
                                                          ["/reshardings/0/from"]),
     "microbatches not a count": (_set("microbatches", 0), ["/microbatches"]),
+    "topology not a name": (_set("topology", ["dgx-h100"]), ["/topology"]),
+    "topology nodes not a count": (_set("topology_options", {"nodes": "x"}), ["/topology_options/nodes"]),
+    "topology option unknown": (_set("topology_options", {"node": 2}), ["/topology_options/node"]),
     "resharding of an unknown tensor": (_set("reshardings", 0, "tensor", "nope"), ["/reshardings/0/tensor"]),
 }
 

@@ -78,6 +78,7 @@ def document_problems(document: Any, graph: Graph, mesh: Mesh) -> list[Problem]:
         return problems + mesh_problems
     problems += _op_problems(document.get("ops"), graph)
     problems += _tensor_problems(document.get("tensors"), graph, mesh)
+    problems += _topology_problems(document)
     try:
         from autoshard.planning.microbatches import stated_microbatches  # local: it imports the formulation
         stated_microbatches(document)
@@ -98,6 +99,33 @@ def _mesh_problems(document: dict[str, Any], mesh: Mesh) -> list[Problem]:
         except InputError as error:
             problems += error.problems
     return problems
+
+
+def _topology_problems(document: dict[str, Any]) -> list[Problem]:
+    """`topology` and where the mesh was placed on it (`topology_options`), which `emit` and
+    `simulate` price reshardings with: each of the type `plan` writes."""
+    problems = []
+    if "topology" in document and not isinstance(document["topology"], str):
+        problems.append(Problem("/topology", f"expected a profile name, got {json_type(document['topology'])}"))
+    placed = document.get("topology_options", {})
+    if not isinstance(placed, dict):
+        return problems + [Problem("/topology_options", f"expected an object, got {json_type(placed)}")]
+    problems += _unknown_keys(placed, {"nodes", "slice", "mapping"}, "/topology_options")
+    nodes, slice_shape, mapping = placed.get("nodes"), placed.get("slice"), placed.get("mapping")
+    if nodes is not None and not _is_count(nodes):
+        problems.append(Problem("/topology_options/nodes", f"expected a positive integer, got {nodes!r}"))
+    if slice_shape is not None and not (isinstance(slice_shape, list) and all(_is_count(n) for n in slice_shape)):
+        problems.append(Problem("/topology_options/slice", f"expected a list of positive integers, got {slice_shape!r}"))
+    if mapping is not None and not (isinstance(mapping, dict) and all(
+            isinstance(dims, str) or (isinstance(dims, list) and all(isinstance(d, str) for d in dims))
+            for dims in mapping.values())):
+        problems.append(Problem("/topology_options/mapping", f"expected an object of mesh axis -> physical dim "
+                                                             f"names, got {mapping!r}"))
+    return problems
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def _op_problems(ops: Any, graph: Graph) -> list[Problem]:
