@@ -40,6 +40,7 @@ from autoshard.pipeline import PipelineTimeline, StageOrders, activation_peaks, 
 from autoshard.planning.costs import Hardware
 from autoshard.planning.make_plan import (MAX_MEMORY_BUDGET_BYTES, BestSoFar, PlanResult, SolveSettings,
                                           make_plan)
+from autoshard.planning.pipeline_cut import PipelineCut
 from autoshard.planning.pipeline_stages import balanced_cuts, layer_order, op_positions, position_seconds
 from autoshard.pipeline.seconds import DIRECTIONS
 from autoshard.planning.pipeline_values import PartValues, StoredBytes
@@ -101,6 +102,10 @@ class PipelinedPlan:
     memory: tuple[StageMemory, ...]
     budget_bytes: float
     timeline: PipelineTimeline
+
+    @property
+    def cut(self) -> PipelineCut:
+        return PipelineCut(self.orders, {op: virtual for virtual, part in enumerate(self.parts) for op in part.ops})
 
     def to_json(self) -> dict[str, Any]:
         orders, devices = self.orders, self.stage_mesh.num_devices
