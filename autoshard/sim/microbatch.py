@@ -27,29 +27,8 @@ from autoshard.sim.precision import widen_graph, widen_inputs
 from autoshard.sim.program import (DEFAULT_MAX_BYTES, Diverged, Execution, instruction_name, results_problem,
                                    simulation_bytes)
 from autoshard.sim.verdict import Divergence, Verdict
-from autoshard.spmd.program import Communicate, LocalOp, SpmdProgram
-
-
-def per_step_instructions(program: SpmdProgram, microbatching: Microbatching) -> set[int]:
-    """Positions in `program.body` of the instructions run once per step."""
-    readers: dict[int, list[int]] = {}
-    for position, item in enumerate(program.body):
-        for value in item.inputs:
-            readers.setdefault(value.id, []).append(position)
-    made_by = {value.id: position for position, item in enumerate(program.body) for value in item.outputs}
-    once = {position for position, item in enumerate(program.body)
-            if isinstance(item, LocalOp) and microbatching.repeats[item.op.name] == 1}
-    collectives = [position for position, item in enumerate(program.body) if isinstance(item, Communicate)]
-    changed = True
-    while changed:  # a collective chain between two per-step ops, or from one to a result
-        changed = False
-        for position in collectives:
-            item = program.body[position]
-            users = readers.get(item.output.id, [])
-            if position not in once and (made_by.get(item.input.id) in once or (users and all(u in once for u in users))):
-                once.add(position)
-                changed = True
-    return once
+from autoshard.spmd.per_step import per_step_instructions
+from autoshard.spmd.program import SpmdProgram
 
 
 def simulate_microbatched(program: SpmdProgram, microbatching: Microbatching,
@@ -81,7 +60,7 @@ def simulate_microbatched(program: SpmdProgram, microbatching: Microbatching,
     env: dict[int, Placed] = {}
     try:
         for index in range(count):
-            sliced = {name: _slice(graph, name, array, index, count) for name, array in inputs.items()}
+            sliced = {name: batch_slice(graph, name, array, index, count) for name, array in inputs.items()}
             env = execution.arguments(sliced)
             execution.run(per_microbatch, env, evaluate_graph(micro_graph, sliced))
             for value_id in accumulated:
@@ -98,8 +77,8 @@ def simulate_microbatched(program: SpmdProgram, microbatching: Microbatching,
     return execution.verdict(results_problem(program, env))
 
 
-
-def _slice(graph: Graph, name: str, array: np.ndarray, index: int, count: int) -> np.ndarray:
+def batch_slice(graph: Graph, name: str, array: np.ndarray, index: int, count: int) -> np.ndarray:
+    """Microbatch `index` of `count` of input `name`: its slice of the batch dim (whole if it has none)."""
     dim = graph.tensors[name].batch_dim
     if dim is None:
         return array

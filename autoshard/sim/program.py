@@ -33,7 +33,8 @@ from autoshard.sim.local_op import Placed, ProgramError, run_local_op
 from autoshard.sim.precision import widen_dtype, widen_graph, widen_inputs, widen_op
 from autoshard.sim.reshard_exec import apply_step
 from autoshard.sim.verdict import Divergence, Verdict
-from autoshard.spmd.program import Communicate, Instruction, LocalOp, SpmdProgram, Value, partition
+from autoshard.spmd.program import (Communicate, Instruction, LocalOp, SpmdProgram, Value, instruction_name,
+                                    partition)
 
 DEFAULT_MAX_BYTES = 2 * 2 ** 30  # numpy on one host: every device's shards live at once
 
@@ -41,13 +42,6 @@ DEFAULT_MAX_BYTES = 2 * 2 ** 30  # numpy on one host: every device's shards live
 class Diverged(Exception):
     def __init__(self, divergence: Divergence):
         self.divergence = divergence
-
-
-def instruction_name(item: Instruction) -> str:
-    """How a body item is named in a verdict: the graph op, or the collective and its tensor."""
-    if isinstance(item, LocalOp):
-        return item.op.name
-    return f"{item.step.kind} over {list(item.step.mesh_axes)} of {item.input.tensor!r}"
 
 
 def _itemsize(dtype: str, widen: bool) -> int:
@@ -113,10 +107,10 @@ class Execution:
         self.overwritten: dict[int, str] = {}  # argument value -> the value that overwrote its storage in place
         self.worst, self.checked = 0.0, 0
 
-    def arguments(self, inputs: Mapping[str, np.ndarray]) -> dict[int, Placed]:
-        """The program's arguments laid out from global `inputs`."""
+    def arguments(self, inputs: Mapping[str, np.ndarray], values: Sequence[Value] | None = None) -> dict[int, Placed]:
+        """The program's arguments (or those of them in `values`) laid out from global `inputs`."""
         return {v.id: Placed(distribute(inputs[v.tensor], self.program.mesh, v.sharding, v.shape), v.sharding, v.shape)
-                for v in self.program.arguments}
+                for v in (self.program.arguments if values is None else values)}
 
     def run(self, items: Sequence[Instruction], env: dict[int, Placed], reference: Mapping[str, np.ndarray]) -> None:
         """Run `items` in order, checking each value made against `reference`; raises `Diverged`."""

@@ -261,6 +261,13 @@ def resharding_program(mesh: Mesh, resharding: Resharding, dtype: str, price: Pr
     return SpmdProgram(mesh, graph, (argument,), tuple(body), (value,), price)
 
 
+def instruction_name(item: Instruction) -> str:
+    """How a body item is named in a verdict or an error: the graph op, or the collective and its tensor."""
+    if isinstance(item, LocalOp):
+        return item.op.name
+    return f"{item.step.kind} over {list(item.step.mesh_axes)} of {item.input.tensor!r}"
+
+
 def describe(program: SpmdProgram) -> list[str]:
     """One line per instruction: a readable listing of the program (for reports and tests)."""
     lines = []

@@ -1,0 +1,33 @@
+"""Which instructions of a microbatched step's program run once per step rather than once per
+microbatch: an op that runs once per step (the optimizer), a collective whose output only such
+instructions read (a gradient's reduction across data replicas is made once, on the accumulated
+gradient), or that delivers a per-step value. The simulator runs the rest per microbatch, and
+so does a pipeline's stage.
+"""
+
+from __future__ import annotations
+
+from autoshard.planning.microbatches import Microbatching
+from autoshard.spmd.program import Communicate, LocalOp, SpmdProgram
+
+
+def per_step_instructions(program: SpmdProgram, microbatching: Microbatching) -> set[int]:
+    """Positions in `program.body` of the instructions run once per step."""
+    readers: dict[int, list[int]] = {}
+    for position, item in enumerate(program.body):
+        for value in item.inputs:
+            readers.setdefault(value.id, []).append(position)
+    made_by = {value.id: position for position, item in enumerate(program.body) for value in item.outputs}
+    once = {position for position, item in enumerate(program.body)
+            if isinstance(item, LocalOp) and microbatching.repeats[item.op.name] == 1}
+    collectives = [position for position, item in enumerate(program.body) if isinstance(item, Communicate)]
+    changed = True
+    while changed:  # a collective chain between two per-step ops, or from one to a result
+        changed = False
+        for position in collectives:
+            item = program.body[position]
+            users = readers.get(item.output.id, [])
+            if position not in once and (made_by.get(item.input.id) in once or (users and all(u in once for u in users))):
+                once.add(position)
+                changed = True
+    return once
