@@ -76,15 +76,20 @@ def function_name(graph_name: str) -> str:
     return name if not name[0].isdigit() else "g" + name
 
 
+def function_lines(func: str, args: Sequence[Operand], results: Sequence[Operand], body: Body) -> list[str]:
+    """One `func.func @func` returning `results`, its body's lines inside."""
+    signature = ", ".join(f"{a.name}: {a.type}" for a in args)
+    types = [r.type for r in results]
+    returns = types[0] if len(types) == 1 else "(" + ", ".join(types) + ")"
+    lines = [f"func.func @{func}({signature}) -> {returns} {{", *body.lines]
+    lines.append(f"  return {', '.join(r.name for r in results)} : {', '.join(types)}" if results else "  return")
+    lines.append("}")
+    return lines
+
+
 def module_text(dialect: Dialect, mesh: Mesh, comments: Sequence[str], func: str, args: Sequence[Operand],
                 results: Sequence[Operand], body: Body) -> str:
     lines = [f"// {c}" for c in comments]
     lines.append(f"{dialect.mesh_op} {MESH_SYMBOL}(shape = {mesh.to_mlir_shape()})")
-    signature = ", ".join(f"{a.name}: {a.type}" for a in args)
-    types = [r.type for r in results]
-    returns = types[0] if len(types) == 1 else "(" + ", ".join(types) + ")"
-    lines.append(f"func.func @{func}({signature}) -> {returns} {{")
-    lines += body.lines
-    lines.append(f"  return {', '.join(r.name for r in results)} : {', '.join(types)}" if results else "  return")
-    lines.append("}")
+    lines += function_lines(func, args, results, body)
     return "\n".join(lines) + "\n"

@@ -14,6 +14,8 @@ dialect's collective. Arguments follow one of the two conventions of the design:
 
 from __future__ import annotations
 
+from typing import Iterable, Sequence
+
 from autoshard.errors import InputError
 from autoshard.mlir.collectives import emit_step
 from autoshard.mlir.device import DeviceIndex
@@ -26,7 +28,7 @@ from autoshard.planning.options import local_extents
 from autoshard.planning.plan import Plan
 from autoshard.resharding import Price, halo_step
 from autoshard.sharding import Sharding
-from autoshard.spmd.program import Communicate, LocalOp, SpmdProgram, Value, partition
+from autoshard.spmd.program import Communicate, Instruction, LocalOp, SpmdProgram, Value, partition
 
 ARGUMENT_CONVENTIONS = ("local", "global")
 
@@ -43,7 +45,7 @@ def _spec(device: DeviceIndex, sharding: Sharding, shape: tuple[int, ...], dtype
     return Spec(largest, dtype, tuple(dims))
 
 
-def _value_spec(device: DeviceIndex, value: Value) -> Spec:
+def value_spec(device: DeviceIndex, value: Value) -> Spec:
     return _spec(device, value.sharding, value.shape, value.dtype)
 
 
@@ -51,9 +53,7 @@ def emit_partitioned(program: SpmdProgram | Plan, dialect: str = "mesh", argumen
                      price: Price | None = None) -> str:
     """The SPMD module of a program (or of `partition(plan, price)`), in the `mesh` or `shard`
     spelling, with arguments `local` (already partitioned) or `global` (full, sliced here)."""
-    if arguments not in ARGUMENT_CONVENTIONS:
-        raise InputError(f"unknown argument convention {arguments!r}; expected one of {list(ARGUMENT_CONVENTIONS)}",
-                         "arguments")
+    check_arguments(arguments)
     if isinstance(program, Plan):
         program = partition(program, price)
     d = dialect_named(dialect)
@@ -61,21 +61,8 @@ def emit_partitioned(program: SpmdProgram | Plan, dialect: str = "mesh", argumen
     b = Body()
     device = DeviceIndex(b, d, mesh)
     values: dict[int, Operand] = {}
-    args = []
-    for value in program.arguments:
-        if arguments == "local":
-            arg = Operand(b.name(value.tensor), _value_spec(device, value))
-            args.append(arg)
-            values[value.id] = arg
-        else:
-            arg = Operand(b.name(value.tensor), Spec(value.shape, value.dtype))
-            args.append(arg)
-            values[value.id] = _slice_argument(b, device, value, arg)
-    for instruction in program.body:
-        if isinstance(instruction, LocalOp):
-            _emit_local_op(b, device, instruction, values)
-        else:
-            _emit_communicate(b, device, instruction, values)
+    args = bind_arguments(b, device, program.arguments, arguments, values)
+    emit_instructions(b, device, program.body, values)
     results = [values[v.id] for v in program.results]
     comments = [f"autoshard partitioned IR: graph {program.graph.name!r} on mesh {mesh} ({d.name} dialect), "
                 f"as every device runs it", mesh_comment(mesh),
@@ -83,6 +70,36 @@ def emit_partitioned(program: SpmdProgram | Plan, dialect: str = "mesh", argumen
                                  "full tensors, each device cutting its shard"),
                 "local types: the largest shard per dim; ? where shards differ between devices"]
     return module_text(d, mesh, comments, function_name(program.graph.name), args, results, b)
+
+
+def check_arguments(arguments: str) -> None:
+    if arguments not in ARGUMENT_CONVENTIONS:
+        raise InputError(f"unknown argument convention {arguments!r}; expected one of {list(ARGUMENT_CONVENTIONS)}",
+                         "arguments")
+
+
+def bind_arguments(b: Body, device: DeviceIndex, values: Sequence[Value], arguments: str,
+                   bound: dict[int, Operand]) -> list[Operand]:
+    """The function arguments of `values` under the `arguments` convention, each value bound in
+    `bound` to its local shard (the argument itself, or the shard cut from it)."""
+    args = []
+    for value in values:
+        if arguments == "local":
+            arg = bound[value.id] = Operand(b.name(value.tensor), value_spec(device, value))
+        else:
+            arg = Operand(b.name(value.tensor), Spec(value.shape, value.dtype))
+            bound[value.id] = _slice_argument(b, device, value, arg)
+        args.append(arg)
+    return args
+
+
+def emit_instructions(b: Body, device: DeviceIndex, items: Iterable[Instruction], values: dict[int, Operand]) -> None:
+    """`items` on local shards, reading and binding their values in `values`."""
+    for instruction in items:
+        if isinstance(instruction, LocalOp):
+            _emit_local_op(b, device, instruction, values)
+        else:
+            _emit_communicate(b, device, instruction, values)
 
 
 def _slice_argument(b: Body, device: DeviceIndex, value: Value, arg: Operand) -> Operand:
@@ -125,7 +142,7 @@ def _emit_local_op(b: Body, device: DeviceIndex, instruction: LocalOp, values: d
         return device.block_start(axes, op.nest.extents[loop]) if axes else None
 
     inputs = tuple(values[v.id] for v in instruction.inputs)
-    specs = tuple(_value_spec(device, v) for v in instruction.outputs)
+    specs = tuple(value_spec(device, v) for v in instruction.outputs)
     halos = tuple(tuple(v.sharding.halo(d) for d in range(len(v.shape))) for v in instruction.inputs)
     results = lower(b, LoweringContext(op, inputs, specs, local_extents(op.nest, option, mesh), offset, halos))
     for value, result in zip(instruction.outputs, results):
@@ -135,6 +152,6 @@ def _emit_local_op(b: Body, device: DeviceIndex, instruction: LocalOp, values: d
 def _emit_communicate(b: Body, device: DeviceIndex, instruction: Communicate, values: dict[int, Operand]) -> None:
     step = instruction.step
     b.comment(f"{instruction.input.tensor}: {step.before} -> {step.after}")
-    out = _value_spec(device, instruction.output)
+    out = value_spec(device, instruction.output)
     values[instruction.output.id] = emit_step(b, device.dialect, device.mesh, step, values[instruction.input.id], out,
                                               device, instruction.output.tensor)
