@@ -65,12 +65,15 @@ class ImportedProgram:
 
 
 def import_program(exported_program: Any, strict: bool = False, training: bool = False,
-                   name: str | None = None) -> ImportedProgram:
+                   name: str | None = None, batch_dim: int | None = None) -> ImportedProgram:
     """The graph of an `ExportedProgram` (run through `run_decompositions({})` first, so that no
     in-place op survives and `linear`, `silu` and attention stay whole).
 
     `training=True` adds the loss `sum(output * labels)` on the first output, the backward pass
     and Adam, by autoshard's own differentiation (as `autoshard generate --training`).
+    `batch_dim` is the dim of every tensor argument (and of the labels) that carries the batch,
+    so that a plan can split the step into microbatches; torch.distributed.pipelining splits
+    arguments along dim 0 by default.
     """
     if not isinstance(exported_program, torch.export.ExportedProgram):
         raise InputError(f"expected a torch.export.ExportedProgram, got {type(exported_program).__name__}", "exported_program")
@@ -89,9 +92,11 @@ def import_program(exported_program: Any, strict: bool = False, training: bool =
             continue  # a constant argument, specialised into the program
         kind = spec.kind.name
         graph_name = spec.target if kind != "USER_INPUT" else spec.arg.name
-        role = "parameter" if kind == "PARAMETER" else "input"
-        declare = builder.parameter if role == "parameter" else builder.input
-        lw.values[node.name] = declare(graph_name, _shape(node), _dtype(node))
+        if kind == "PARAMETER":
+            lw.values[node.name] = builder.parameter(graph_name, _shape(node), _dtype(node))
+        else:  # buffers and constants hold no batch
+            lw.values[node.name] = builder.input(graph_name, _shape(node), _dtype(node),
+                                                 batch_dim=batch_dim if kind == "USER_INPUT" else None)
         if kind == "USER_INPUT":
             user_inputs.append(graph_name)
         else:
@@ -119,7 +124,7 @@ def import_program(exported_program: Any, strict: bool = False, training: bool =
         warnings.warn(f"{len(opaque)} op(s) outside the aten table are kept opaque and replicated: "
                       + "; ".join(str(n) for n in opaque), stacklevel=2)
     if training:
-        _add_training(builder, outputs)
+        _add_training(builder, outputs, batch_dim)
     else:
         builder.mark_outputs(*outputs)
     document = builder.document()
@@ -184,10 +189,10 @@ def _undo_point(lw: Lowering) -> Any:
     return undo
 
 
-def _add_training(builder: GraphBuilder, outputs: list[str]) -> None:
+def _add_training(builder: GraphBuilder, outputs: list[str], batch_dim: int | None) -> None:
     if not outputs:
         raise InputError("the program has no tensor output to train on", "training")
-    loss, seeds = weighted_sum_loss(builder, outputs[0], batch_dim=None)
+    loss, seeds = weighted_sum_loss(builder, outputs[0], batch_dim=batch_dim)
     try:
         add_training_step(builder, loss, seeds)
     except ValueError as error:  # a parameter no gradient reaches, or an op without a gradient
