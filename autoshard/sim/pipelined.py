@@ -16,7 +16,7 @@ and everything after them against the reference on the whole batch.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -24,15 +24,17 @@ from autoshard.dtypes import DTYPES
 from autoshard.errors import InputError
 from autoshard.graph.evaluate import evaluate_graph, random_inputs
 from autoshard.graph.summary import size
-from autoshard.pipeline import WorkItem
+from autoshard.pipeline import StageOrders, WorkItem, inflight_peaks
 from autoshard.pipeline.schedules import KINDS
 from autoshard.planning.microbatches import ACCUMULATION_DTYPE, Microbatching
 from autoshard.sim.collectives import Shards
 from autoshard.sim.local_op import Placed
 from autoshard.sim.microbatch import batch_slice
 from autoshard.sim.precision import widen_graph, widen_inputs
-from autoshard.sim.program import DEFAULT_MAX_BYTES, Diverged, Execution, results_problem, simulation_bytes
+from autoshard.sim.program import (DEFAULT_MAX_BYTES, Diverged, Execution, reference_bytes, results_problem,
+                                   values_bytes)
 from autoshard.sim.verdict import Divergence, Verdict
+from autoshard.spmd.program import SpmdProgram
 from autoshard.spmd.staged import StagedProgram
 
 
@@ -54,6 +56,12 @@ class PipelinedRun:
     inflight_peaks: tuple[int, ...]  # per stage, the most (microbatch, chunk) pairs whose activations it held at once
     transfers: tuple[Transfer, ...]  # in the order sent
 
+    def to_json(self) -> dict[str, Any]:
+        """What the run shows of the schedule: each stage's items as run (`F0`, `B1/1` for chunk 1),
+        in-flight peaks and the number of transfers between stages."""
+        return {"ran": [[repr(item) for item in order] for order in self.ran],
+                "inflight_peaks": list(self.inflight_peaks), "transfers": len(self.transfers)}
+
 
 def simulate_pipelined(staged: StagedProgram, microbatching: Microbatching,
                        inputs: Mapping[str, np.ndarray] | None = None, *, seed: int = 0,
@@ -61,7 +69,7 @@ def simulate_pipelined(staged: StagedProgram, microbatching: Microbatching,
     """Run `staged` (of `microbatching.graph`) for the step on the whole batch; `inputs` are the
     whole step's (default: its random inputs of `seed`)."""
     program, orders = staged.program, staged.orders
-    needed = simulation_bytes(program, widen) * (orders.microbatches + 1)  # every microbatch may be in flight
+    needed = pipelined_bytes(program, orders, widen)
     if needed > max_bytes:
         raise InputError(f"simulating {orders.microbatches} microbatches of graph {microbatching.whole.name!r} "
                          f"pipelined over {orders.stages} stages needs about {size(needed)}, over the limit of "
@@ -74,6 +82,16 @@ def simulate_pipelined(staged: StagedProgram, microbatching: Microbatching,
     except Diverged as failure:
         return run.outcome(failure.divergence)
     return run.outcome(results_problem(program, run.results()))
+
+
+def pipelined_bytes(program: SpmdProgram, orders: StageOrders, widen: bool = True) -> int:
+    """Memory a pipelined simulation holds at most: the stored values once; the values one
+    microbatch makes, for as many microbatches as the most any stage holds in flight and the one
+    running (the stages hold disjoint parts); the references on the whole batch and on every
+    microbatch (together about the whole batch's again)."""
+    made = values_bytes(program.mesh, (v for item in program.body for v in item.outputs), widen)
+    return (values_bytes(program.mesh, program.arguments, widen) + made * (max(inflight_peaks(orders)) + 1)
+            + 2 * reference_bytes(program, widen))
 
 
 class _Run:

@@ -14,7 +14,7 @@ Floats are computed in float64 by default, on the devices and in the reference (
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -50,9 +50,17 @@ def _itemsize(dtype: str, widen: bool) -> int:
 
 def simulation_bytes(program: SpmdProgram, widen: bool = True) -> int:
     """Memory a simulation holds at most: every value on every device, plus the reference's tensors."""
-    local = sum(held_elements(program.mesh, v) * _itemsize(v.dtype, widen) for v in program.values())
-    reference = sum(math.prod(t.shape) * _itemsize(t.dtype, widen) for t in program.graph.tensors.values())
-    return local + reference
+    return values_bytes(program.mesh, program.values(), widen) + reference_bytes(program, widen)
+
+
+def values_bytes(mesh: Mesh, values: Iterable[Value], widen: bool = True) -> int:
+    """Bytes of `values` over all devices' shards."""
+    return sum(held_elements(mesh, v) * _itemsize(v.dtype, widen) for v in values)
+
+
+def reference_bytes(program: SpmdProgram, widen: bool = True) -> int:
+    """Bytes of every tensor of the unsharded graph, as the reference evaluator holds them."""
+    return sum(math.prod(t.shape) * _itemsize(t.dtype, widen) for t in program.graph.tensors.values())
 
 
 def held_elements(mesh: Mesh, value: Value) -> int:
