@@ -1,5 +1,6 @@
 """`autoshard emit GRAPH.json --plan PLAN.json --stage annotated|partitioned [--dialect mesh|shard]`:
-the MLIR of a given plan (one `autoshard plan` wrote, or one edited by hand)."""
+the MLIR of a given plan (one `autoshard plan` wrote, or one edited by hand); a pipelined plan's
+partitioned IR has one function per virtual stage."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ from pathlib import Path
 
 from autoshard.cli.args import hardware_from_args, parse_slice
 from autoshard.cli.simulate import add_program_args, plan_mesh, resharding_price
-from autoshard.delivery.deliver import STAGES, ir_request_problems, partitioned_program
+from autoshard.delivery.deliver import STAGES, ir_request_problems, partitioned_ir, partitioned_program
 from autoshard.errors import InputError
 from autoshard.graph.schema import load_graph, read_json
 from autoshard.mesh import Mesh
-from autoshard.mlir import emit_annotated, emit_partitioned
+from autoshard.mlir import emit_annotated
 from autoshard.planning.microbatches import microbatch, stated_microbatches
+from autoshard.planning.pipeline_cut import read_cut
 from autoshard.planning.plan_contract import read_plan
 
 
@@ -41,12 +43,14 @@ def run(args: argparse.Namespace) -> int:
     mesh = plan_mesh(document, args.mesh)
     _check_hardware_flags(args, mesh)
     # a plan made for microbatches is the step on one microbatch
-    plan = read_plan(document, microbatch(load_graph(args.graph, mesh), stated_microbatches(document)).graph, mesh)
+    microbatching = microbatch(load_graph(args.graph, mesh), stated_microbatches(document))
+    plan = read_plan(document, microbatching.graph, mesh)
     if args.stage == "annotated":
         text = emit_annotated(plan, dialect=args.dialect)
     else:
         program, _ = partitioned_program(plan, resharding_price(args, document, mesh), not args.no_collective_opt)
-        text = emit_partitioned(program, dialect=args.dialect, arguments=args.arguments)
+        cut = read_cut(document, microbatching.graph) if "pipeline" in document else None
+        text = partitioned_ir(program, args.dialect, args.arguments, microbatching, cut)
     if args.output:
         try:
             Path(args.output).write_text(text)

@@ -216,7 +216,8 @@ def run(args: argparse.Namespace) -> int:
             result = make_plan(graph, mesh, hw, settings, progress=ProgressLine(), phases=phases, best_so_far=best)
         delivered = deliver(result, hw, args.topology, emit=stages, dialect=args.dialect, arguments=args.arguments,
                             verify=args.verify, optimize_collectives=not args.no_collective_opt,
-                            nodes=args.nodes, slice_shape=parse_slice(args.slice))
+                            nodes=args.nodes, slice_shape=parse_slice(args.slice),
+                            pipeline=pipelined.cut if pipelined is not None else None)
         if pipelined is not None:
             delivered.document["pipeline"] = pipelined.to_json()
         written = write_deliverables(delivered, args.output, phases)

@@ -1,5 +1,6 @@
 """`autoshard simulate GRAPH.json --plan PLAN.json [--mesh ...] [--seed S]`: partition the plan, run
-it on every device in numpy and compare with the unsharded graph; exit 1 if they differ."""
+it on every device in numpy (a pipelined plan stage by stage in its schedule's order) and compare
+with the unsharded graph; exit 1 if they differ."""
 
 from __future__ import annotations
 
@@ -14,11 +15,14 @@ from autoshard.graph.schema import load_graph, read_json
 from autoshard.mesh import Mesh
 from autoshard.planning.hardware import bind_hardware
 from autoshard.planning.microbatches import microbatch, stated_microbatches
+from autoshard.planning.pipeline_cut import read_cut
 from autoshard.planning.plan import check_plan_mesh, stated_mesh
 from autoshard.planning.plan_contract import read_plan
 from autoshard.resharding import Price, bytes_moved_price
 from autoshard.sim.microbatch import simulate_microbatched
+from autoshard.sim.pipelined import simulate_pipelined
 from autoshard.sim.program import simulate_program
+from autoshard.spmd.staged import stage_program
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -92,9 +96,15 @@ def run(args: argparse.Namespace) -> int:
     microbatching = microbatch(load_graph(args.graph, mesh), stated_microbatches(document))
     plan = read_plan(document, microbatching.graph, mesh)
     limit = parse_bytes(args.max_memory, "--max-memory")
+    pipelined = None
     try:
         program, _ = partitioned_program(plan, resharding_price(args, document, mesh), not args.no_collective_opt)
-        if microbatching.count > 1:  # as the step runs: forward and backward per microbatch
+        if "pipeline" in document:  # as the step runs: each stage's items in the schedule's order
+            staged = stage_program(program, microbatching, read_cut(document, microbatching.graph))
+            run = simulate_pipelined(staged, microbatching, seed=args.seed, max_bytes=limit,
+                                     widen=not args.declared_dtypes)
+            verdict, pipelined = run.verdict, run.to_json()
+        elif microbatching.count > 1:  # as the step runs: forward and backward per microbatch
             verdict = simulate_microbatched(program, microbatching, seed=args.seed, max_bytes=limit,
                                             widen=not args.declared_dtypes)
         else:
@@ -104,7 +114,10 @@ def run(args: argparse.Namespace) -> int:
         raise InputError([Problem("--max-memory" if p.where == "max_bytes" else p.where, p.message)
                           for p in error.problems]) from None
     if args.json:
-        print(json.dumps(verdict.to_json(), indent=1))
+        print(json.dumps({**verdict.to_json(), **({"pipeline": pipelined} if pipelined else {})}, indent=1))
     else:
         print(f"{verdict.summary()} (seed {args.seed})")
+        if pipelined:
+            print(f"pipelined: in-flight peaks per stage {pipelined['inflight_peaks']}, "
+                  f"{pipelined['transfers']} transfers between stages")
     return 0 if verdict.passed else 1

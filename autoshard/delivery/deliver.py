@@ -13,15 +13,18 @@ from typing import Any, Mapping, Sequence
 
 from autoshard.delivery.document import plan_document
 from autoshard.errors import InputError, Problem
-from autoshard.mlir import ARGUMENT_CONVENTIONS, DIALECTS, emit_annotated, emit_partitioned
+from autoshard.mlir import ARGUMENT_CONVENTIONS, DIALECTS, emit_annotated, emit_partitioned, emit_pipelined
 from autoshard.phases import PhaseTimes
 from autoshard.planning.costs import Hardware
 from autoshard.planning.make_plan import PlanResult
+from autoshard.planning.microbatches import Microbatching, microbatch
+from autoshard.planning.pipeline_cut import PipelineCut
 from autoshard.planning.plan import Plan
 from autoshard.resharding import Price
 from autoshard.sim.verify import ALWAYS_LIMIT_BYTES, VERIFY_POLICIES, policy_problem, verify_program
 from autoshard.spmd.collective_opt import Change, optimize
 from autoshard.spmd.program import SpmdProgram, partition
+from autoshard.spmd.staged import stage_program
 
 STAGES = ("annotated", "partitioned")
 
@@ -60,6 +63,16 @@ def partitioned_program(plan: Plan, price: Price, optimize_collectives: bool = T
         return optimize(program)
 
 
+def partitioned_ir(program: SpmdProgram, dialect: str, arguments: str, microbatching: Microbatching | None,
+                   pipeline: PipelineCut | None) -> str:
+    """The partitioned IR of `program`: with `pipeline`, one function per virtual stage and the
+    transfers between stages (`microbatching` tells the once-per-step part)."""
+    if pipeline is None:
+        return emit_partitioned(program, dialect=dialect, arguments=arguments)
+    microbatching = microbatching if microbatching is not None else microbatch(program.graph, 1)
+    return emit_pipelined(stage_program(program, microbatching, pipeline), dialect=dialect, arguments=arguments)
+
+
 def placement_options(nodes: int | None, slice_shape: Sequence[int] | None = None,
                       mapping: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:
     """A plan document's `topology_options`: where the mesh was placed, the keys given."""
@@ -73,10 +86,11 @@ def deliver(result: PlanResult, hardware: Hardware, topology: str, *, emit: Sequ
             dialect: str = "mesh", arguments: str = "local", verify: str = "auto",
             optimize_collectives: bool = True, seed: int = 0, verify_max_bytes: float = ALWAYS_LIMIT_BYTES,
             nodes: int | None = None, slice_shape: Sequence[int] | None = None,
-            mapping: Mapping[str, Sequence[str]] | None = None) -> Deliverables:
+            mapping: Mapping[str, Sequence[str]] | None = None, pipeline: PipelineCut | None = None) -> Deliverables:
     """`nodes`, `slice_shape` and `mapping` (mesh axis -> physical dims) are where the mesh was
     placed on the topology (None: the default placement); the document records them so `emit`
-    and `simulate` price reshardings alike."""
+    and `simulate` price reshardings alike. With `pipeline` the plan is verified and emitted as
+    pipelined (its stages in the schedule's order, one IR function per virtual stage)."""
     problems = ir_request_problems(emit, dialect, arguments)
     if verify not in VERIFY_POLICIES:
         problems.append(policy_problem(verify, "verify"))
@@ -93,12 +107,13 @@ def deliver(result: PlanResult, hardware: Hardware, topology: str, *, emit: Sequ
             "changes": [{"rewrite": c.rewrite, "detail": c.detail, "seconds_before": c.seconds_before,
                          "seconds_after": c.seconds_after} for c in changes]}
     with phases.phase("verification"):
-        document["verification"] = verify_program(program, verify, seed, verify_max_bytes, result.microbatching)
+        document["verification"] = verify_program(program, verify, seed, verify_max_bytes, result.microbatching,
+                                                  pipeline)
     ir = {}
     with phases.phase("ir_emission"):
         if "annotated" in emit:
             ir["annotated"] = emit_annotated(result.plan, dialect=dialect)
         if "partitioned" in emit:
-            ir["partitioned"] = emit_partitioned(program, dialect=dialect, arguments=arguments)
+            ir["partitioned"] = partitioned_ir(program, dialect, arguments, result.microbatching, pipeline)
     document["phases"] = phases.to_json()
     return Deliverables(document, ir)

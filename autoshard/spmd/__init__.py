@@ -1,5 +1,6 @@
 """The partitioned (SPMD) program of a plan: each op on its local block, the collectives of every
-resharding between ops, and the cost-gated rewrites that lower its communication.
+resharding between ops, the cost-gated rewrites that lower its communication, and a training
+step cut into pipeline slots (`staged`).
 
-May import: the vocabulary, `ops`, `resharding`, `graph`, `planning`.
+May import: the vocabulary, `ops`, `resharding`, `graph`, `pipeline`, `planning`.
 """
