@@ -36,7 +36,9 @@ from autoshard.sharding import Sharding
 PLAN_FORMAT = "autoshard.plan/v1"
 
 # What `plan_document` and `deliver` write (delivery/); everything but `format`, `mesh`, `ops`,
-# `tensors`, `reshardings` and `microbatches` is a report the readers do not act on.
+# `tensors`, `reshardings`, `microbatches`, `topology`, `topology_options` and `pipeline` (a
+# pipelined plan's cut, checked by planning/pipeline_cut.read_cut where it is run or emitted) is a
+# report the readers do not act on.
 DOCUMENT_KEYS = frozenset({
     "format", "mesh", "ops", "tensors", "reshardings", "microbatches", "autoshard_version", "graph", "topology",
     "topology_options", "totals", "roles", "solver", "partition_specs", "dtensor", "collective_optimizations",
