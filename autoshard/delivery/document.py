@@ -13,7 +13,7 @@ from autoshard.planning.roles import plan_roles, roles_document
 
 
 def plan_document(result: PlanResult, topology: str) -> dict[str, Any]:
-    """Per-op options and per-tensor shardings (readable by `plan_from_json`), plus per-edge
+    """Per-op options and per-tensor shardings (read back by `plan_contract.read_plan`), plus per-edge
     reshardings, totals, a per-op breakdown, the solver's status, objective, bound and gap, the
     roles of the mesh axes and tensors (`roles`; per op its `class` and `axis_roles`), and the
     shardings as PartitionSpecs (`partition_specs`) and as DTensor placements (`dtensor`)."""
