@@ -129,7 +129,7 @@ def test_the_simulator_runs_each_microbatch_then_the_optimizer_once_on_the_summe
     mesh = Mesh.parse(mesh_text)
     m = microbatch(graph, 2)
     program = partition(data_parallel_plan(m.graph, mesh))
-    once = per_step_instructions(program, m)
+    once = per_step_instructions(program)
     gradients = set(graph.gradients.values())
     for position, item in enumerate(program.body):
         if isinstance(item, LocalOp):

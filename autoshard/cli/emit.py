@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         program, _ = partitioned_program(plan, resharding_price(args, document, mesh), not args.no_collective_opt)
         cut = read_cut(document, microbatching.graph) if "pipeline" in document else None
-        text = partitioned_ir(program, args.dialect, args.arguments, microbatching, cut)
+        text = partitioned_ir(program, args.dialect, args.arguments, cut)
     if args.output:
         try:
             Path(args.output).write_text(text)

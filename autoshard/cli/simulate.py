@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         program, _ = partitioned_program(plan, resharding_price(args, document, mesh), not args.no_collective_opt)
         if "pipeline" in document:  # as the step runs: each stage's items in the schedule's order
-            staged = stage_program(program, microbatching, read_cut(document, microbatching.graph))
+            staged = stage_program(program, read_cut(document, microbatching.graph))
             run = simulate_pipelined(staged, microbatching, seed=args.seed, max_bytes=limit,
                                      widen=not args.declared_dtypes)
             verdict, pipelined = run.verdict, run.to_json()

@@ -17,7 +17,6 @@ from autoshard.mlir import ARGUMENT_CONVENTIONS, DIALECTS, emit_annotated, emit_
 from autoshard.phases import PhaseTimes
 from autoshard.planning.costs import Hardware
 from autoshard.planning.make_plan import PlanResult
-from autoshard.planning.microbatches import Microbatching, microbatch
 from autoshard.planning.pipeline_cut import PipelineCut
 from autoshard.planning.plan import Plan
 from autoshard.resharding import Price
@@ -63,14 +62,12 @@ def partitioned_program(plan: Plan, price: Price, optimize_collectives: bool = T
         return optimize(program)
 
 
-def partitioned_ir(program: SpmdProgram, dialect: str, arguments: str, microbatching: Microbatching | None,
-                   pipeline: PipelineCut | None) -> str:
+def partitioned_ir(program: SpmdProgram, dialect: str, arguments: str, pipeline: PipelineCut | None = None) -> str:
     """The partitioned IR of `program`: with `pipeline`, one function per virtual stage and the
-    transfers between stages (`microbatching` tells the once-per-step part)."""
+    transfers between stages."""
     if pipeline is None:
         return emit_partitioned(program, dialect=dialect, arguments=arguments)
-    microbatching = microbatching if microbatching is not None else microbatch(program.graph, 1)
-    return emit_pipelined(stage_program(program, microbatching, pipeline), dialect=dialect, arguments=arguments)
+    return emit_pipelined(stage_program(program, pipeline), dialect=dialect, arguments=arguments)
 
 
 def placement_options(nodes: int | None, slice_shape: Sequence[int] | None = None,
@@ -114,6 +111,6 @@ def deliver(result: PlanResult, hardware: Hardware, topology: str, *, emit: Sequ
         if "annotated" in emit:
             ir["annotated"] = emit_annotated(result.plan, dialect=dialect)
         if "partitioned" in emit:
-            ir["partitioned"] = partitioned_ir(program, dialect, arguments, result.microbatching, pipeline)
+            ir["partitioned"] = partitioned_ir(program, dialect, arguments, pipeline)
     document["phases"] = phases.to_json()
     return Deliverables(document, ir)

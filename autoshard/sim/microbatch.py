@@ -44,7 +44,7 @@ def simulate_microbatched(program: SpmdProgram, microbatching: Microbatching,
     inputs = dict(inputs if inputs is not None else random_inputs(graph, seed))
     if widen:
         inputs = widen_inputs(inputs)
-    once = per_step_instructions(program, microbatching)
+    once = per_step_instructions(program)
     per_microbatch = [item for position, item in enumerate(program.body) if position not in once]
     per_step = [item for position, item in enumerate(program.body) if position in once]
     made_per_step = {v.id for item in per_step for v in item.outputs}

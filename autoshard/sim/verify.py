@@ -52,7 +52,7 @@ def verify_program(program: SpmdProgram, policy: str, seed: int = 0,
                           f"with `autoshard simulate`"}
     if cut is not None:
         microbatching = microbatching if microbatching is not None else microbatch(program.graph, 1)
-        run = simulate_pipelined(stage_program(program, microbatching, cut), microbatching, seed=seed, max_bytes=limit)
+        run = simulate_pipelined(stage_program(program, cut), microbatching, seed=seed, max_bytes=limit)
         return {**_verdict_json(run.verdict, seed), "pipeline": run.to_json()}
     if count > 1:
         verdict = simulate_microbatched(program, microbatching, seed=seed, max_bytes=limit)

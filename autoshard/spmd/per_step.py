@@ -1,5 +1,5 @@
 """Which instructions of a microbatched step's program run once per step rather than once per
-microbatch: an op that runs once per step (the optimizer), a collective whose output only such
+microbatch: an op of the optimizer's phase (`Graph.phases`), a collective whose output only such
 instructions read (a gradient's reduction across data replicas is made once, on the accumulated
 gradient), or that delivers a per-step value. The simulator runs the rest per microbatch, and
 so does a pipeline's stage.
@@ -7,19 +7,19 @@ so does a pipeline's stage.
 
 from __future__ import annotations
 
-from autoshard.planning.microbatches import Microbatching
 from autoshard.spmd.program import Communicate, LocalOp, SpmdProgram
 
 
-def per_step_instructions(program: SpmdProgram, microbatching: Microbatching) -> set[int]:
-    """Positions in `program.body` of the instructions run once per step."""
+def per_step_instructions(program: SpmdProgram) -> set[int]:
+    """Positions in `program.body` of the instructions run once per step, however many microbatches."""
     readers: dict[int, list[int]] = {}
     for position, item in enumerate(program.body):
         for value in item.inputs:
             readers.setdefault(value.id, []).append(position)
     made_by = {value.id: position for position, item in enumerate(program.body) for value in item.outputs}
+    phases = program.graph.phases
     once = {position for position, item in enumerate(program.body)
-            if isinstance(item, LocalOp) and microbatching.repeats[item.op.name] == 1}
+            if isinstance(item, LocalOp) and phases[item.op.name] == "optimizer"}
     collectives = [position for position, item in enumerate(program.body) if isinstance(item, Communicate)]
     changed = True
     while changed:  # a collective chain between two per-step ops, or from one to a result

@@ -25,7 +25,6 @@ from typing import Mapping
 from autoshard.errors import InputError
 from autoshard.pipeline import StageOrders
 from autoshard.pipeline.schedules import KINDS
-from autoshard.planning.microbatches import Microbatching
 from autoshard.planning.pipeline_cut import PipelineCut
 from autoshard.planning.pipeline_stages import op_positions
 from autoshard.planning.pipeline_work import work_kinds
@@ -68,11 +67,11 @@ class StagedProgram:
         return self.stage_of(handover.source) != self.stage_of(handover.target)
 
 
-def stage_program(program: SpmdProgram, microbatching: Microbatching, cut: PipelineCut) -> StagedProgram:
-    """`program` (of `microbatching.graph`) cut as `cut` places its ops; InputError naming the
+def stage_program(program: SpmdProgram, cut: PipelineCut) -> StagedProgram:
+    """`program` (the step on one microbatch) cut as `cut` places its ops; InputError naming the
     instruction when a part reads a value the schedule does not make before it."""
     graph, orders = program.graph, cut.orders
-    once = per_step_instructions(program, microbatching)
+    once = per_step_instructions(program)
     kinds = work_kinds(graph, op_positions(graph))
     made_by = {value.id: position for position, item in enumerate(program.body) for value in item.outputs}
     slot_at: dict[int, Slot] = {}
