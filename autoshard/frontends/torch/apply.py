@@ -12,7 +12,7 @@ counts those, so a test can require none).
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 from autoshard.errors import InputError, Problem
 from autoshard.frontends.torch.importer import ImportedProgram, import_program
@@ -20,6 +20,7 @@ from autoshard.frontends.torch.lowering import DTYPES
 from autoshard.delivery.dtensor_placements import placement_specs
 from autoshard.frontends.pipelined import refuse_pipelined
 from autoshard.frontends.torch.runtime import require_torch
+from autoshard.graph.model import Graph
 from autoshard.mesh import Mesh
 from autoshard.planning.make_plan import PlanResult
 from autoshard.planning.plan import Plan, plan_from_json
@@ -106,6 +107,13 @@ def _forward_plan(plan: Any, imported: ImportedProgram, mesh: Mesh) -> Plan:
         document = dict(plan)
         if isinstance(document.get("ops"), Mapping) and set(document["ops"]) == set(graph.op_by_name):
             return read_plan(document, graph, mesh)  # made for this graph: a contract, as in the CLI
+    return plan_of_ops(document, graph, mesh)
+
+
+def plan_of_ops(document: Mapping[str, Any], graph: Graph, mesh: Mesh) -> Plan:
+    """The plan of `graph` from a plan document made for a graph holding its ops by name (the
+    training graph of the same program, or the same program on a whole batch of which `graph`
+    is one microbatch): its options, and the stored shardings of its inputs and parameters."""
     ops = document.get("ops") or {}
     tensors = document.get("tensors") or {}
     missing = [op.name for op in graph.ops if op.name not in ops]
@@ -123,7 +131,8 @@ BLOCKWISE = ("reshape", "broadcast_in_dim", "dot_general", "matmul", "batch_matm
 
 class ShardedProgram(torch.nn.Module):
     def __init__(self, exported_program: Any, imported: ImportedProgram, plan: Plan, device_mesh: Any,
-                 resharding_steps: dict[tuple[str, Sharding], list[Sharding]]):
+                 resharding_steps: dict[tuple[str, Sharding], list[Sharding]], held: Collection[str] | None = None):
+        """`held`: the parameters and buffers (graph names) to hold, all of them by default."""
         super().__init__()
         self.imported, self.plan, self.device_mesh = imported, plan, device_mesh
         # (tensor, target placements) -> the placements after each of the plan's steps, where
@@ -145,6 +154,8 @@ class ShardedProgram(torch.nn.Module):
         self._stored: dict[str, str] = {}  # graph name -> qualified name of the parameter or buffer
         self._whole_buffers: dict[str, Any] = {}  # whole values of the buffers, which training does not change
         for name, target in imported.parameters.items():
+            if held is not None and name not in held:
+                continue
             value = state[target] if target in state else constants[target]
             stored = _distribute(value.detach(), device_mesh, self._placements[name])
             if plan.graph.tensors[name].role == "parameter":
@@ -177,6 +188,13 @@ class ShardedProgram(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         values, whole = self._inputs(args, kwargs)
+        placed = self._run(self.imported.steps, values, whole)
+        outputs = [placed(t, self._to_torch(self.plan.final(t), t)) for t in self.imported.outputs]
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _run(self, steps: list[Any], values: dict[str, Any], whole: dict[str, Any]) -> Callable[[str, tuple[Any, ...]], Any]:
+        """Run `steps` on `values` (DTensors by graph name, the results added); returns the
+        function placing a value as asked, through the plan's resharding steps."""
         producers = self.plan.graph.producers
         moved: dict[tuple[str, tuple[Any, ...]], Any] = {}  # a value resharded once for all its consumers, as planned
 
@@ -191,7 +209,7 @@ class ShardedProgram(torch.nn.Module):
                     if tuple(value.placements) != placements else value
             return moved[tensor, placements]
 
-        for step in self.imported.steps:
+        for step in steps:
             if step.opaque:
                 self._run_opaque(step, values, whole, placed)
                 continue
@@ -210,8 +228,7 @@ class ShardedProgram(torch.nn.Module):
                                        f"the plan {list(planned)}")
                 result = result.redistribute(self.device_mesh, planned)
             values[name] = result
-        outputs = [placed(t, self._to_torch(self.plan.final(t), t)) for t in self.imported.outputs]
-        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+        return placed
 
     def _local_shape(self, tensor: str) -> tuple[int, ...] | None:
         """Each device's block of `tensor` as planned, if every split dim divides evenly."""
@@ -247,12 +264,7 @@ class ShardedProgram(torch.nn.Module):
     def _run_blocks(self, step: Any, inputs: list[Any], tensor: str, local: tuple[int, ...]) -> Any:
         op = self.plan.graph.producers[tensor]
         blocks = [x.to_local(grad_placements=self._block_grad_placements(op, i, x.placements)) for i, x in enumerate(inputs)]
-        if op.kind == "reshape":
-            block = blocks[0].reshape(local)
-        elif op.kind == "broadcast_in_dim":  # the importer's broadcasts align trailing dims, as expand does
-            block = blocks[0].expand(local)
-        else:
-            block = step.call(*blocks)
+        block = call_at_shape(step, op.kind, blocks, local)
         shape = self.plan.graph.tensors[tensor].shape
         strides = [1] * len(shape)
         for d in range(len(shape) - 2, -1, -1):
@@ -283,12 +295,15 @@ class ShardedProgram(torch.nn.Module):
             placements = self._placements[name]
             values[name] = value.redistribute(self.device_mesh, placements) if isinstance(value, DTensor) \
                 else _distribute(value, self.device_mesh, placements)
-        for name in self._stored:
-            values[name] = self.stored(name)
+        return values | self._held_values(), whole
+
+    def _held_values(self) -> dict[str, Any]:
+        """The stored parameters and buffers, and the program's numbers, as DTensors by graph name."""
+        values = {name: self.stored(name) for name in self._stored}
         for name, (number, dtype) in self.imported.scalars.items():
             value = torch.tensor(number, dtype=TORCH_DTYPES[dtype])
             values[name] = _distribute(value, self.device_mesh, self._placements[name])
-        return values, whole
+        return values
 
     def _run_opaque(self, step: Any, values: dict[str, Any], whole: dict[str, Any], placed: Any) -> None:
         """PyTorch computes an opaque node on whole values; the result is replicated, as pinned.
@@ -304,6 +319,17 @@ class ShardedProgram(torch.nn.Module):
             if name:
                 values[name] = DTensor.from_local(value, self.device_mesh, [Replicate()] * self.device_mesh.ndim,
                                                   run_check=False)
+
+
+def call_at_shape(step: Any, kind: str, values: list[Any], shape: tuple[int, ...]) -> Any:
+    """The step on plain tensors whose result has `shape`: a reshape or broadcast goes to the
+    shape given, not to the one recorded when the program was exported (a block, or one
+    microbatch)."""
+    if kind == "reshape":
+        return values[0].reshape(shape)
+    if kind == "broadcast_in_dim":  # the importer's broadcasts align trailing dims, as expand does
+        return values[0].expand(shape)
+    return step.call(*values)
 
 
 def _distribute(value: Any, device_mesh: Any, placements: tuple[Any, ...]) -> Any:
