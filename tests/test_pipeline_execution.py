@@ -100,3 +100,65 @@ def test_an_op_placed_before_what_it_reads_is_refused_by_name(pipelined):
     part_of = {op.name: 0 if op.name == "logits" else last for op in staged.program.graph.ops}
     with pytest.raises(InputError, match=rf"logits on virtual stage 0 \(F\) reads .* made on virtual stage {last} \(F\)"):
         stage_program(staged.program, PipelineCut(staged.orders, part_of))
+
+
+@pytest.fixture(scope="module")
+def planned_file(tmp_path_factory):
+    """`autoshard plan --pipeline 2` of the step with ZB-H1, verified always, its partitioned IR written."""
+    folder = tmp_path_factory.mktemp("pipelined_cli")
+    graph = folder / "gpt.json"
+    graph.write_text(json.dumps(gpt(GPT, training=True)))
+    assert main(["plan", str(graph), "--mesh", "dp=2", "--deterministic", "--pipeline", str(STAGES), "--microbatches",
+                 str(MICROBATCHES), "--schedule", "zb-h1", "--verify", "always", "--emit", "partitioned",
+                 "-o", str(folder / "out")]) == 0
+    return graph, folder / "out"
+
+
+def _as_run(orders) -> list[list[str]]:
+    return [[repr(item) for item in order] for order in orders.orders]
+
+
+def test_plan_verifies_its_pipelined_plan_in_the_schedules_order(planned_file):
+    _, out = planned_file
+    verification = json.loads((out / "plan.json").read_text())["verification"]
+    orders = stage_orders("zb-h1", STAGES, MICROBATCHES)
+    assert verification["status"] == "passed", verification["summary"]
+    assert verification["pipeline"] == {"ran": _as_run(orders), "inflight_peaks": list(inflight_peaks(orders)),
+                                        "transfers": 2 * MICROBATCHES}
+    text = (out / "partitioned.mlir").read_text()
+    assert (text.count("func.func "), text.count("mesh.send "), text.count("mesh.recv ")) == (2 * STAGES, 2, 2)
+
+
+def test_simulate_runs_a_pipelined_plan_json_stage_by_stage(planned_file, capsys):
+    graph, out = planned_file
+    capsys.readouterr()
+    assert main(["simulate", str(graph), "--plan", str(out / "plan.json"), "--json"]) == 0
+    verdict = json.loads(capsys.readouterr().out)
+    assert verdict["passed"]
+    assert verdict["pipeline"]["ran"] == _as_run(stage_orders("zb-h1", STAGES, MICROBATCHES))
+
+
+def test_emit_writes_a_pipelined_plan_json_as_one_function_per_stage(planned_file, tmp_path):
+    graph, out = planned_file
+    written = tmp_path / "shard.mlir"
+    assert main(["emit", str(graph), "--plan", str(out / "plan.json"), "--stage", "partitioned", "--dialect", "shard",
+                 "-o", str(written)]) == 0
+    text = written.read_text()
+    verify(text, "shard")
+    assert re.findall(r"^func\.func @(\w+)\(", text, flags=re.MULTILINE) == [
+        "gpt_4l_64h_training_stage0", "gpt_4l_64h_training_stage1",
+        "gpt_4l_64h_training_stage0_step", "gpt_4l_64h_training_stage1_step"]
+    assert (text.count("shard.send "), text.count("shard.recv ")) == (2, 2)
+
+
+def test_a_pipeline_section_that_does_not_fit_the_graph_is_refused_by_pointer(planned_file, tmp_path):
+    graph, out = planned_file
+    document = json.loads((out / "plan.json").read_text())
+    document["pipeline"]["stages"][0]["chunks"][0]["ops"].append("no_such_op")
+    document["pipeline"]["stages"][1]["chunks"][0]["ops"].remove("logits")
+    with pytest.raises(InputError) as error:
+        read_cut(document, graph_from_json(json.loads(graph.read_text())))
+    assert [p.where for p in error.value.problems] == ["/pipeline/stages/0/chunks/0/ops"]
+    document["pipeline"]["stages"][0]["chunks"][0]["ops"].pop()
+    with pytest.raises(InputError, match="no stage runs op\\(s\\) 'logits'"):
+        read_cut(document, graph_from_json(json.loads(graph.read_text())))
