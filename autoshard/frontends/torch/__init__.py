@@ -6,6 +6,7 @@ placements, and the program run under DTensor as the plan says.
     ...plan imported.graph with autoshard.make_plan...
     placements = tensor_placements(plan)                   # tensor name -> (Shard(1), Replicate())
     sharded = parallelize(ep, plan, device_mesh)           # a module running the plan on DTensors
+    run = pipeline(ep, pipelined_plan)                     # this rank's stages and the plan's schedule
 
 torch is imported only when one of these is called; without it they raise an `InputError` naming
 the extra to install (`autoshard[torch]`).
@@ -28,6 +29,8 @@ _NAMES = {
     "tensor_placements": "autoshard.delivery.dtensor_placements",
     "parallelize_plan": "autoshard.delivery.dtensor_placements",
     "parallelize": f"{__name__}.apply",
+    "pipeline": f"{__name__}.pipelining",
+    "PipelineRun": f"{__name__}.pipelining",
 }
 __all__ = list(_NAMES)
 

@@ -42,12 +42,12 @@ def parallelize(exported_program: Any, plan: Plan | PlanResult | Mapping[str, An
     """
     refuse_pipelined(plan, "autoshard.frontends.torch.parallelize")
     imported = import_program(exported_program)
-    mesh = _check_mesh(_plan_mesh(plan), device_mesh)
+    mesh = check_mesh(_plan_mesh(plan), device_mesh)
     forward = _forward_plan(plan, imported, mesh)
-    return ShardedProgram(exported_program, imported, forward, device_mesh, _resharding_steps(plan, forward))
+    return ShardedProgram(exported_program, imported, forward, device_mesh, resharding_steps(plan, forward))
 
 
-def _resharding_steps(plan: Any, forward: Plan) -> dict[tuple[str, Sharding], list[Sharding]]:
+def resharding_steps(plan: Any, forward: Plan) -> dict[tuple[str, Sharding], list[Sharding]]:
     """(tensor, target) -> the sharding after each step of the plan's resharding, as priced when
     the plan was made (a bare Plan's reshardings are found anew, priced by bytes moved)."""
     if isinstance(plan, PlanResult):
@@ -77,7 +77,7 @@ def _plan_mesh(plan: Any) -> Mesh:
     raise InputError(f"expected a Plan, a PlanResult or a plan.json document, got {type(plan).__name__}", "plan")
 
 
-def _check_mesh(mesh: Mesh, device_mesh: Any) -> Mesh:
+def check_mesh(mesh: Mesh, device_mesh: Any) -> Mesh:
     names = tuple(device_mesh.mesh_dim_names or ())
     sizes = tuple(device_mesh.mesh.shape)
     problems = []
@@ -149,37 +149,22 @@ class ShardedProgram(torch.nn.Module):
         self._required = {op.name: [self._to_torch(plan.required(op, i), t) for i, t in enumerate(op.inputs)]
                           for op in plan.graph.ops}
         self.mismatches: list[str] = []  # ops whose result DTensor placed otherwise than the plan
-        state = exported_program.state_dict
-        constants = exported_program.constants
         self._stored: dict[str, str] = {}  # graph name -> qualified name of the parameter or buffer
         self._whole_buffers: dict[str, Any] = {}  # whole values of the buffers, which training does not change
         for name, target in imported.parameters.items():
             if held is not None and name not in held:
                 continue
-            value = state[target] if target in state else constants[target]
+            value = stored_value(exported_program, target)
             stored = _distribute(value.detach(), device_mesh, self._placements[name])
             if plan.graph.tensors[name].role == "parameter":
                 stored = torch.nn.Parameter(stored, requires_grad=value.requires_grad)
-            self._attach(target, stored, plan.graph.tensors[name].role == "parameter")
+            attach(self, target, stored, plan.graph.tensors[name].role == "parameter")
             if plan.graph.tensors[name].role != "parameter":
                 self._whole_buffers[name] = value.detach()
             self._stored[name] = target
 
     def _to_torch(self, sharding: Sharding, tensor: str) -> tuple[Any, ...]:
         return tuple(s.to_torch() for s in placement_specs(sharding, self.plan.mesh, tensor))
-
-    def _attach(self, target: str, value: Any, parameter: bool) -> None:
-        """Register under the fully qualified name, so `named_parameters()` lists `layers.0.wq.weight`."""
-        *path, leaf = target.split(".")
-        owner: torch.nn.Module = self
-        for part in path:
-            if not hasattr(owner, part):
-                owner.add_module(part, torch.nn.Module())
-            owner = getattr(owner, part)
-        if parameter:
-            owner.register_parameter(leaf, value)
-        else:
-            owner.register_buffer(leaf, value)
 
     def stored(self, tensor: str) -> Any:
         """The DTensor of a parameter or buffer, by graph name."""
@@ -319,6 +304,26 @@ class ShardedProgram(torch.nn.Module):
             if name:
                 values[name] = DTensor.from_local(value, self.device_mesh, [Replicate()] * self.device_mesh.ndim,
                                                   run_check=False)
+
+
+def stored_value(exported_program: Any, target: str) -> Any:
+    """The value of a parameter, buffer or constant of the program, by qualified name."""
+    state = exported_program.state_dict
+    return state[target] if target in state else exported_program.constants[target]
+
+
+def attach(module: Any, target: str, value: Any, parameter: bool) -> None:
+    """Register under the fully qualified name, so `named_parameters()` lists `layers.0.wq.weight`."""
+    *path, leaf = target.split(".")
+    owner: torch.nn.Module = module
+    for part in path:
+        if not hasattr(owner, part):
+            owner.add_module(part, torch.nn.Module())
+        owner = getattr(owner, part)
+    if parameter:
+        owner.register_parameter(leaf, value)
+    else:
+        owner.register_buffer(leaf, value)
 
 
 def call_at_shape(step: Any, kind: str, values: list[Any], shape: tuple[int, ...]) -> Any:
