@@ -162,3 +162,18 @@ def test_a_pipeline_section_that_does_not_fit_the_graph_is_refused_by_pointer(pl
     document["pipeline"]["stages"][0]["chunks"][0]["ops"].pop()
     with pytest.raises(InputError, match="no stage runs op\\(s\\) 'logits'"):
         read_cut(document, graph_from_json(json.loads(graph.read_text())))
+
+
+def test_virtual_stages_on_one_stage_hand_over_in_place():
+    """Interleaved on a single stage: its two chunks pass values as function results and
+    arguments, with no transfer and no send/recv."""
+    mesh = Mesh.of(dp=2)
+    plan = plan_pipeline(graph_from_json(gpt(GPT, training=True)), mesh, bind_hardware("dgx-h100", pipeline_mesh(mesh, 1)),
+                         SolveSettings(deterministic=True, microbatches=2), PipelineSettings(1, "interleaved", 2))
+    staged = stage_program(partition(plan.result.plan), plan.cut)
+    run = simulate_pipelined(staged, plan.result.microbatching)
+    assert run.verdict.passed, run.verdict.summary()
+    assert (run.ran, run.inflight_peaks, run.transfers) == (plan.orders.orders, inflight_peaks(plan.orders), ())
+    text = emit_pipelined(staged)
+    verify(text, "mesh")
+    assert (text.count("func.func "), text.count("mesh.send "), text.count("mesh.recv ")) == (3, 0, 0)

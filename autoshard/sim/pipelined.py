@@ -121,6 +121,14 @@ class _Run:
         self.tail_envs: list[dict[int, Placed]] = []
         backward = {v.id for slot, positions in staged.slots.items() if slot[1] in ("B", "W")
                     for p in positions for v in self.body[p].inputs}
+        self.touched = [{v.id for kind in KINDS for p in staged.work(virtual, kind)
+                         for v in (*self.body[p].inputs, *self.body[p].outputs)}
+                        for virtual in range(self.orders.virtual_stages)]
+        self.users: dict[int, set[int]] = {}
+        for virtual, ids in enumerate(self.touched):
+            for value_id in ids:
+                self.users.setdefault(value_id, set()).add(virtual)
+        self.result_ids = {v.id for v in staged.program.results}
         self.saved = [{v.id for p in staged.work(virtual, "F") for v in self.body[p].outputs} & backward
                       for virtual in range(self.orders.virtual_stages)]
 
@@ -177,14 +185,13 @@ class _Run:
             self.sums[value_id] = {d: self.sums[value_id][d] + a for d, a in shards.items()}
 
     def _release(self, stage: int, virtual: int, m: int) -> None:
-        """Drop the values of microbatch `m` that virtual stage `virtual` made or received (its
-        activations, once its `W` has read them), keeping the program's results."""
-        results = {v.id for v in self.staged.program.results}
-        made = {v.id for kind in KINDS for p in self.staged.work(virtual, kind) for v in self.body[p].outputs}
-        received = {h.value.id for h in self.staged.handovers if h.target[0] == virtual and self.staged.crosses(h)}
+        """Drop the values of microbatch `m` that `virtual` made or read and that no part on
+        `stage` still to run its `W` for `m` uses (its activations, once its `W` has read them),
+        keeping the program's results."""
         env = self.env[stage, m]
-        for value_id in (made | received) - results:
-            env.pop(value_id, None)
+        for value_id in self.touched[virtual] - self.result_ids:
+            if all((u, "W", m) in self.done for u in self.users[value_id] if self.orders.placement(u)[0] == stage):
+                env.pop(value_id, None)
 
     def _held(self, stage: int) -> int:
         """The (microbatch, chunk) pairs whose saved activations (values a chunk's forward made
