@@ -103,15 +103,15 @@ class _Run:
         self.execution = Execution(staged.program, widen)
         whole, count = microbatching.whole, self.orders.microbatches
         micro_graph = widen_graph(microbatching.graph) if widen else microbatching.graph
-        self.sliced = [{name: batch_slice(whole, name, array, m, count) for name, array in inputs.items()}
-                       for m in range(count)]
-        self.references = [evaluate_graph(micro_graph, sliced) for sliced in self.sliced]
+        sliced = [{name: batch_slice(whole, name, array, m, count) for name, array in inputs.items()}
+                  for m in range(count)]
+        self.references = [evaluate_graph(micro_graph, inputs_m) for inputs_m in sliced]
         self.whole_reference = evaluate_graph(widen_graph(whole) if widen else whole, inputs)
         batched = [v for v in staged.program.arguments if whole.tensors[v.tensor].batch_dim is not None]
         self.stored = [self.execution.arguments(inputs, [v for v in staged.program.arguments if v not in batched
                                                          and v.id in self._read_on(stage)])
                        for stage in range(self.orders.stages)]
-        self.env = {(s, m): {**self.stored[s], **self.execution.arguments(self.sliced[m], batched)}
+        self.env = {(s, m): {**self.stored[s], **self.execution.arguments(sliced[m], batched)}
                     for s in range(self.orders.stages) for m in range(count)}
         self.sums: dict[int, Shards] = {}
         self.ran: list[list[WorkItem]] = [[] for _ in range(self.orders.stages)]
