@@ -25,7 +25,7 @@ from autoshard.frontends.torch.stage_cut import cut_program  # noqa: E402
 from autoshard.planning.pipeline_cut import read_cut  # noqa: E402
 
 BATCH, HIDDEN = 8, 16
-BUDGET_S = 60  # per run of ranks: forked, they start in about a second each
+BUDGET_S = 30  # per run of ranks: forked from the test, a run takes about a second here
 TOLERANCE = 1e-5  # float32 sums of a few hundred terms, in another order
 
 
@@ -79,7 +79,8 @@ def step_on_rank(rank: int, exported, plan: dict, x, labels, folder) -> None:
     first, last = run.stages[0].is_first, run.stages[-1].is_last
     run.schedule.step(*((x,) if first else ()), target=labels if last else None, losses=losses)
     parameters = dict(p for module in run.modules for p in module.named_parameters())
-    torch.save({"losses": [float(loss) for loss in losses],
+    torch.save({"losses": [float(loss) for loss in losses], "schedule": type(run.schedule).__name__,
+                "stages": [stage.stage_index for stage in run.stages],
                 "grads": {name: p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
                           for name, p in parameters.items()},
                 "sharded": sorted(name for name, p in parameters.items()
@@ -115,18 +116,27 @@ def test_two_stages_in_two_processes_give_the_unsharded_loss_and_gradients(progr
     ranks = run_step(program, plan_of_two_stages, 2, tmp_path)
     assert_unsharded_step(program, ranks, 1)
     assert [sorted({n.split(".")[1] for n in r["grads"]}) for r in ranks] == [["0", "1"], ["2", "3"]]
+    assert [(r["schedule"], r["stages"]) for r in ranks] == [("Schedule1F1B", [0]), ("Schedule1F1B", [1])]
     assert not any(r["sharded"] for r in ranks)
 
 
-def test_two_stages_of_tp2_in_four_processes_hold_dtensors_placed_by_the_plan(program, tmp_path):
+@pytest.mark.parametrize("schedule, torch_schedule, stages", [
+    ("1f1b", "Schedule1F1B", [[0], [0], [1], [1]]),
+    ("gpipe", "ScheduleGPipe", [[0], [0], [1], [1]]),
+    ("interleaved:2", "ScheduleInterleaved1F1B", [[0, 2], [0, 2], [1, 3], [1, 3]]),  # chunk c of stage s: c·S + s
+    ("zb-h1", "ScheduleInterleavedZeroBubble", [[0], [0], [1], [1]])])
+def test_two_stages_of_tp2_in_four_processes_hold_dtensors_placed_by_the_plan(program, tmp_path, schedule,
+                                                                             torch_schedule, stages):
     # weighing memory makes the plan shard the weights, which it would not at these sizes for time alone
-    plan = planned(program, tmp_path, "tp=2", "--weights", "time=1,memory_s_per_byte=1e-6")
+    plan = planned(program, tmp_path, "tp=2", "--schedule", schedule, "--weights", "time=1,memory_s_per_byte=1e-6")
     split = {name for name, entry in plan["tensors"].items() if name.startswith("layers.") and
              name.count(".") == 3 and entry["split_axes"]}
     assert {"layers.0.up.weight", "layers.3.down.weight"} <= split
     ranks = run_step(program, plan, 4, tmp_path)
     assert_unsharded_step(program, ranks, 2)
+    assert [r["stages"] for r in ranks] == stages
     for r in ranks:
+        assert r["schedule"] == torch_schedule
         assert set(r["sharded"]) == split & set(r["grads"])
 
 
