@@ -53,11 +53,15 @@ ONE_STAGE_PER_RANK = ("gpipe", "1f1b")  # torch's single-stage schedules take on
 BATCH_DIM = 0  # where torch.distributed.pipelining splits the arguments into microbatches by default
 
 
-@dataclass
+@dataclass(frozen=True)
 class PipelineRun:
     schedule: Any  # torch's schedule: `step(*args, target=labels, losses=[])` on every rank
-    modules: list[Any]  # this rank's stage modules, chunk by chunk: their parameters are the ones to step
-    stages: list[Any]  # this rank's `PipelineStage`s
+    stages: list[Any]  # this rank's `PipelineStage`s, chunk by chunk
+
+    @property
+    def modules(self) -> list[Any]:
+        """This rank's stage modules, chunk by chunk: their parameters are the ones to step."""
+        return [stage.submod for stage in self.stages]
 
 
 def weighted_sum(output: Any, labels: Any) -> Any:
@@ -98,7 +102,7 @@ def pipeline(exported_program: Any, plan: Mapping[str, Any], device_mesh: Any = 
     schedule_type = SCHEDULES[cut.orders.schedule]
     schedule = schedule_type(stages[0] if cut.orders.schedule in ONE_STAGE_PER_RANK else stages,
                              cut.orders.microbatches, loss_fn=loss_fn or weighted_sum, scale_grads=False)
-    return PipelineRun(schedule, modules, stages)
+    return PipelineRun(schedule, stages)
 
 
 def _planned_graph(exported_program: Any, plan: Mapping[str, Any], forward: ImportedProgram) -> Graph:
