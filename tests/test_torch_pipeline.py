@@ -59,17 +59,30 @@ def program():
 
 
 def planned(program, folder, mesh: str, *extra: str) -> dict:
-    """plan --pipeline 2 --microbatches 4 of the program's training step on stages of `mesh`."""
+    """plan --pipeline 2 --microbatches 4 of the program's training step (imported through the
+    Python API) on stages of `mesh`."""
     graph = folder / "graph.json"
     graph.write_text(json.dumps(import_program(program[3], training=True, batch_dim=0).document))
+    return planned_graph(graph, folder, mesh, *extra)
+
+
+def planned_graph(graph, folder, mesh: str, *extra: str) -> dict:
     assert main(["plan", str(graph), "--mesh", mesh, "--pipeline", "2", "--microbatches", "4", "--deterministic",
                  "--verify", "never", "-o", str(folder / "out"), *extra]) == 0
     return json.loads((folder / "out" / "plan.json").read_text())
 
 
 @pytest.fixture(scope="module")
-def plan_of_two_stages(program, tmp_path_factory):
-    return planned(program, tmp_path_factory.mktemp("pp2"), "tp=1")
+def plan_of_two_stages(tmp_path_factory):
+    """Planned from `autoshard import torch --training --batch-dim 0` of another instance of the
+    stack: the names, and so the plan, depend only on the module's code and the inputs' shapes."""
+    folder = tmp_path_factory.mktemp("pp2")
+    (folder / "model.py").write_text("import torch\nfrom test_torch_pipeline import BATCH, HIDDEN, Stack\n\n\n"
+                                     "def make():\n    return Stack(), (torch.randn(BATCH, HIDDEN),)\n")
+    graph = folder / "graph.json"
+    assert main(["import", "torch", f"{folder / 'model.py'}:make", "-o", str(graph), "--training",
+                 "--batch-dim", "0"]) == 0
+    return planned_graph(graph, folder, "tp=1")
 
 
 def step_on_rank(rank: int, exported, plan: dict, x, labels, folder) -> None:

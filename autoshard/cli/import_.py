@@ -1,4 +1,4 @@
-"""`autoshard import FRAMEWORK SOURCE -o graph.json [--strict] [--training]`: a framework's program
+"""`autoshard import FRAMEWORK SOURCE -o graph.json [--strict] [--training] [--batch-dim D]`: a framework's program
 as a graph document. One row per framework in `FRAMEWORKS`; the framework's own code lives in
 `autoshard.frontends.<framework>` and is imported only when its row runs.
 """
@@ -19,11 +19,11 @@ from autoshard.graph.schema import graph_from_json
 class Framework:
     help: str
     source: str  # what SOURCE names, for --help
-    # (source, strict, training) -> (graph document, graph, warnings)
-    run: Callable[[str, bool, bool], tuple[dict[str, Any], Any, list[str]]]
+    # (source, strict, training, batch dim) -> (graph document, graph, warnings)
+    run: Callable[[str, bool, bool, int | None], tuple[dict[str, Any], Any, list[str]]]
 
 
-def _torch(source: str, strict: bool, training: bool) -> tuple[dict[str, Any], Any, list[str]]:
+def _torch(source: str, strict: bool, training: bool, batch_dim: int | None) -> tuple[dict[str, Any], Any, list[str]]:
     from autoshard.frontends.torch.runtime import require_torch
     require_torch()
     from autoshard.frontends.torch import export_factory, import_program
@@ -34,11 +34,13 @@ def _torch(source: str, strict: bool, training: bool) -> tuple[dict[str, Any], A
     name = source.rpartition(":")[2]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the opaque ops are printed below, once; torch's own notices are not ours
-        imported = import_program(exported, strict=strict, training=training, name=name)
+        imported = import_program(exported, strict=strict, training=training, name=name, batch_dim=batch_dim)
     return imported.document, imported.graph, imported.warnings
 
 
-def _jax(source: str, strict: bool, training: bool) -> tuple[dict[str, Any], Any, list[str]]:
+def _jax(source: str, strict: bool, training: bool, batch_dim: int | None) -> tuple[dict[str, Any], Any, list[str]]:
+    if batch_dim is not None:
+        raise InputError("the JAX importer does not declare batch dims yet", "--batch-dim")
     if training:
         raise InputError("a JAX function is differentiated in JAX: import the jitted training step (jax.grad of "
                          "your loss, with the update) instead", "--training")
@@ -68,12 +70,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--strict", action="store_true", help="fail, listing them, if some ops stay opaque")
         p.add_argument("--training", action="store_true",
                        help="add a loss on the first output, the backward pass and Adam (autoshard's differentiation)")
+        p.add_argument("--batch-dim", type=int, metavar="D",
+                       help="dim D of every argument (and of the labels) carries the batch, which --microbatches "
+                            "and --pipeline split (0 for torch.distributed.pipelining)")
         p.set_defaults(run=_runner(framework))
 
 
 def _runner(framework: Framework) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
-        document, graph, notes = framework.run(args.source, args.strict, args.training)
+        document, graph, notes = framework.run(args.source, args.strict, args.training, args.batch_dim)
         for note in notes:
             print(f"warning: {note}")
         write_graph(document, graph, args.output)
