@@ -6,6 +6,7 @@ program, a process group of another size."""
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import pytest
@@ -20,7 +21,8 @@ from support.ranks import free_port, run_ranks  # noqa: E402
 
 from autoshard.cli.main import main  # noqa: E402
 from autoshard.errors import InputError  # noqa: E402
-from autoshard.frontends.torch import import_program, pipeline  # noqa: E402
+from autoshard.frontends.pipelined import PIPELINE_ENTRY  # noqa: E402
+from autoshard.frontends.torch import import_program, parallelize, pipeline  # noqa: E402
 from autoshard.frontends.torch.stage_cut import cut_program  # noqa: E402
 from autoshard.planning.pipeline_cut import read_cut  # noqa: E402
 
@@ -186,3 +188,10 @@ def test_a_process_group_of_another_size_is_refused(program, plan_of_two_stages)
             pipeline(program[3], plan_of_two_stages)
     finally:
         dist.destroy_process_group()
+
+
+def test_parallelize_refuses_the_plan_naming_pipeline_which_runs_it(program, plan_of_two_stages):
+    with pytest.raises(InputError, match=f"with {PIPELINE_ENTRY}$"):
+        parallelize(program[3], plan_of_two_stages, None)
+    package, _, name = PIPELINE_ENTRY.rpartition(".")
+    assert getattr(importlib.import_module(package), name) is pipeline

@@ -84,16 +84,16 @@ def pipeline(exported_program: Any, plan: Mapping[str, Any], device_mesh: Any = 
     stage_mesh = stated_mesh(dict(plan))
     if stage_mesh is None:
         raise InputError("expected the plan's stage mesh as mesh.axes", "/mesh")
-    whole = import_program(exported_program, batch_dim=BATCH_DIM)
-    graph = _planned_graph(exported_program, plan, whole)
+    forward = import_program(exported_program, batch_dim=BATCH_DIM)  # on the whole batch
+    graph = _planned_graph(exported_program, plan, forward)
     cut = read_cut(dict(plan), graph)
     read_plan(dict(plan), graph, stage_mesh)  # every field against the program's graph, as the CLI reads it
     machine = pipeline_mesh(stage_mesh, cut.orders.stages)
     device_mesh = device_mesh if device_mesh is not None else _machine_mesh(machine)
     check_mesh(machine, device_mesh)
-    parts = cut_program(whole, cut.part_of, cut.orders.virtual_stages)
-    one = microbatch(whole.graph, cut.orders.microbatches).graph  # what each stage runs at a time
-    modules = [_stage_module(exported_program, whole, one, plan, stage_mesh, device_mesh, part, cut)
+    parts = cut_program(forward, cut.part_of, cut.orders.virtual_stages)
+    one = microbatch(forward.graph, cut.orders.microbatches).graph  # what each stage runs at a time
+    modules = [_stage_module(exported_program, forward, one, plan, stage_mesh, device_mesh, part, cut)
                for part in _my_parts(parts, cut, device_mesh)]
     device = torch.device(device_mesh.device_type)
     group = device_mesh[machine.axis_names[0]].get_group()
@@ -130,12 +130,12 @@ def _my_parts(parts: list[StagePart], cut: PipelineCut, device_mesh: Any) -> lis
     return [parts[cut.orders.virtual_stage(stage, chunk)] for chunk in range(cut.orders.chunks)]
 
 
-def _stage_module(exported_program: Any, whole: ImportedProgram, one: Graph, plan: Mapping[str, Any],
+def _stage_module(exported_program: Any, forward: ImportedProgram, one: Graph, plan: Mapping[str, Any],
                   stage_mesh: Mesh, device_mesh: Any, part: StagePart, cut: PipelineCut) -> Any:
-    """The module of one part, on the program's graph of one microbatch (`one`)."""
+    """The module of one part, on the program's forward graph of one microbatch (`one`)."""
     first, last = part.virtual_stage == 0, part.virtual_stage == cut.orders.virtual_stages - 1
     if all(size == 1 for size in stage_mesh.shape):
-        return PlainStage(exported_program, whole, one, part)
-    forward = plan_of_ops(plan, one, stage_mesh)
-    inner = device_mesh[stage_mesh.axis_names]
-    return ShardedStage(exported_program, whole, forward, inner, resharding_steps(plan, forward), part, first, last)
+        return PlainStage(exported_program, forward, one, part)
+    stage_plan = plan_of_ops(plan, one, stage_mesh)
+    return ShardedStage(exported_program, forward, stage_plan, device_mesh[stage_mesh.axis_names],
+                        resharding_steps(plan, stage_plan), part, first, last)
