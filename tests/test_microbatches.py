@@ -11,6 +11,7 @@ import pytest
 
 from autoshard.cli.main import main
 from autoshard.errors import InputError
+from autoshard.graph.builder import GraphBuilder
 from autoshard.graph.schema import graph_from_json
 from autoshard.mesh import Mesh
 from autoshard.models.gpt import GPTConfig, gpt
@@ -78,6 +79,16 @@ def test_microbatches_that_do_not_divide_the_batch_or_a_graph_without_one_are_re
         entry.pop("batch_dim", None)
     with pytest.raises(InputError, match="declares no batch dim"):
         microbatch(graph_from_json(document), 2)
+
+
+def test_a_slice_keeping_the_batch_whole_keeps_a_microbatch_whole():
+    """As an imported program's q, k and v split off one projection: the slice's limits over the
+    batch dim follow the microbatch, its other limits stay."""
+    builder = GraphBuilder("split", "f32")
+    qkv = builder.input("qkv", (8, 6), batch_dim=0)
+    builder.mark_outputs(builder.op("slice", [qkv], "q", starts=[0, 2], limits=[8, 4]))
+    one = microbatch(graph_from_json(builder.document()), 4).graph
+    assert one.op_by_name["q"].attrs["limits"] == [2, 4] and one.tensors["q"].shape == (2, 2)
 
 
 def test_gradient_reductions_are_priced_once_per_step_and_activations_once_per_microbatch(step):

@@ -110,6 +110,12 @@ def _divided(graph: Graph, labels: Mapping[str, list[str | None]], count: int) -
     for op in document["ops"]:
         if "shape" in op and op["outputs"]:
             op["shape"] = list(document["tensors"][op["outputs"][0]]["shape"])
+        if op["kind"] == "slice" and "limits" in op:  # one keeping a batch dim whole keeps it whole
+            source = graph.tensors[op["inputs"][0]]  # (q, k and v split off one projection)
+            starts = op.get("starts", [0] * len(source.shape))
+            op["limits"] = [size // count if label == "batch" and (start, limit) == (0, size) else limit
+                            for size, start, limit, label in zip(source.shape, starts, op["limits"],
+                                                                 labels[source.name])]
     try:
         return graph_from_json(document)
     except InputError as error:
