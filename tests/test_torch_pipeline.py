@@ -1,7 +1,7 @@
 """`autoshard.frontends.torch.pipeline`: a pipelined plan of a torch program (imported with
 `batch_dim`, planned with `plan --pipeline 2 --microbatches 4`) run by torch.distributed.pipelining
-on gloo ranks over loopback, 2 stages in 2 processes and 2 stages of tp=2 in 4; the loss and every
-gradient equal the unsharded module's. And the errors: a plan without stages, a plan of another
+on gloo ranks over loopback, 2 stages in 2 processes and 2 stages of tp=2 in 4 (a 4-layer stack
+under each schedule, a two-layer GPT); the loss and every gradient equal the unsharded module's. And the errors: a plan without stages, a plan of another
 program, a process group of another size."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from torch import nn  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
 from support.ranks import free_port, run_ranks  # noqa: E402
+from support.torch_models import GPT  # noqa: E402
 
 from autoshard.cli.main import main  # noqa: E402
 from autoshard.errors import InputError  # noqa: E402
@@ -153,6 +154,19 @@ def test_two_stages_of_tp2_in_four_processes_hold_dtensors_placed_by_the_plan(pr
     for r in ranks:
         assert r["schedule"] == torch_schedule
         assert set(r["sharded"]) == split & set(r["grads"])
+
+
+def test_a_tiny_gpt_as_two_stages_of_tp2_gives_the_unsharded_loss_and_gradients(tmp_path):
+    """Views, attention with q, k and v split off one projection, LayerNorm, an embedding on the
+    first stage and the head on the last: run on microbatches of a program exported whole."""
+    torch.manual_seed(0)
+    module, ids, labels = GPT(), torch.randint(0, 64, (BATCH, 8)), torch.randn(BATCH, 8, 64)
+    gpt = (module, ids, labels, torch.export.export(module, (ids,)).run_decompositions({}))
+    plan = planned(gpt, tmp_path, "tp=2", "--weights", "time=1,memory_s_per_byte=1e-6")
+    ranks = run_step(gpt, plan, 4, tmp_path)
+    assert_unsharded_step(gpt, ranks, 2)
+    assert "embed.weight" in ranks[0]["grads"] and "head.weight" in ranks[2]["grads"]
+    assert {"layers.0.qkv.weight", "layers.1.fc.weight"} <= {name for r in ranks for name in r["sharded"]}
 
 
 def test_the_program_is_cut_where_the_plan_cuts_it(program, plan_of_two_stages):
