@@ -77,8 +77,10 @@ def pipeline(exported_program: Any, plan: Mapping[str, Any], device_mesh: Any = 
     `device_mesh` has the plan's machine mesh (`pp`, then the stage's axes); by default it is
     made on the CPU over the default process group, whose size must be the plan's devices.
     """
-    section = plan.get("pipeline") if isinstance(plan, Mapping) else None
-    if section is None:
+    if not isinstance(plan, Mapping):
+        raise InputError(f"expected the document of a plan.json written by `autoshard plan --pipeline S`, got "
+                         f"{type(plan).__name__}", "plan")
+    if plan.get("pipeline") is None:
         raise InputError("the plan has no `pipeline` section: make one with `autoshard plan --pipeline S`, or run a "
                          "plan of one mesh with autoshard.frontends.torch.parallelize", "plan")
     stage_mesh = stated_mesh(dict(plan))
