@@ -30,6 +30,8 @@ from torch.distributed.tensor import DTensor, Partial, Replicate  # noqa: E402  
 
 
 class ShardedStage(ShardedProgram):
+    """A part on its stage's sub-mesh, its parameters DTensors placed by the plan."""
+
     def __init__(self, exported_program: Any, imported: ImportedProgram, plan: Plan, device_mesh: Any,
                  resharding_steps: dict[tuple[str, Sharding], list[Sharding]], part: StagePart, first: bool,
                  last: bool):
@@ -66,6 +68,8 @@ class ShardedStage(ShardedProgram):
 
 
 class PlainStage(torch.nn.Module):
+    """A part on one device per stage, on plain tensors."""
+
     def __init__(self, exported_program: Any, imported: ImportedProgram, graph: Graph, part: StagePart):
         super().__init__()
         self.graph, self.part = graph, part
@@ -73,7 +77,7 @@ class PlainStage(torch.nn.Module):
         for name in sorted(part.held):
             target = imported.parameters[name]
             value = stored_value(exported_program, target)
-            parameter = graph.tensors[name].role == "parameter"
+            parameter = graph.tensors[name].role == "parameter"  # copied: stepping it leaves the program as exported
             attach(self, target, torch.nn.Parameter(value.detach().clone(), requires_grad=value.requires_grad)
                    if parameter else value.detach(), parameter)
             self._stored[name] = target
