@@ -1,8 +1,8 @@
 """`autoshard.frontends.torch.pipeline`: a pipelined plan of a torch program (imported with
 `batch_dim`, planned with `plan --pipeline 2 --microbatches 4`) run by torch.distributed.pipelining
 on gloo ranks over loopback, 2 stages in 2 processes and 2 stages of tp=2 in 4 (a 4-layer stack
-under each schedule, a two-layer GPT); the loss and every gradient equal the unsharded module's. And the errors: a plan without stages, a plan of another
-program, a process group of another size."""
+under each schedule, a two-layer GPT); the loss and every gradient equal the unsharded module's.
+And the errors: a plan without stages, a plan of another program, a process group of another size."""
 
 from __future__ import annotations
 

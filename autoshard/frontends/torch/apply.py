@@ -177,7 +177,8 @@ class ShardedProgram(torch.nn.Module):
         outputs = [placed(t, self._to_torch(self.plan.final(t), t)) for t in self.imported.outputs]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
-    def _run(self, steps: list[Any], values: dict[str, Any], whole: dict[str, Any]) -> Callable[[str, tuple[Any, ...]], Any]:
+    def _run(self, steps: list[Any], values: dict[str, Any],
+             whole: dict[str, Any]) -> Callable[[str, tuple[Any, ...]], Any]:
         """Run `steps` on `values` (DTensors by graph name, the results added); returns the
         function placing a value as asked, through the plan's resharding steps."""
         producers = self.plan.graph.producers
