@@ -1,13 +1,19 @@
 """Hypothesis strategies for what users hand autoshard: graphs, meshes and plans, valid and
 broken. A valid graph is a chain of 2-D ops whose shapes agree; a broken one is a valid one with
-one thing wrong (a missing field, a bad dim, an unknown name, a cycle, ...) or any JSON at all."""
+one thing wrong (a missing field, a bad dim, an unknown name, a cycle, ...) or any JSON at all.
+A hand-edited plan is a whole valid plan document with one edit a user might make, paired with
+the JSON pointers an answer must name; numbers are also spelled in other scripts' digits and
+names hold lone surrogates."""
 
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 from hypothesis import strategies as st
+
+from autoshard.encodable import printable
 
 AXES = ("dp", "tp", "pp")
 DIMS = st.sampled_from([1, 2, 3, 4, 6, 8, 16])
@@ -22,11 +28,11 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_
 
 
 @st.composite
-def meshes(draw: st.DrawFn) -> str:
-    """A valid mesh text of 1 to 3 axes of 1, 2 or 4 devices (any count of whole 8-GPU nodes or
-    less than one, as the default topology needs)."""
+def meshes(draw: st.DrawFn, sizes: tuple[int, ...] = (1, 2, 4)) -> str:
+    """A valid mesh text of 1 to 3 axes of 1, 2 or 4 devices, or of `sizes` (any count of whole
+    8-GPU nodes or less than one, as the default topology needs)."""
     names = draw(st.lists(st.sampled_from(AXES), min_size=1, max_size=3, unique=True))
-    return ",".join(f"{name}={draw(st.sampled_from([1, 2, 4]))}" for name in names)
+    return ",".join(f"{name}={draw(st.sampled_from(sizes))}" for name in names)
 
 
 def any_mesh() -> st.SearchStrategy[str]:
@@ -35,10 +41,11 @@ def any_mesh() -> st.SearchStrategy[str]:
 
 
 @st.composite
-def graphs(draw: st.DrawFn) -> dict[str, Any]:
-    """A valid graph: an input, then 1 to 5 ops each reading the last value (and a parameter)."""
+def graphs(draw: st.DrawFn, dims: st.SearchStrategy[int] = DIMS) -> dict[str, Any]:
+    """A valid graph: an input, then 1 to 5 ops each reading the last value (and a parameter),
+    every dim drawn from `dims`."""
     dtype = draw(st.sampled_from(["f32", "bf16"]))
-    shape = [draw(DIMS), draw(DIMS)]
+    shape = [draw(dims), draw(dims)]
     tensors: dict[str, Any] = {"x": {"shape": shape, "dtype": dtype, "role": "input"}}
     ops: list[dict[str, Any]] = []
     current = "x"
@@ -46,7 +53,7 @@ def graphs(draw: st.DrawFn) -> dict[str, Any]:
         kind = draw(st.sampled_from(("matmul", "transpose") + UNARY + BINARY))
         op: dict[str, Any] = {"name": f"op{i}", "kind": kind, "inputs": [current], "outputs": [f"t{i}"]}
         if kind == "matmul":
-            shape = [shape[0], draw(DIMS)]
+            shape = [shape[0], draw(dims)]
             tensors[f"w{i}"] = {"shape": [tensors[current]["shape"][1], shape[1]], "dtype": dtype, "role": "parameter"}
             op["inputs"].append(f"w{i}")
         elif kind in BINARY:
@@ -141,6 +148,22 @@ def shardings(draw: st.DrawFn, rank: int, axes: list[str]) -> list[list[str]]:
 
 
 @st.composite
+def op_options(draw: st.DrawFn, document: dict[str, Any], axes: list[str]) -> dict[str, Any]:
+    """A plan giving every op of a `graphs()` document an option: each loop split over one mesh
+    axis or none, no axis twice (the rest of the plan is derived)."""
+    options = {}
+    for op in document["ops"]:
+        loops = 3 if op["kind"] == "matmul" else 2
+        unused, option = list(axes), []
+        for _ in range(loops):
+            taken = draw(st.lists(st.sampled_from(unused), max_size=1)) if unused else []
+            unused = [axis for axis in unused if axis not in taken]
+            option.append(taken)
+        options[op["name"]] = {"option": option}
+    return {"ops": options}
+
+
+@st.composite
 def plans(draw: st.DrawFn, document: Any, axes: list[str] | None = None) -> Any:
     """A plan for `document` on a mesh of `axes`: shardings of its tensors and/or options of its
     ops, right or wrong."""
@@ -160,3 +183,135 @@ def plans(draw: st.DrawFn, document: Any, axes: list[str] | None = None) -> Any:
     if draw(st.integers(0, 5)) == 5:
         plan["mesh"] = {"axes": [{"name": "dp", "size": draw(st.integers(-1, 8))}]}
     return plan
+
+
+# A stand-in for an integer literal far past any size (and Python's 4300-digit int-string limit):
+# `json_text` writes it as 5,000 nines.
+HUGE = "\u0000huge integer"
+HUGE_DIGITS = 5000
+
+
+def json_text(value: Any) -> str:
+    """`value` as JSON text, each HUGE written as an integer literal of HUGE_DIGITS digits."""
+    return json.dumps(value).replace(json.dumps(HUGE), "9" * HUGE_DIGITS)
+
+
+def _pointer(*keys: Any) -> str:
+    """The JSON pointer of `keys`, as a problem names it (a lone surrogate escaped)."""
+    return "".join("/" + printable(str(key)).replace("~", "~0").replace("/", "~1") for key in keys)
+
+
+def _paths(node: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """The path of every value in a JSON document, the root's first."""
+    children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    return [path] + [p for key, child in children for p in _paths(child, path + (key,))]
+
+
+LONE_SURROGATES = st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)
+KINDS = ("matmul", "transpose", "relu", "gelu", "softmax", "add", "attention", "matmull")
+RESHARDING_EDITS = ("nonsense steps", "wrong target", "wrong source", "wrong consumer")
+HAND_EDITS = ("drop an op", "drop a tensor", "misspell a tensor", "null tensors", "change an op kind", "drop format",
+              "wrong format", "larger mesh", "unknown key", "huge integer") + RESHARDING_EDITS
+
+
+@st.composite
+def hand_edits(draw: st.DrawFn, document: dict[str, Any], how: str) -> tuple[dict[str, Any], list[str]]:
+    """`document`, a whole plan that fits its graph and mesh, with one hand edit of the class
+    `how` (one of HAND_EDITS; those of RESHARDING_EDITS need a document with reshardings); and
+    the JSON pointers of the fields an answer must name (each, or a field under it). A HUGE value
+    must be written with `json_text`."""
+    edited = copy.deepcopy(document)
+    reshardings = edited.get("reshardings") or []
+    op = draw(st.sampled_from(sorted(edited["ops"])))
+    tensor = draw(st.sampled_from(sorted(edited["tensors"])))
+    if how == "drop an op":
+        del edited["ops"][op]
+        return edited, [_pointer("ops", op)]
+    if how == "drop a tensor":
+        del edited["tensors"][tensor]
+        return edited, [_pointer("tensors", tensor)]
+    if how == "misspell a tensor":
+        misspelled = draw(st.sampled_from([tensor.upper() + "_", tensor + "\u00e9", tensor + "s"])
+                          | LONE_SURROGATES.map(lambda c: tensor + c))
+        edited["tensors"][misspelled] = edited["tensors"].pop(tensor)
+        if any(0xD800 <= ord(c) <= 0xDFFF for c in misspelled):  # refused as it is read, before it is looked up
+            return edited, [_pointer("tensors", misspelled)]
+        return edited, [_pointer("tensors", misspelled), _pointer("tensors", tensor)]
+    if how == "null tensors":
+        edited["tensors"] = None
+        return edited, ["/tensors"]
+    if how == "change an op kind":
+        edited["ops"][op]["kind"] = draw(st.sampled_from([k for k in KINDS if k != edited["ops"][op]["kind"]]))
+        return edited, [_pointer("ops", op, "kind")]
+    if how == "drop format":
+        del edited["format"]
+        return edited, ["/format"]
+    if how == "wrong format":
+        edited["format"] = draw(st.sampled_from(["autoshard.plan/v2", "autoshard.graph/v1", "", None, 1]))
+        return edited, ["/format"]
+    if how == "larger mesh":
+        axes = edited["mesh"]["axes"]
+        if draw(st.booleans()):
+            axes[draw(st.integers(0, len(axes) - 1))]["size"] *= 2
+        else:
+            axes.append({"name": "ep", "size": 2})
+        return edited, ["/mesh"]
+    if how == "unknown key":
+        entry, where = draw(st.sampled_from([(edited, ()), (edited["ops"][op], ("ops", op)),
+                                             (edited["tensors"][tensor], ("tensors", tensor))]
+                                            + [(r, ("reshardings", i)) for i, r in enumerate(reshardings)]))
+        key = draw(st.sampled_from(["optoin", "split_axis", "Format", "notes", "halo"]))
+        entry[key] = draw(ODD_VALUES)
+        return edited, [_pointer(*where, key)]
+    if how == "huge integer":
+        path = draw(st.sampled_from(_paths(edited)[1:]))
+        node = edited
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = HUGE
+        return edited, [_pointer(*path)]
+    i = draw(st.integers(0, len(reshardings) - 1))
+    resharding = reshardings[i]
+    if how == "nonsense steps":
+        steps = resharding["steps"]
+        nonsense = draw(st.sampled_from(["all_reduce", None, "[]", "teleport", "no axis", "null step"]
+                                        + (["reversed"] if len(steps) > 1 else [])))
+        if nonsense in ("all_reduce", None):
+            resharding["steps"] = nonsense
+            return edited, [_pointer("reshardings", i, "steps")]
+        if nonsense == "[]":
+            resharding["steps"] = []
+            return edited, [_pointer("reshardings", i)]
+        if nonsense == "teleport":
+            steps[0]["kind"] = "teleport"
+            return edited, [_pointer("reshardings", i, "steps", 0, "kind")]
+        if nonsense == "no axis":
+            steps[0]["mesh_axes"] = ["nope"]
+            return edited, [_pointer("reshardings", i, "steps", 0, "mesh_axes")]
+        if nonsense == "null step":
+            steps[0] = None
+            return edited, [_pointer("reshardings", i, "steps", 0)]
+        steps.reverse()
+        return edited, [_pointer("reshardings", i)]
+    if how == "wrong target":
+        resharding["to"] = copy.deepcopy(resharding["from"])
+    elif how == "wrong source":
+        resharding["from"] = copy.deepcopy(resharding["to"])
+    else:
+        resharding["consumer"] = draw(st.sampled_from(["nope", "output"] + [o for o in sorted(edited["ops"])
+                                                                         if o != resharding["consumer"]]))
+    return edited, [_pointer("reshardings", i)]
+
+
+# Digits outside ASCII that `str.isdigit` accepts: superscripts (which `int` then refuses), and
+# Arabic-Indic, extended Arabic-Indic, Devanagari, fullwidth and mathematical bold ones (which
+# `int` reads as their values).
+OTHER_DIGITS = "\u00b2\u00b3\u00b9\u2070\u0660\u0663\u06f4\u0968\uff10\uff12\uff18\U0001d7d0"
+
+
+@st.composite
+def other_digit_numbers(draw: st.DrawFn) -> str:
+    """A number written with at least one digit outside ASCII, among ASCII ones or alone."""
+    before = draw(st.sampled_from(["", "1", "2"]))
+    after = draw(st.sampled_from(["", "0", "6"]))
+    return before + draw(st.sampled_from(OTHER_DIGITS)) + after
