@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import torch.distributed as dist
 from torch.distributed._local_tensor import LocalTensorMode
@@ -73,13 +73,18 @@ class CollectiveLog(TorchDispatchMode):
         return out
 
 
-def planned_collectives(result: PlanResult) -> list[Collective]:
-    """The plan's reshardings, each step over several mesh axes as one collective per axis (as
-    DTensor redistributes, one mesh dim at a time), each axis seeing the bytes the ones before
-    it left; steps that move no data (all_slice) are left out."""
-    mesh = result.plan.mesh
+def planned_collectives(result: PlanResult | Mapping[str, Any]) -> list[Collective]:
+    """The reshardings of a plan (or of the document of its plan.json), each step over several
+    mesh axes as one collective per axis (as DTensor redistributes, one mesh dim at a time), each
+    axis seeing the bytes the ones before it left; steps that move no data (all_slice) are left out."""
+    if isinstance(result, PlanResult):
+        mesh, reshardings = result.plan.mesh, result.report.reshardings
+    else:
+        axes = result["mesh"]["axes"]
+        mesh = autoshard.Mesh(tuple(a["name"] for a in axes), tuple(a["size"] for a in axes))
+        reshardings = result["reshardings"]
     out = []
-    for resharding in result.report.reshardings:
+    for resharding in reshardings:
         for step in resharding["steps"]:
             if step["kind"] not in COLLECTIVES.values():
                 continue

@@ -1,7 +1,7 @@
 """PyTorch: a `torch.export` program in as an `autoshard.graph/v1` graph, a plan back out as DTensor
 placements, and the program run under DTensor as the plan says.
 
-    ep = torch.export.export(module, args).run_decompositions({})
+    ep = torch.export.export(module, args)                 # plain or .run_decompositions({}): one canonical form
     imported = import_program(ep)                          # .graph (a document), .warnings, .opaque
     ...plan imported.graph with autoshard.make_plan...
     placements = tensor_placements(plan)                   # tensor name -> (Shard(1), Replicate())

@@ -36,6 +36,9 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_ten
 def parallelize(exported_program: Any, plan: Plan | PlanResult | Mapping[str, Any], device_mesh: Any) -> "ShardedProgram":
     """A module that runs `exported_program` on `device_mesh` as `plan` places every value.
 
+    `exported_program` is what `torch.export.export` gives, or that decomposed: it is imported in
+    the canonical form `autoshard import torch` writes, so a plan made from the CLI's graph applies.
+
     `plan` is a `Plan`, a `PlanResult`, or the document of `plan.json`; it may have been made
     for the forward graph or for the training graph of the same program (`--training`). The
     mesh's dim names and sizes must be the plan's axes, in order.
@@ -44,7 +47,7 @@ def parallelize(exported_program: Any, plan: Plan | PlanResult | Mapping[str, An
     imported = import_program(exported_program)
     mesh = check_mesh(_plan_mesh(plan), device_mesh)
     forward = _forward_plan(plan, imported, mesh)
-    return ShardedProgram(exported_program, imported, forward, device_mesh, resharding_steps(plan, forward))
+    return ShardedProgram(imported.program, imported, forward, device_mesh, resharding_steps(plan, forward))
 
 
 def resharding_steps(plan: Any, forward: Plan) -> dict[tuple[str, Sharding], list[Sharding]]:

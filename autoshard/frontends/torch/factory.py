@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from autoshard.errors import InputError
+from autoshard.frontends.torch.importer import canonical_program
 from autoshard.frontends.torch.runtime import require_torch
 from autoshard.frontends.user_code import SOURCE, as_user_error, call_factory, framework_quiet, load_user_factory
 
@@ -35,10 +36,11 @@ def load_factory(spec: str) -> tuple[Path, Any, tuple[Any, ...], dict[str, Any]]
 
 
 def export_factory(spec: str) -> Any:
-    """Export the factory's module at its example inputs, decomposed so that no in-place op
-    survives while `linear`, `silu` and attention stay whole. What the module's code raises while
-    exported (a shape mismatch, control flow on a traced value) is a `UserCodeError` at its line."""
+    """Export the factory's module at its example inputs, in the canonical form every path imports
+    (`canonical_program`), so a plan made from it applies to `torch.export.export(module, args)`
+    in the user's own script. What the module's code raises while exported (a shape mismatch,
+    control flow on a traced value) is a `UserCodeError` at its line."""
     path, module, args, kwargs = load_factory(spec)
     with as_user_error(path, f"torch.export of {spec.rpartition(':')[2]}()'s module"), framework_quiet():
         exported = torch.export.export(module.eval(), args, kwargs)
-    return exported.run_decompositions({})
+    return canonical_program(exported)

@@ -13,6 +13,10 @@ Nodes no row lowers (mask and position bookkeeping, anything new) stay opaque: t
 enter the graph as inputs of their true shapes, pinned replicated, and are computed by PyTorch
 itself when a plan runs; the values they read are pinned replicated too. A warning names them;
 `strict=True` makes them an error.
+
+Every path imports one canonical form of the program (`canonical_program`): a plain
+`torch.export.export(...)` is decomposed by `run_decompositions({})`, a program already decomposed is
+taken as it is. So the plan `autoshard import torch` makes applies to the program a user exports.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from autoshard.models.training import add_training_step, weighted_sum_loss
 from autoshard.ops import OpError
 
 torch = require_torch()
+from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402  (after the check above)
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,7 @@ class OpaqueNode:
 
 @dataclass
 class ImportedProgram:
+    program: Any  # the canonical ExportedProgram the graph was imported from, whose nodes the steps call
     document: dict[str, Any]  # the graph, `autoshard.graph/v1`
     graph: Graph
     steps: list[Step]  # program order; opaque nodes are steps too
@@ -66,8 +72,8 @@ class ImportedProgram:
 
 def import_program(exported_program: Any, strict: bool = False, training: bool = False,
                    name: str | None = None, batch_dim: int | None = None) -> ImportedProgram:
-    """The graph of an `ExportedProgram` (run through `run_decompositions({})` first, so that no
-    in-place op survives and `linear`, `silu` and attention stay whole).
+    """The graph of an `ExportedProgram`, plain or decomposed, in its canonical form
+    (`canonical_program`).
 
     `training=True` adds the loss `sum(output * labels)` on the first output, the backward pass
     and Adam, by autoshard's own differentiation (as `autoshard generate --training`).
@@ -75,9 +81,7 @@ def import_program(exported_program: Any, strict: bool = False, training: bool =
     so that a plan can split the step into microbatches; torch.distributed.pipelining splits
     arguments along dim 0 by default.
     """
-    if not isinstance(exported_program, torch.export.ExportedProgram):
-        raise InputError(f"expected a torch.export.ExportedProgram, got {type(exported_program).__name__}", "exported_program")
-    ep = exported_program
+    ep = canonical_program(exported_program)
     _check_static(ep)
     signature = ep.graph_signature
     builder = GraphBuilder(name or "exported_program", "f32")
@@ -135,9 +139,24 @@ def import_program(exported_program: Any, strict: bool = False, training: bool =
     pinned = list(dict.fromkeys(produced + read + list(lw.scalars)))
     if pinned:
         document["constraints"] = [{"tensor": t, "split_axes": [], "required": True} for t in pinned]
-    return ImportedProgram(document, graph_keeping_what_holds(document), lw.steps, opaque, user_inputs, parameters,
+    return ImportedProgram(ep, document, graph_keeping_what_holds(document), lw.steps, opaque, user_inputs, parameters,
                            lw.scalars, outputs)
 
+
+def canonical_program(exported_program: Any) -> Any:
+    """The program decomposed by `run_decompositions({})`, so that no in-place op survives while
+    `linear`, `silu` and attention stay whole. A program already in ATen form (decomposed) is
+    returned as it is: decomposing again would renumber its nodes, whose names the plan's ops
+    carry. (`_disable_current_modes` is private to torch, whose version is pinned.)"""
+    if not isinstance(exported_program, torch.export.ExportedProgram):
+        raise InputError(f"expected a torch.export.ExportedProgram, got {type(exported_program).__name__}",
+                         "exported_program")
+    if exported_program.dialect == "ATEN":
+        return exported_program
+    # Decomposing traces the program: a dispatch mode the caller runs under (DTensor's simulated
+    # ranks, a communication log) must not see that tracing, which it would break or miscount.
+    with _disable_current_modes():
+        return exported_program.run_decompositions({})
 
 
 def _lower_node(lw: Lowering, node: Any, opaque: list[OpaqueNode]) -> None:
