@@ -6,8 +6,8 @@ must be refused at the door, each with its documented answer:
 - hand-edited plans: a whole plan for a generated graph with one edit (an op or tensor dropped
   or misspelled, `tensors` null, an op's kind changed, `format` missing or wrong, a larger mesh,
   an unknown key, a huge integer anywhere, nonsense resharding steps, a wrong source, target or
-  consumer) is refused by `emit`, `simulate`, `estimate` (exit 2, nothing printed or written)
-  and `/v1/estimate` (422), each naming the edited field's JSON pointer;
+  consumer) is refused by `emit`, `simulate`, `estimate` (exit 2, nothing printed or written),
+  `/v1/estimate` and `/v1/validate` (422), each naming the edited field's JSON pointer;
 - numbers in other scripts' digits (superscripts, Arabic-Indic, fullwidth, ...) in meshes,
   shapes and numeric flags, and names holding lone surrogates, in the CLI (exit 2 naming the
   flag and the character) and REST (422 naming the pointer; no job stored);
@@ -249,10 +249,11 @@ def test_a_hand_edited_plan_is_refused_naming_the_edit(http, how, data):
             for wanted in pointers:  # the CLI may name a plan's other mesh by the flag it differs from
                 assert named(wanted, found) or (wanted == "/mesh" and "--mesh" in found), (command, wanted, err)
     body = json_text({"graph": document, "mesh": mesh, "plan": edited})
-    response = http.post("/v1/estimate", content=body, headers={"content-type": "application/json"})
-    assert response.status_code == 422, response.text
-    found = [problem["where"] for problem in error_of(response)["problems"]]
-    assert all(named("/plan" + wanted, found) for wanted in pointers), (pointers, found)
+    for route in ("/v1/estimate", "/v1/validate"):
+        response = http.post(route, content=body, headers={"content-type": "application/json"})
+        assert response.status_code == 422, (route, response.text)
+        found = [problem["where"] for problem in error_of(response)["problems"]]
+        assert all(named("/plan" + wanted, found) for wanted in pointers), (route, pointers, found)
 
 
 ROUTES = ("/v1/plans", "/v1/estimate", "/v1/validate")
