@@ -45,7 +45,25 @@ def arg(node: Any, index: int, name: str, default: Any = None) -> Any:
 
 
 def out_shape(node: Any) -> list[int]:
-    return [int(s) for s in node.meta["val"].shape]
+    return value_shape(node.meta["val"])
+
+
+# A complex value is held as a real one with a trailing dim of 2 (real, imaginary), the layout of
+# `view_as_real`; rows outside COMPLEX_ROWS do not lower an op that reads or makes one.
+COMPLEX = {"complex64": "f32", "complex128": "f64"}
+COMPLEX_ROWS = ("view_as_complex.default", "view_as_real.default", "mul.Tensor", "view.default", "reshape.default",
+                "_unsafe_view.default", "unsqueeze.default", "clone.default", "alias.default")
+
+
+def value_shape(value: Any) -> list[int]:
+    """The shape of a value's graph tensor: a complex value's with the trailing 2."""
+    return [int(s) for s in value.shape] + ([2] if value.is_complex() else [])
+
+
+def value_dtype(value: Any) -> str:
+    """The dtype of a value's graph tensor: a complex value's parts'."""
+    name = str(value.dtype).removeprefix("torch.")
+    return COMPLEX[name] if name in COMPLEX else dtype_name(value.dtype)
 
 
 def rank(lw: Lowering, tensor: str) -> int:
@@ -53,6 +71,12 @@ def rank(lw: Lowering, tensor: str) -> int:
 
 
 # --- no-ops and aliases: the value is the input's -------------------------------------
+@row("view_as_complex.default", "view_as_real.default")
+def _as_complex_or_real(lw: Lowering, node: Any) -> str:
+    """The same numbers, held as they are: a complex value already has its parts in a trailing dim."""
+    return lw.tensor(node.args[0])
+
+
 @row("clone.default", "alias.default", "detach.default", "contiguous.default", "lift_fresh_copy.default",
      "dropout.default")
 def _alias(lw: Lowering, node: Any) -> str:
@@ -147,6 +171,8 @@ def _binary(kind: str) -> Row:
         if arg(node, 2, "alpha", 1) != 1 or node.kwargs.get("rounding_mode") is not None:
             raise Unsupported("alpha or rounding_mode")
         a, b = node.args[:2]
+        if node.meta["val"].is_complex():
+            return _complex_mul(lw, node)
         like = lw.tensor(a) if not isinstance(a, (int, float)) else lw.tensor(b)
         inputs = [lw.operand(a, like, f"{node.name}.self"), lw.operand(b, like, f"{node.name}.other")]
         return lw.op(kind, inputs, node.name, lambda x, y: node.target(x, y))
@@ -156,6 +182,35 @@ def _binary(kind: str) -> Row:
 for _name, _kind in _BINARY.items():
     keys = [f"{_name}.Tensor", f"{_name}.Scalar"] if _name not in ("maximum", "minimum") else [f"{_name}.default"]
     row(*keys)(_binary(_kind))
+
+
+def _complex_mul(lw: Lowering, node: Any) -> str:
+    """(a + bi)(c + di) = (ac - bd) + (ad + bc)i on the parts in the trailing dim; a complex
+    value times a real number scales both parts."""
+    x, y = node.args[:2]
+    if isinstance(y, (int, float)) and not isinstance(y, bool):
+        t = lw.tensor(x)
+        return lw.op("mul", [t, lw.scalar(y, t, f"{node.name}.other")], node.name, aten.mul.Tensor)
+    if not all(hasattr(v, "meta") and v.meta["val"].is_complex() for v in (x, y)):
+        raise Unsupported("a complex value times a real tensor")
+    parts = [_complex_part(lw, lw.tensor(v), i, f"{node.name}.{side}.{part}")
+             for side, v in (("self", x), ("other", y)) for i, part in enumerate(("re", "im"))]
+    a, b, c, d = parts
+
+    def times(u: str, v: str, name: str) -> str:
+        return lw.op("mul", [u, v], f"{node.name}.{name}", aten.mul.Tensor)
+    re = lw.op("sub", [times(a, c, "ac"), times(b, d, "bd")], f"{node.name}.re", aten.sub.Tensor)
+    im = lw.op("add", [times(a, d, "ad"), times(b, c, "bc")], f"{node.name}.im", aten.add.Tensor)
+    last = rank(lw, re) - 1
+    return lw.op("concat", [re, im], node.name, lambda u, v: aten.cat.default([u, v], -1), axis=last)
+
+
+def _complex_part(lw: Lowering, x: str, part: int, name: str) -> str:
+    """The real (0) or imaginary (1) part of a complex value, keeping the trailing dim (of 1)."""
+    shape = lw.shape(x)
+    starts, limits = [0] * len(shape), list(shape)
+    starts[-1], limits[-1] = part, part + 1
+    return lw.op("slice", [x], name, lambda t: aten.slice.Tensor(t, -1, part, part + 1), starts=starts, limits=limits)
 
 
 @row("pow.Tensor_Scalar")
@@ -271,8 +326,6 @@ def _slice(lw: Lowering, node: Any) -> str:
     dim = arg(node, 1, "dim", 0) % len(shape)
     start, end, step = arg(node, 2, "start"), arg(node, 3, "end"), arg(node, 4, "step", 1)
     start, end, _ = slice(start, end, step).indices(shape[dim])
-    if end <= start:
-        raise Unsupported("an empty slice")
     if (start, end, step) == (0, shape[dim], 1):
         return x
     starts, limits, strides = [0] * len(shape), list(shape), [1] * len(shape)
@@ -292,6 +345,8 @@ def _split(lw: Lowering, node: Any) -> str:
         sizes = [min(sizes, shape[dim] - s) for s in range(0, shape[dim], sizes)]
     start = 0
     for i, size in enumerate(sizes):
+        if size == 0:
+            continue  # an empty piece: its `getitem` is an empty value
         starts, limits = [0] * len(shape), list(shape)
         starts[dim], limits[dim] = start, start + size
         lw.values[f"{node.name}#{i}"] = lw.op(
@@ -326,7 +381,10 @@ def _getitem(lw: Lowering, node: Any) -> str:
 
 @row("cat.default")
 def _cat(lw: Lowering, node: Any) -> str:
-    inputs = [lw.tensor(t) for t in node.args[0]]
+    """Empty pieces add nothing and are left out; one piece left is the value itself."""
+    inputs = [lw.tensor(t) for t in node.args[0] if t.name not in lw.empty]
+    if len(inputs) == 1:
+        return inputs[0]
     dim = arg(node, 1, "dim", 0)
     return lw.op("concat", inputs, node.name, lambda *ts: aten.cat.default(list(ts), dim), axis=dim % rank(lw, inputs[0]))
 

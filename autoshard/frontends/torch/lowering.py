@@ -39,10 +39,15 @@ class Lowering:
     steps: list[Step] = field(default_factory=list)
     # rank-0 graph inputs standing for the Python scalars of the program: name -> (value, dtype)
     scalars: dict[str, tuple[Any, str]] = field(default_factory=dict)
+    # FX values with a zero-size dim (the pass-through part of a rotary that covers the whole
+    # head): no graph tensor holds them, they hold nothing to place or compute. name -> the value
+    empty: dict[str, Any] = field(default_factory=dict)
 
     def tensor(self, arg: Any) -> str:
         """The graph tensor of an FX node argument."""
         name = getattr(arg, "name", None)
+        if name in self.empty:
+            raise Unsupported(f"argument {name} is empty (shape {list(self.empty[name].shape)})")
         if name not in self.values:
             raise Unsupported(f"argument {arg!r} is not a tensor value")
         return self.values[name]
