@@ -98,7 +98,8 @@ def import_program(exported_program: Any, strict: bool = False, training: bool =
         graph_name = spec.target if kind != "USER_INPUT" else spec.arg.name
         if _is_empty(value):
             raise InputError(f"{kind.lower().replace('_', ' ')} {graph_name!r} has shape {_shape(node)}, with a "
-                             "zero-size dim: export with example inputs of the sizes to plan for", f"/inputs/{graph_name}")
+                             "zero-size dim: export with example inputs of the sizes to plan for",
+                             f"/inputs/{graph_name}")
         if kind == "PARAMETER":
             lw.values[node.name] = builder.parameter(graph_name, _shape(node), _dtype(node))
         else:  # buffers and constants hold no batch
