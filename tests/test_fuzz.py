@@ -432,17 +432,7 @@ ODD_USER_CODE = {
     "exception that cannot be printed": ("class Odd(Exception):\n    def __str__(self):\n        raise RuntimeError\n\n"
                                          "def make():\n    raise Odd()\n", 6, "make() raised Odd"),
 }
-OPEN_BUGS = {
-    "factory calls sys.exit": "a SystemExit from the user's code ends autoshard with the user's exit code (3, as "
-                              "if infeasible) and no message",
-    "file calls sys.exit": "a SystemExit from the user's file prints its text and exits 1, as if a verification "
-                           "failed",
-    "exception that cannot be printed": "an exception whose str() raises is reported as an internal error (exit 4)",
-}
-
-
-@pytest.mark.parametrize("case", [pytest.param(case, marks=pytest.mark.xfail(strict=True, reason=OPEN_BUGS[case]))
-                                  for case in ODD_USER_CODE])
+@pytest.mark.parametrize("case", ODD_USER_CODE)
 def test_odd_failures_of_the_users_code_are_the_users_errors_too(tmp_path, case):
     text, line, said = ODD_USER_CODE[case]
     source, output = tmp_path / "user_model.py", tmp_path / "graph.json"
@@ -511,9 +501,6 @@ def test_ctrl_c_at_a_random_moment_of_plan_exits_130_with_one_line(gpt, tmp_path
                             "autoshard plan: interrupted before the solver had found a plan; nothing was written")
 
 
-@pytest.mark.xfail(strict=True, reason="Ctrl-C while `autoshard` imports its own modules (about a second: the solver "
-                                       "package, ortools and pandas, through autoshard.cli.interrupts) prints a "
-                                       "KeyboardInterrupt traceback")
 def test_ctrl_c_as_plan_starts_exits_130_with_one_line(gpt, tmp_path):
     code, err = interrupted_plan([sys.executable, "-m", "autoshard.cli.main", *plan_argv(gpt, tmp_path)], 0.2,
                                  wait_for=None)

@@ -11,11 +11,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 from types import FrameType
 from typing import Iterator
-
-from autoshard.solver.stopping import stop_running_solves
 
 INTERRUPTED = 130  # exit code: 128 + SIGINT, as shells report an interrupted command
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -50,6 +49,9 @@ def _interrupt(number: int, frame: FrameType | None) -> None:
 
 def _stop_solves_on_signals(read_fd: int) -> None:
     while received := os.read(read_fd, 64):
-        if any(number in SIGNALS for number in received):
-            stop_running_solves()
+        # the solver is looked up, not imported: importing it takes a second (ortools), during which
+        # a Ctrl-C must already be handled, and no solve runs before it is imported
+        stopping = sys.modules.get("autoshard.solver.stopping")
+        if stopping is not None and any(number in SIGNALS for number in received):
+            stopping.stop_running_solves()
     os.close(read_fd)

@@ -8,20 +8,25 @@ and exit 2; no traceback reaches the user.
 
 from __future__ import annotations
 
-import argparse
-import importlib
-import pkgutil
 import sys
-import tempfile
-import traceback
-from importlib.metadata import entry_points
-from typing import Callable, Sequence
 
-import autoshard
-import autoshard.cli
-from autoshard.cli.interrupts import INTERRUPTED, signals_interrupt
-from autoshard.errors import AutoshardError, InfeasibleError, InputError, Interrupted, OutOfTime
-from autoshard.phases import collect_garbage_rarely
+try:  # a Ctrl-C while the command line is still being imported ends it as any interrupt does
+    import argparse
+    import importlib
+    import pkgutil
+    import tempfile
+    import traceback
+    from importlib.metadata import entry_points
+    from typing import Callable, Sequence
+
+    import autoshard
+    import autoshard.cli
+    from autoshard.cli.interrupts import INTERRUPTED, signals_interrupt
+    from autoshard.errors import AutoshardError, InfeasibleError, InputError, Interrupted, OutOfTime
+    from autoshard.phases import collect_garbage_rarely
+except KeyboardInterrupt:
+    print("autoshard: interrupted", file=sys.stderr)
+    raise SystemExit(130) from None
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -85,7 +85,7 @@ def as_user_error(source: Path | str | None, doing: str) -> Iterator[None]:
         yield
     except InputError:
         raise
-    except Exception as error:
+    except (Exception, SystemExit) as error:  # a user's sys.exit() is theirs too, not an exit code of ours
         raise UserCodeError(Problem(_location(error, source), f"{doing} raised {describe(error)}")) from error
 
 
@@ -104,7 +104,11 @@ def framework_quiet() -> Iterator[None]:
 
 def describe(error: BaseException) -> str:
     """`TypeName: the first line of its message`, cut short."""
-    lines = str(error).strip().splitlines()
+    try:
+        text = str(error)
+    except Exception:  # an exception whose message itself raises is still named by its type
+        text = ""
+    lines = text.strip().splitlines()
     message = lines[0] if lines else ""
     if isinstance(error, SyntaxError):
         message = error.msg
