@@ -105,7 +105,7 @@ def test_with_split_keeps_explicit_offsets():
 def test_sharding_parse_forms_and_mlir_attrs():
     mesh = Mesh.of(x=2, y=3)
     short = Sharding.parse("[[x],[y]]")
-    full = Sharding.parse({"split_axes": [["x"], ["y"]], "partial": {"kind": "max", "axes": []}})
+    full = Sharding.parse({"split_axes": [["x"], ["y"]]})
     assert short.split_axes == full.split_axes == (("x",), ("y",))
     p = Sharding.parse('{"split_axes": [[], ["y"]], "partial": {"kind": "sum", "axes": ["x"]}}')
     assert sharding_attrs(mesh, p, (4, 6), with_partial=True) == "split_axes = [[], [1]] partial = sum[0]"
@@ -116,6 +116,7 @@ def test_sharding_parse_forms_and_mlir_attrs():
     ({"split_axes": "x"}, "split_axes"),
     ({"split_axes": [["x"]], "partial": ["x"]}, "partial"),
     ({"split_axes": [["x"]], "partial": {"axes": "x"}}, "partial/axes"),
+    ({"split_axes": [["x"]], "partial": {"kind": "max", "axes": []}}, "partial/axes"),  # partial over nothing
     ({"split_axes": [["x"]], "sharded_dims_offsets": 3}, "sharded_dims_offsets"),
     ({"split_axes": [["x"]], "sharded_dims_offsets": [[0, "2", 4]]}, "sharded_dims_offsets"),
 ])
