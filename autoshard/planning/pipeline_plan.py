@@ -169,18 +169,33 @@ def plan_pipeline(graph: Graph, stage_mesh: Mesh, hw: Hardware, settings: SolveS
     """The pipelined plan of `graph`: `hw` is bound to `pipeline_mesh(stage_mesh, stages)`."""
     orders = checked_orders(graph, pipeline, settings.microbatches)
     phases = PhaseTimes() if phases is None else phases
-    budget = settings.memory_budget_bytes if settings.memory_budget_bytes is not None else hw.hbm_bytes
-    whole = replace(settings, memory_budget_bytes=min(budget * orders.stages, MAX_MEMORY_BUDGET_BYTES))
-    try:
-        result = make_plan(graph, stage_mesh, hw, whole, progress=progress, phases=phases, best_so_far=best_so_far)
-    except InfeasibleError as error:
-        raise InfeasibleError(f"the whole graph on one stage's mesh, within {orders.stages} x the budget per device "
-                              f"(each stage holds about 1/{orders.stages} of it): {error}") from None
+    result = stage_plan(graph, stage_mesh, hw, settings, orders.stages, progress=progress, phases=phases,
+                        best_so_far=best_so_far)
     with phases.phase("pipeline"):
-        return _priced(result, stage_mesh, hw, orders, budget)
+        return price_pipeline(result, stage_mesh, hw, orders, stage_budget_bytes(settings, hw))
 
 
-def _priced(result: PlanResult, stage_mesh: Mesh, hw: Hardware, orders: StageOrders, budget: float) -> PipelinedPlan:
+def stage_budget_bytes(settings: SolveSettings, hw: Hardware) -> float:
+    return settings.memory_budget_bytes if settings.memory_budget_bytes is not None else hw.hbm_bytes
+
+
+def stage_plan(graph: Graph, stage_mesh: Mesh, hw: Hardware, settings: SolveSettings, stages: int,
+               progress: Callable[[str, float, float, float], None] | None = None,
+               phases: PhaseTimes | None = None, best_so_far: BestSoFar | None = None) -> PlanResult:
+    """Step 1: the intra-stage plan of the whole graph, within `stages` budgets per device. It
+    does not depend on the schedule, so one plan prices every schedule and V (the search's use)."""
+    budget = stage_budget_bytes(settings, hw)
+    whole = replace(settings, memory_budget_bytes=min(budget * stages, MAX_MEMORY_BUDGET_BYTES))
+    try:
+        return make_plan(graph, stage_mesh, hw, whole, progress=progress, phases=phases, best_so_far=best_so_far)
+    except InfeasibleError as error:
+        raise InfeasibleError(f"the whole graph on one stage's mesh, within {stages} x the budget per device "
+                              f"(each stage holds about 1/{stages} of it): {error}") from None
+
+
+def price_pipeline(result: PlanResult, stage_mesh: Mesh, hw: Hardware, orders: StageOrders,
+                   budget: float) -> PipelinedPlan:
+    """Steps 2 to 5 on an intra-stage plan: the cut, the seconds, the simulation and the memory."""
     graph = result.plan.graph
     positions = op_positions(graph)
     kinds = work_kinds(graph, positions)
