@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from autoshard.cli._search_pipeline import (add_pipeline_arg, check_pipelinable, deliver_pipelined, pipeline_problems,
+                                            search_pipelined)
 from autoshard.cli.args import integer_flag, number_flag
 from autoshard.cli.plan import add_solve_args, checked_settings, print_summary, write_deliverables
 from autoshard.delivery.deliver import deliver
@@ -39,13 +41,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                                       "for the search) or a cluster address like ray://host:10001")
     parser.add_argument("--time-budget", type=number_flag, help="seconds the whole search may take (default: no limit); "
                                                           "each solve's time limit is cut to what is left")
+    add_pipeline_arg(parser)
     add_solve_args(parser, workers=1)
     parser.set_defaults(run=run)
 
 
 def checked_options(args: argparse.Namespace) -> SearchOptions:
     settings, _ = checked_settings(args)
-    problems: list[Problem] = []
+    problems: list[Problem] = pipeline_problems(args)
     if not 2 <= args.devices <= 2 ** 20:
         problems.append(Problem("--devices", f"must be an integer in [2, 2**20], got {args.devices}"))
     if not 1 <= args.max_axes <= MAX_AXES:
@@ -99,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
     options = checked_options(args)
     document = read_json(args.graph)
     stages = tuple(dict.fromkeys(part.strip() for part in args.emit.split(",") if part.strip()))
+    if args.pipeline:
+        check_pipelinable(document)
     progress = SearchProgress()
     try:
         result = search(document, options, progress=progress)
@@ -114,8 +119,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"{counts['placements']} placements in {counts['candidates']} candidates: {counts['pruned']} pruned, "
           f"{counts['solved']} solved, {counts['infeasible']} infeasible, {counts['unsolved']} unsolved; "
           f"{result.wall_s:.1f} s on {result.where}")
+    pipelined = search_pipelined(document, options, result, ranking) if args.pipeline else None
     if args.output:
         (Path(args.output) / "ranking.json").write_text(document_text(ranking))
+    if pipelined is not None and pipelined.best is not None:
+        return deliver_pipelined(args, pipelined, stages)
     if result.best is None:
         raise result.no_plan_error()
     gap = "unknown" if result.gap is None else f"{100 * result.gap:.2f}%"

@@ -44,6 +44,16 @@ class Configuration:
         return f"{self.schedule}:{self.chunks}" if self.schedule == "interleaved" else self.schedule
 
 
+@dataclass(frozen=True)
+class StagePlacement:
+    """The machine bound as `pp=S` then the sub-mesh, and where (as `deliver` records it)."""
+
+    hardware: Any
+    nodes: int
+    slice_shape: tuple[int, ...] | None
+    mapping: dict[str, list[str]]
+
+
 @dataclass
 class Priced:
     """One configuration: its pipelined plan (`outcome` "priced"), or why it has none."""
@@ -53,7 +63,7 @@ class Priced:
     bound_s: float  # no plan of this configuration (its cut) has a shorter step
     reason: str = ""
     pipelined: PipelinedPlan | None = None
-    hardware: Any = None
+    placement: StagePlacement | None = None
 
     @property
     def step_s(self) -> float:
@@ -112,41 +122,43 @@ def schedules(stages: int, layers: int, microbatches: int) -> list[tuple[str, in
     return found
 
 
-def bind_stages(topology: str, devices: int, stages: int, candidate: Candidate) -> Any:
+def bind_stages(topology: str, devices: int, stages: int, candidate: Candidate) -> StagePlacement | None:
     """The machine of `devices` bound as `pp=S` then the sub-mesh, the sub-mesh's axes on the
     physical dims its placement names and `pp` on the first set of dims that binds (the outer
     dims first: across nodes when the stages fill whole nodes). None when no set binds."""
     mesh = pipeline_mesh(candidate.mesh, stages)
     for machine in machines_for(topology, devices):
         dims = [d.name for d in machine.dims]
-        for count, chosen in ((c, s) for c in range(1, len(dims) + 1) for s in itertools.combinations(dims, c)):
+        for chosen in (s for c in range(1, len(dims) + 1) for s in itertools.combinations(dims, c)):
+            mapping = {STAGE_AXIS: list(chosen), **candidate.mapping_json}
+            slice_shape = tuple(machine.slice_shape) if machine.slice_shape else None
             try:
-                return bind_hardware(topology, mesh, nodes=machine.nodes, slice_shape=machine.slice_shape or None,
-                                     mapping={STAGE_AXIS: list(chosen), **candidate.mapping_json})
+                hardware = bind_hardware(topology, mesh, nodes=machine.nodes, slice_shape=slice_shape, mapping=mapping)
             except InputError:
                 continue
+            return StagePlacement(hardware, machine.nodes, slice_shape, mapping)
     return None
 
 
 def _price_sub_mesh(graph_document: dict[str, Any], options: SearchOptions, stages: int, candidate: Candidate,
                     layers: int) -> list[Priced]:
     """Every (M, schedule) of one S and sub-mesh, one intra-stage plan per M."""
-    hardware = bind_stages(options.topology, options.devices, stages, candidate)
+    placement = bind_stages(options.topology, options.devices, stages, candidate)
     try:
         graph = load_graph(graph_document, candidate.mesh)
     except InputError as error:  # a constraint of the graph names an axis this sub-mesh lacks
         graph, reason = None, f"the graph's constraints do not fit this sub-mesh: {error}"
-    if hardware is None:
+    if placement is None:
         reason = f"{STAGE_AXIS}={stages} and this sub-mesh do not bind to the machine together"
     rows = []
     for microbatches in microbatch_counts(stages):
         found = [Configuration(stages, candidate, microbatches, s, v) for s, v in schedules(stages, layers, microbatches)]
-        if graph is None or hardware is None:
+        if graph is None or placement is None:
             rows += [Priced(c, "infeasible", 0.0, reason) for c in found]
             continue
         settings = replace(options.settings, microbatches=microbatches)
         try:
-            result = stage_plan(graph, candidate.mesh, hardware, settings, stages)
+            result = stage_plan(graph, candidate.mesh, placement.hardware, settings, stages)
         except InputError:  # the batch does not split into M microbatches: not a configuration
             continue
         except InfeasibleError as error:
@@ -155,21 +167,21 @@ def _price_sub_mesh(graph_document: dict[str, Any], options: SearchOptions, stag
         except OutOfTime as error:
             rows += [Priced(c, "unsolved", 0.0, str(error)) for c in found]
             continue
-        rows += [_priced(c, graph, result, hardware, settings) for c in found]
+        rows += [_priced(c, graph, result, placement, settings) for c in found]
     return rows
 
 
-def _priced(configuration: Configuration, graph: Graph, result: PlanResult, hardware: Any,
+def _priced(configuration: Configuration, graph: Graph, result: PlanResult, placement: StagePlacement,
             settings: SolveSettings) -> Priced:
     orders = checked_orders(graph, PipelineSettings(configuration.stages, configuration.schedule,
                                                     configuration.chunks), configuration.microbatches)
     bound_s = pipelined_step_bound_s(result, graph, settings.weights, configuration)
     try:
-        pipelined = price_pipeline(result, configuration.candidate.mesh, hardware, orders,
-                                   stage_budget_bytes(settings, hardware))
+        pipelined = price_pipeline(result, configuration.candidate.mesh, placement.hardware, orders,
+                                   stage_budget_bytes(settings, placement.hardware))
     except InfeasibleError as error:  # a stage over the budget with this plan; another plan might fit: bound kept
         return Priced(configuration, "over budget", bound_s, str(error))
-    return Priced(configuration, "priced", bound_s, pipelined=pipelined, hardware=hardware)
+    return Priced(configuration, "priced", bound_s, pipelined=pipelined, placement=placement)
 
 
 def pipelined_step_bound_s(result: PlanResult, graph: Graph, weights: Weights, configuration: Configuration) -> float:

@@ -1,0 +1,72 @@
+"""`search`'s `--pipeline auto`: the pipelined configurations priced beside the plain search, their
+table and ranking.json section, and the winner delivered as `plan --pipeline S` delivers it."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from autoshard.cli.plan import print_summary, write_deliverables
+from autoshard.delivery.deliver import deliver
+from autoshard.errors import InputError, Problem
+from autoshard.graph.schema import load_graph
+from autoshard.planning.pipeline_stages import layer_order
+from autoshard.search.pipeline_ranking import pipeline_section, pipeline_table
+from autoshard.search.pipelined import PipelineSearch, search_pipelines
+from autoshard.search.run import SearchOptions, SearchResult
+
+
+def add_pipeline_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pipeline", metavar="auto",
+                        help="also pipeline: 'auto' chooses the stages, microbatches, schedule and each stage's mesh "
+                             "(S = 1 is the plain search); needs ops with a `layer`")
+
+
+def pipeline_problems(args: argparse.Namespace) -> list[Problem]:
+    if args.pipeline is not None and args.pipeline.strip().lower() != "auto":
+        return [Problem("--pipeline", f"search takes --pipeline auto (it chooses S), got {args.pipeline!r}; "
+                                      f"`autoshard plan --pipeline S` plans a given S")]
+    return []
+
+
+def check_pipelinable(document: dict[str, Any]) -> None:
+    """A graph without layers refused before the plain search runs, naming --pipeline."""
+    try:
+        layer_order(load_graph(document))
+    except InputError as error:
+        raise InputError(error.problems[0].message, "--pipeline") from None
+
+
+def search_pipelined(document: dict[str, Any], options: SearchOptions, plain: SearchResult,
+                     ranking: dict[str, Any]) -> PipelineSearch:
+    """The pipelined configurations priced; their section in `ranking` and their table printed."""
+    try:
+        found = search_pipelines(document, options, plain)
+    except InputError as error:
+        raise InputError([Problem("--pipeline" if p.where == "pipeline" else p.where, p.message)
+                          for p in error.problems]) from None
+    ranking["pipeline"] = pipeline_section(found)
+    print("\n".join(pipeline_table(ranking["pipeline"])))
+    chosen = ranking["pipeline"]["chosen"]
+    print(f"chosen: {chosen['stages']} stage(s), step {chosen['step_s'] * 1e3:.4g} ms; no configuration's plan has a "
+          f"step under {found.certified_bound_s * 1e3:.4g} ms" if chosen["step_s"] is not None else
+          "no configuration has a plan")
+    return found
+
+
+def deliver_pipelined(args: argparse.Namespace, found: PipelineSearch, stages: tuple[str, ...]) -> int:
+    """The winning pipelined plan written as `plan --pipeline S` writes it."""
+    best = found.best
+    assert best is not None and best.pipelined is not None and best.placement is not None
+    pipelined, placement = best.pipelined, best.placement
+    delivered = deliver(pipelined.result, placement.hardware, args.topology, emit=stages, dialect=args.dialect,
+                        arguments=args.arguments, verify=args.verify, optimize_collectives=not args.no_collective_opt,
+                        nodes=placement.nodes, slice_shape=placement.slice_shape, mapping=placement.mapping,
+                        pipeline=pipelined.cut)
+    delivered.document["pipeline"] = pipelined.to_json()
+    delivered.document["search"] = {"ranking": "ranking.json", "configurations": len(found.priced),
+                                    "certified_lower_bound_step_s": found.certified_bound_s}
+    written = write_deliverables(delivered, args.output, pipelined.result.phases)
+    print_summary(delivered.document, ([Path(args.output) / "ranking.json"] if args.output else []) + written)
+    return 1 if delivered.document["verification"]["status"] == "failed" else 0
