@@ -1,0 +1,87 @@
+"""`autoshard search --pipeline auto`: stages, microbatches, schedule and the stage's mesh chosen
+together, ranked by the simulated step beside the plain search (S = 1), with a certified bound."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autoshard.cli.main import main
+from autoshard.models.gpt import GPTConfig, gpt
+from autoshard.search.pipelined import microbatch_counts, schedules, stage_counts
+from support.cli import mlp_graph
+
+GPT = GPTConfig(layers=4, hidden=64, heads=4, seq=16, batch=8, vocab=256)
+
+
+def gpt_file(folder, config: GPTConfig = GPT) -> str:
+    path = folder / "gpt.json"
+    path.write_text(json.dumps(gpt(config, training=True)))
+    return str(path)
+
+
+def search_args(graph: str, *extra: str) -> list[str]:
+    return ["search", graph, "--devices", "8", "--topology", "dgx-h100", "--pipeline", "auto", "--max-axes", "1",
+            "--jobs", "1", "--deterministic", "--verify", "never", *extra]
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    """The 4-layer GPT step on 8 GPUs of one node (NVLink between every pair)."""
+    folder = tmp_path_factory.mktemp("pipeline_search")
+    assert main(search_args(gpt_file(folder), "-o", str(folder / "out"))) == 0
+    return (json.loads((folder / "out" / "ranking.json").read_text()),
+            json.loads((folder / "out" / "plan.json").read_text()))
+
+
+def test_every_stage_count_sub_mesh_microbatch_count_and_schedule_is_priced(searched):
+    section = searched[0]["pipeline"]
+    found = {(row["stages"], row["microbatches"], row["schedule"], row["virtual_stages_per_stage"])
+             for row in section["configurations"]}
+    assert stage_counts(8, 4) == [2, 4]
+    expected = {(s, m, name, v) for s in (2, 4) for m in microbatch_counts(s) if m <= GPT.batch
+                for name, v in schedules(s, 4, m)}
+    assert found == expected
+    assert all(row["outcome"] == "priced" and row["sub_mesh"]["axes"][0]["size"] * row["stages"] == 8
+               for row in section["configurations"])
+
+
+def test_the_chosen_configuration_is_the_best_of_those_priced(searched):
+    section = searched[0]["pipeline"]
+    steps = [row["step_s"] for row in section["configurations"] if row["outcome"] == "priced"]
+    assert steps == sorted(steps)
+    assert section["chosen"]["step_s"] == min(steps + [section["plain_step_s"]])
+    assert [row["rank"] for row in section["configurations"]] == list(range(1, len(steps) + 1))
+
+
+def test_a_model_that_fits_on_a_fast_node_is_not_pipelined(searched):
+    ranking, plan = searched
+    section = ranking["pipeline"]
+    assert section["chosen"]["stages"] == 1
+    assert section["chosen"]["step_s"] == ranking["best"]["step_s"] < section["configurations"][0]["step_s"]
+    assert "pipeline" not in plan
+
+
+def test_the_certified_bound_is_under_every_priced_step_and_each_configurations_own(searched):
+    section = searched[0]["pipeline"]
+    bound = section["certified_lower_bound_step_s"]
+    assert 0 < bound <= section["plain_step_s"]
+    for row in section["configurations"]:
+        assert bound <= row["lower_bound_step_s"] <= row["step_s"]
+
+
+@pytest.mark.parametrize("extra, flag, said", [
+    (["--pipeline", "2"], "--pipeline", "search takes --pipeline auto"),
+    (["--pipeline", "yes"], "--pipeline", "got 'yes'"),
+])
+def test_bad_pipeline_flags_are_named(tmp_path, capsys, extra, flag, said):
+    assert main(search_args(gpt_file(tmp_path), *extra)) == 2
+    err = capsys.readouterr().err
+    assert flag in err and said in err
+
+
+def test_a_graph_without_layers_is_refused_before_the_search(tmp_path, capsys):
+    assert main(search_args(mlp_graph(tmp_path))) == 2
+    err = capsys.readouterr().err
+    assert "--pipeline" in err and "declares no layers" in err
