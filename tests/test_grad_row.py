@@ -12,7 +12,7 @@ from autoshard.ops.grads import GRAD_RULES, SLOPES
 from autoshard.ops.loops import INVALID, PARALLEL, REDUCTION
 from autoshard.ops.payloads import UNARY
 
-POSITIVE = {"log", "sqrt", "rsqrt"}
+POSITIVE = {"log", "sqrt", "rsqrt", "pow"}
 
 # (forward kind, forward input shapes, forward attrs, wrt)
 CASES = [(name, [(3, 4)], {}, 0) for name in sorted(SLOPES)] + [
@@ -24,6 +24,8 @@ CASES = [(name, [(3, 4)], {}, 0) for name in sorted(SLOPES)] + [
     *[("rms_norm", [(2, 3, 8), (8,)], {}, wrt) for wrt in (0, 1)],
     *[("attention", [(1, 2, 4, 3), (1, 2, 5, 3), (1, 2, 5, 2)], {}, wrt) for wrt in (0, 1, 2)],
     *[("attention", [(2, 1, 4, 3), (2, 1, 4, 3), (2, 1, 4, 2)], {"causal": True, "scale": 0.7}, wrt) for wrt in (0, 1, 2)],
+    ("pow", [(3, 4), ()], {}, 0),
+    ("pow", [(1, 4), (3, 4)], {}, 0),  # a base broadcast along a dim: its gradient sums that dim
     ("embedding", [(2, 3), (7, 4)], {}, 1),
     ("top_k_values", [(3, 6)], {"k": 2}, 0),
     ("top_k_values", [(2, 3, 5)], {"k": 5}, 0),

@@ -129,6 +129,17 @@ def _elementwise_grad(b: Body, ctx: LoweringContext, of: str, wrt: int) -> list[
                         args[1], SLOPES[of](_Arith(b, x.dtype), args[0])), hint=ctx.op.outputs[0])]
 
 
+def _pow_grad(b: Body, ctx: LoweringContext, of: str, wrt: int) -> list[Operand]:
+    """dy * p * x^(p - 1), summed over the loops a broadcast base does not index."""
+    x, p, dy = ctx.inputs
+    nest = ctx.op.nest
+    iterators = ["reduction" if t == REDUCTION else "parallel" for t in nest.iterator_types]
+    maps = [nest.input_maps[0], nest.input_maps[1], nest.input_maps[-1], nest.output_maps[0]]
+    return [_summed(b, [x, p, dy], maps, iterators, ctx.out,
+                    lambda a, v: a.mul(v[2], v[1], a.op("pow", v[0], a.op("sub", v[1], a.const(1.0)))),
+                    hint=ctx.op.outputs[0])]
+
+
 def _reduce_mean_grad(b: Body, ctx: LoweringContext, of: str, wrt: int) -> list[Operand]:
     dy, nest = ctx.inputs[-1], ctx.op.nest
     kept = {loop for expr in nest.input_maps[-1].results for loop in expr.loops}
@@ -247,6 +258,7 @@ def _embedding_grad(b: Body, ctx: LoweringContext, of: str, wrt: int) -> list[Op
 
 GRAD_LOWERINGS: dict[str, Callable[[Body, "LoweringContext", str, int], list[Operand]]] = {
     **{name: _elementwise_grad for name in SLOPES},
+    "pow": _pow_grad,
     "reduce_mean": _reduce_mean_grad,
     "layer_norm": _norm_grad(True),
     "rms_norm": _norm_grad(False),

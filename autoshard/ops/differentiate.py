@@ -245,11 +245,30 @@ def _slice(b: GraphBuilder, op: OpDecl, index: int, dy: str) -> str:
     shape = b.shape(op.inputs[0])
     starts = list(op.attrs.get("starts", [0] * len(shape)))
     strides = list(op.attrs.get("strides", [1] * len(shape)))
-    if any(s != 1 for s in strides):
-        raise ValueError(f"op {op.name!r}: the gradient of a strided slice is not supported")
-    out = b.shape(dy)
+    name = _name(op, index)
+    grad = dy
+    for dim, stride in enumerate(strides):
+        if stride != 1:
+            grad = _spread(b, grad, dim, stride, shape[dim] - starts[dim], f"{name}.spread{dim}")
+    out = b.shape(grad)
     high = [n - a - m for n, a, m in zip(shape, starts, out)]
-    return b.op("pad", [dy], _name(op, index), low=starts, high=high)
+    return b.op("pad", [grad], name, low=starts, high=high)
+
+
+def _spread(b: GraphBuilder, grad: str, dim: int, stride: int, room: int, name: str) -> str:
+    """`grad`'s elements `stride` apart along `dim`, zeros between them, cut to `room`: each
+    element gets a new dim of size `stride` padded with zeros after it, then the two dims merge."""
+    shape = list(b.shape(grad))
+    rank, m = len(shape), shape[dim]
+    grad = b.op("reshape", [grad], f"{name}.split", shape=shape[:dim + 1] + [1] + shape[dim + 1:])
+    high = [0] * (rank + 1)
+    high[dim + 1] = stride - 1
+    grad = b.op("pad", [grad], f"{name}.pad", low=[0] * (rank + 1), high=high)
+    spread = shape[:dim] + [m * stride] + shape[dim + 1:]
+    grad = b.op("reshape", [grad], f"{name}.merge", shape=spread)
+    if m * stride <= room:
+        return grad
+    return b.op("slice", [grad], name, starts=[0] * rank, limits=spread[:dim] + [room] + spread[dim + 1:])
 
 
 def _norm(b: GraphBuilder, op: OpDecl, index: int, dy: str) -> str:

@@ -8,7 +8,7 @@ indexes that input stays parallel; one that does not becomes a sum (the gradient
 contribution from every point of it); a forward `invalid` loop stays invalid.
 
 The row exists for backward passes the rest of the table cannot express: derivatives that need
-constants (gelu, silu, tanh, the norms' eps, a mean's 1/n), the causal mask of attention, and
+constants (gelu, silu, tanh, pow's p - 1, the norms' eps, a mean's 1/n), the causal mask of attention, and
 the scatter-add of an embedding lookup, the scatter of a top-k selection. Contractions, reshapes and sums differentiate into
 ordinary table ops and have no rule here.
 """
@@ -83,6 +83,18 @@ def _elementwise_rule(name: str) -> GradRule:
 
 for _name in SLOPES:
     GRAD_RULES[_name] = _elementwise_rule(_name)
+
+
+# --- pow: dy * p * x^(p - 1), for the base (the exponent is a number of the program) ------
+def _pow_grad(inputs: list[np.ndarray], dy: np.ndarray, ctx: Context, wrt: int) -> np.ndarray:
+    x, p = inputs
+    grad = dy * p * np.power(x, p - 1)
+    lead = grad.ndim - x.ndim  # summed back over the dims the base was broadcast along
+    grad = grad.sum(axis=tuple(range(lead)))
+    return grad.sum(axis=tuple(d for d, n in enumerate(x.shape) if n == 1 and grad.shape[d] != 1), keepdims=True)
+
+
+GRAD_RULES["pow"] = GradRule(_pow_grad, (0,), lambda nest, wrt: (PAYLOADS["pow"].flops + 2.0) * nest.points())
 
 
 # --- reduce_mean: the output gradient spread over the reduced dims, over their count ------

@@ -86,29 +86,7 @@ def import_program(exported_program: Any, strict: bool = False, training: bool =
     signature = ep.graph_signature
     builder = GraphBuilder(name or "exported_program", "f32")
     lw = Lowering(builder)
-    parameters: dict[str, str] = {}
-    user_inputs: list[str] = []
-    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
-    for spec in signature.input_specs:
-        node = placeholders[spec.arg.name]
-        value = node.meta.get("val")
-        if not isinstance(value, torch.Tensor):
-            continue  # a constant argument, specialised into the program
-        kind = spec.kind.name
-        graph_name = spec.target if kind != "USER_INPUT" else spec.arg.name
-        if _is_empty(value):
-            raise InputError(f"{kind.lower().replace('_', ' ')} {graph_name!r} has shape {_shape(node)}, with a "
-                             "zero-size dim: export with example inputs of the sizes to plan for",
-                             f"/inputs/{graph_name}")
-        if kind == "PARAMETER":
-            lw.values[node.name] = builder.parameter(graph_name, _shape(node), _dtype(node))
-        else:  # buffers and constants hold no batch
-            lw.values[node.name] = builder.input(graph_name, _shape(node), _dtype(node),
-                                                 batch_dim=batch_dim if kind == "USER_INPUT" else None)
-        if kind == "USER_INPUT":
-            user_inputs.append(graph_name)
-        else:
-            parameters[graph_name] = spec.target
+    user_inputs, parameters = _add_placeholders(ep, lw, batch_dim)
 
     opaque: list[OpaqueNode] = []
     nodes = list(ep.graph.nodes)
@@ -161,6 +139,45 @@ def canonical_program(exported_program: Any) -> Any:
     # ranks, a communication log) must not see that tracing, which it would break or miscount.
     with _disable_current_modes():
         return exported_program.run_decompositions({})
+
+
+def _add_placeholders(ep: Any, lw: Lowering, batch_dim: int | None) -> tuple[list[str], dict[str, str]]:
+    """The program's arguments, parameters and buffers as graph inputs and parameters; returns the
+    user inputs in order and the parameters and buffers (graph tensor -> qualified name).
+
+    A tied weight (one tensor under two names, as a language model's embedding and head) is one
+    graph parameter under its first name, read by both uses: its gradient sums both, and it is
+    updated once. torch.export gives it a placeholder per name and may read it through either."""
+    builder = lw.builder
+    parameters: dict[str, str] = {}
+    user_inputs: list[str] = []
+    tied: dict[int, str] = {}  # id of a parameter's stored tensor -> its graph tensor
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    for spec in ep.graph_signature.input_specs:
+        node = placeholders[spec.arg.name]
+        value = node.meta.get("val")
+        if not isinstance(value, torch.Tensor):
+            continue  # a constant argument, specialised into the program
+        kind = spec.kind.name
+        graph_name = spec.target if kind != "USER_INPUT" else spec.arg.name
+        if _is_empty(value):
+            raise InputError(f"{kind.lower().replace('_', ' ')} {graph_name!r} has shape {_shape(node)}, with a "
+                             "zero-size dim: export with example inputs of the sizes to plan for",
+                             f"/inputs/{graph_name}")
+        if kind == "PARAMETER":
+            stored = id(ep.state_dict[spec.target])
+            if stored in tied:
+                lw.values[node.name] = tied[stored]
+                continue
+            lw.values[node.name] = tied[stored] = builder.parameter(graph_name, _shape(node), _dtype(node))
+        else:  # buffers and constants hold no batch
+            lw.values[node.name] = builder.input(graph_name, _shape(node), _dtype(node),
+                                                 batch_dim=batch_dim if kind == "USER_INPUT" else None)
+        if kind == "USER_INPUT":
+            user_inputs.append(graph_name)
+        else:
+            parameters[graph_name] = spec.target
+    return user_inputs, parameters
 
 
 def _lower_node(lw: Lowering, node: Any, opaque: list[OpaqueNode]) -> None:
