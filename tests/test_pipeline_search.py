@@ -85,3 +85,25 @@ def test_a_graph_without_layers_is_refused_before_the_search(tmp_path, capsys):
     assert main(search_args(mlp_graph(tmp_path))) == 2
     err = capsys.readouterr().err
     assert "--pipeline" in err and "declares no layers" in err
+
+
+def test_a_memory_budget_no_plain_plan_fits_makes_a_pipeline_win(tmp_path):
+    # Long sequences: activations dominate, and with microbatches in flight a stage holds a few of
+    # them for its layers only. Budgeted solves take their time limit (not --deterministic's work
+    # limit, far slower here): the outcome, S > 1, does not depend on how far each solve got.
+    config = GPTConfig(layers=4, hidden=64, heads=4, seq=128, batch=8, vocab=256)
+    args = search_args(gpt_file(tmp_path, config), "--memory-budget", "1MiB", "--time-limit", "2", "-o",
+                       str(tmp_path / "out"))
+    args.remove("--deterministic")
+    assert main(args) == 0
+    ranking = json.loads((tmp_path / "out" / "ranking.json").read_text())
+    plan = json.loads((tmp_path / "out" / "plan.json").read_text())
+    assert ranking["best"] is None and ranking["counts"]["pruned"] == ranking["counts"]["candidates"]
+    section = ranking["pipeline"]
+    chosen = section["chosen"]
+    assert chosen["stages"] > 1 and chosen["rank"] == 1
+    assert chosen["step_s"] == min(row["step_s"] for row in section["configurations"] if row["outcome"] == "priced")
+    assert plan["pipeline"]["stage_count"] == chosen["stages"]
+    assert plan["pipeline"]["microbatches"] == chosen["microbatches"]
+    assert all(stage["memory"]["peak_bytes"] <= 2 ** 20 for stage in plan["pipeline"]["stages"])
+    assert 0 < section["certified_lower_bound_step_s"] <= chosen["step_s"]

@@ -100,8 +100,9 @@ def search_pipelines(graph_document: dict[str, Any], options: SearchOptions, pla
     plain_step = plain.best.solved["step_s"] if plain.best is not None else None
     best = found[0] if found and (plain_step is None or found[0].step_s < plain_step) else None
     floors = [p.bound_s for p in priced if p.outcome != "infeasible"]
-    floors.append(plain_step_bound_s(plain, load_graph(graph_document), options.settings.weights))
-    return PipelineSearch(priced, plain, best, min(floors))
+    if plain.best is not None or plain.counts["unsolved"]:  # else the plain search proved S = 1 has no plan
+        floors.append(plain_step_bound_s(plain, load_graph(graph_document), options.settings.weights))
+    return PipelineSearch(priced, plain, best, min(floors, default=0.0))
 
 
 def stage_counts(devices: int, layers: int) -> list[int]:
