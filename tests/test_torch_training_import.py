@@ -19,6 +19,7 @@ from support.dtensor import sharded_plan  # noqa: E402
 from torch import nn  # noqa: E402
 
 from autoshard.cli.main import main  # noqa: E402
+from autoshard.errors import InputError  # noqa: E402
 from autoshard.frontends.torch import ImportedProgram, import_program  # noqa: E402
 from autoshard.graph.evaluate import evaluate_graph  # noqa: E402
 from autoshard.graph.schema import graph_from_json  # noqa: E402
@@ -154,3 +155,24 @@ def test_import_training_writes_one_parameter_and_one_update_for_the_tied_head(t
     assert "transformer.wte.weight" in parameters and "lm_head.weight" not in parameters
     assert sorted(graph.gradients) == sorted(parameters)
     assert [t for t in graph.outputs if t.startswith("transformer.wte.weight.")] == ["transformer.wte.weight.new"]
+
+
+class Cumulative(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.up(x).cumsum(-1)  # cumsum has no row: opaque, on the weights' path
+
+
+def test_a_step_whose_gradient_would_stop_at_an_opaque_op_is_refused_naming_it():
+    program = torch.export.export(Cumulative(), (torch.randn(2, 8),))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import_program(program)  # the forward imports, cumsum computed by PyTorch
+        with pytest.raises(InputError) as error:
+            import_program(program, training=True)
+    (problem,) = error.value.problems
+    assert problem.where == "/nodes/cumsum" and "cannot differentiate through opaque op cumsum" in problem.message
+    assert "['linear']" in problem.message

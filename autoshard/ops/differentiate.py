@@ -37,7 +37,7 @@ Rule = Callable[[GraphBuilder, OpDecl, int, str], str]
 
 def add_backward(b: GraphBuilder, seeds: dict[str, str], wrt: Sequence[str]) -> dict[str, str]:
     """Gradients of the tensors `wrt`, given the gradients `seeds` of some tensors built so far."""
-    needed = _depends_on(b, set(wrt))
+    needed = depends_on(b, set(wrt))
     pending: dict[str, list[str]] = {t: [g] for t, g in seeds.items()}
     outer = b.layer
     for op in reversed(list(b.ops)):
@@ -57,7 +57,7 @@ def add_backward(b: GraphBuilder, seeds: dict[str, str], wrt: Sequence[str]) -> 
     return grads
 
 
-def _depends_on(b: GraphBuilder, sources: set[str]) -> set[str]:
+def depends_on(b: GraphBuilder, sources: set[str]) -> set[str]:
     """The float tensors computed from `sources`: integers and bools carry no gradient (the
     indices a top-k picks, a comparison), so the ops reading only them need no rule."""
     reached = set(sources)

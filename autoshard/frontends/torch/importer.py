@@ -35,6 +35,7 @@ from autoshard.graph.builder import GraphBuilder
 from autoshard.graph.model import Graph
 from autoshard.models.training import add_training_step, weighted_sum_loss
 from autoshard.ops import OpError
+from autoshard.ops.differentiate import depends_on
 
 torch = require_torch()
 from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402  (after the check above)
@@ -110,7 +111,7 @@ def import_program(exported_program: Any, strict: bool = False, training: bool =
         warnings.warn(f"{len(opaque)} op(s) outside the aten table are kept opaque and replicated: "
                       + "; ".join(str(n) for n in opaque), stacklevel=2)
     if training:
-        _add_training(builder, outputs, batch_dim)
+        _add_training(lw, opaque, outputs, batch_dim)
     else:
         builder.mark_outputs(*outputs)
     document = builder.document()
@@ -235,9 +236,19 @@ def _undo_point(lw: Lowering) -> Any:
     return undo
 
 
-def _add_training(builder: GraphBuilder, outputs: list[str], batch_dim: int | None) -> None:
+def _add_training(lw: Lowering, opaque: list[OpaqueNode], outputs: list[str], batch_dim: int | None) -> None:
+    """The loss, backward and Adam. An opaque op reading a value computed from the parameters
+    would stop their gradients there (its result is an input to the graph), so it is refused."""
+    builder = lw.builder
     if not outputs:
         raise InputError("the program has no tensor output to train on", "training")
+    trained = depends_on(builder, set(builder.tensors_with_role("parameter")))
+    steps = [step for step in lw.steps if step.opaque]  # one per opaque node, in the same order
+    blocking = [(node, sorted(trained.intersection(step.inputs))) for node, step in zip(opaque, steps)
+                if trained.intersection(step.inputs)]
+    if blocking:
+        raise InputError([Problem(f"/nodes/{node.name}", f"cannot differentiate through opaque op {node}: it reads "
+                                  f"{read}, computed from parameters") for node, read in blocking])
     loss, seeds = weighted_sum_loss(builder, outputs[0], batch_dim=batch_dim)
     try:
         add_training_step(builder, loss, seeds)
