@@ -153,7 +153,8 @@ def _price_sub_mesh(graph_document: dict[str, Any], options: SearchOptions, stag
         reason = f"{STAGE_AXIS}={stages} and this sub-mesh do not bind to the machine together"
     rows = []
     for microbatches in microbatch_counts(stages):
-        found = [Configuration(stages, candidate, microbatches, s, v) for s, v in schedules(stages, layers, microbatches)]
+        found = [Configuration(stages, candidate, microbatches, name, chunks)
+                 for name, chunks in schedules(stages, layers, microbatches)]
         if graph is None or placement is None:
             rows += [Priced(c, "infeasible", 0.0, reason) for c in found]
             continue
