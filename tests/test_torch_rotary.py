@@ -69,7 +69,7 @@ def run_as_planned(module: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, ob
             sharded = parallelize(program, result, mesh)
         out = sharded(x).full_tensor()._local_tensors[0]
     assert sharded.mismatches == []
-    assert any(result.plan.storage[w].used_axes() for w in ("qkv.weight", "out.weight"))  # it shards
+    assert any(result.plan.storage[w].used_axes() for w in imported.parameters)  # it shards
     return out, imported
 
 
@@ -134,3 +134,22 @@ def test_deepseek_v2_and_a_whole_head_rotary_phi_import():
     assert {n.target for n in opaque["deepseek"] if n.module == "model.rotary_emb"} == {"ones_like.default",
                                                                                          "polar.default"}
     assert not [n for n in opaque["phi"] if ".layers." in n.module]
+
+
+class SumOfNothing(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.up(x)
+        return y + y[..., 8:].sum(-1, keepdim=True)  # a sum over an empty slice: zeros
+
+
+def test_an_op_reading_an_empty_value_is_computed_by_pytorch_on_an_empty_tensor():
+    torch.manual_seed(0)
+    module, x = SumOfNothing().eval(), torch.randn(2, 8, 32)
+    out, imported = run_as_planned(module, x)
+    torch.testing.assert_close(out, module(x), rtol=1e-5, atol=1e-5)
+    (node,) = imported.opaque
+    assert node.target == "sum.dim_IntList" and "is empty" in node.reason
