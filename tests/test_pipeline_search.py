@@ -39,8 +39,8 @@ def test_every_stage_count_sub_mesh_microbatch_count_and_schedule_is_priced(sear
     section = searched[0]["pipeline"]
     found = {(row["stages"], row["microbatches"], row["schedule"], row["virtual_stages_per_stage"])
              for row in section["configurations"]}
-    assert stage_counts(8, 4) == [2, 4]
-    expected = {(s, m, name, v) for s in (2, 4) for m in microbatch_counts(s) if m <= GPT.batch
+    assert stage_counts(8, 4) == [2, 4] and microbatch_counts(4, {8}) == [1, 4, 8]
+    expected = {(s, m, name, v) for s in (2, 4) for m in microbatch_counts(s, {GPT.batch})
                 for name, v in schedules(s, 4, m)}
     assert found == expected
     assert all(row["outcome"] == "priced" and row["sub_mesh"]["axes"][0]["size"] * row["stages"] == 8

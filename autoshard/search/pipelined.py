@@ -4,7 +4,7 @@ the mesh inside a stage.
 For each stage count S dividing the devices (2 <= S <= layers, at least 2 devices a stage), each
 candidate sub-mesh of N/S devices (`enumerate_candidates`, placed on the machine under the stage
 axis `pp`, outermost) and each microbatch count M of (1, S, 2S, 4S) the batch can be split into:
-one intra-stage plan (`stage_plan`), then every schedule priced on that one plan
+one intra-stage plan (`stage_plan`, a task on the search's workers), then every schedule priced on it
 (`price_pipeline`: the cut by the dynamic programme over its per-layer seconds, no range planned
 again, the event simulation, each stage's memory against the budget). S = 1 is the plain search,
 whose winner competes on its step. Configurations are ranked by the simulated step.
@@ -12,21 +12,22 @@ whose winner competes on its step. Configurations are ranked by the simulated st
 
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from autoshard.errors import InfeasibleError, InputError, OutOfTime
+from autoshard.errors import InfeasibleError, InputError
 from autoshard.graph.model import Graph
 from autoshard.graph.schema import load_graph
 from autoshard.planning.formulation import PICOSECONDS, TIE_BREAK_PS_PER_BYTE, Weights
-from autoshard.planning.hardware import bind_hardware
 from autoshard.planning.make_plan import PlanResult, SolveSettings
-from autoshard.planning.pipeline_plan import (STAGE_AXIS, PipelinedPlan, PipelineSettings, checked_orders,
-                                              pipeline_mesh, price_pipeline, stage_budget_bytes, stage_plan)
+from autoshard.planning.pipeline_plan import (PipelinedPlan, PipelineSettings, checked_orders, price_pipeline,
+                                              stage_budget_bytes)
 from autoshard.planning.pipeline_stages import layer_order
-from autoshard.search.candidates import Candidate, enumerate_candidates, machines_for
-from autoshard.search.run import SearchOptions, SearchResult
+from autoshard.search.candidates import Candidate, enumerate_candidates
+from autoshard.search.fanout import open_pool
+from autoshard.search.run import POLL_S, SearchOptions, SearchResult
+from autoshard.search.stage_tasks import StagePlacement, StageTask, bind_stages
+from autoshard.search.tasks import SearchInputs
 
 MICROBATCHES_PER_STAGE = (1, 2, 4)  # M = S, 2S, 4S (and M = 1): enough to amortise the bubble, few solves
 
@@ -42,16 +43,6 @@ class Configuration:
     @property
     def schedule_text(self) -> str:
         return f"{self.schedule}:{self.chunks}" if self.schedule == "interleaved" else self.schedule
-
-
-@dataclass(frozen=True)
-class StagePlacement:
-    """The machine bound as `pp=S` then the sub-mesh, and where (as `deliver` records it)."""
-
-    hardware: Any
-    nodes: int
-    slice_shape: tuple[int, ...] | None
-    mapping: dict[str, list[str]]
 
 
 @dataclass
@@ -84,25 +75,58 @@ class PipelineSearch:
 
 
 def search_pipelines(graph_document: dict[str, Any], options: SearchOptions, plain: SearchResult) -> PipelineSearch:
-    """Every pipelined configuration priced and ranked beside the plain search's winner."""
-    layers = len(layer_order(load_graph(graph_document)))
+    """Every pipelined configuration priced and ranked beside the plain search's winner; the
+    intra-stage plans solved on the search's workers."""
+    graph = load_graph(graph_document)
+    layers = len(layer_order(graph))
+    tasks = stage_tasks(options, layers, batch_sizes(graph))
+    solved = _solve_all(SearchInputs(graph_document, options.topology, options.settings), tasks, options)
     priced: list[Priced] = []
+    for task in tasks:
+        found = [Configuration(task.stages, task.candidate, task.microbatches, name, chunks)
+                 for name, chunks in schedules(task.stages, layers, task.microbatches)]
+        placement = bind_stages(options.topology, options.devices, task.stages, task.candidate)
+        priced += _outcomes(found, solved[task], graph, options.settings, placement)
+    priced.sort(key=_rank_order)
+    found_plans = [p for p in priced if p.outcome == "priced"]
+    plain_step = plain.best.solved["step_s"] if plain.best is not None else None
+    best = found_plans[0] if found_plans and (plain_step is None or found_plans[0].step_s < plain_step) else None
+    floors = [p.bound_s for p in priced if p.outcome != "infeasible"]
+    if plain.best is not None or plain.counts["unsolved"]:  # else the plain search proved S = 1 has no plan
+        floors.append(plain_step_bound_s(plain, graph, options.settings.weights))
+    return PipelineSearch(priced, plain, best, min(floors, default=0.0))
+
+
+def stage_tasks(options: SearchOptions, layers: int, batches: set[int]) -> list[StageTask]:
+    """One intra-stage plan per S, sub-mesh (the search's candidates on N/S devices) and M."""
+    tasks = []
     for stages in stage_counts(options.devices, layers):
         try:
             candidates = enumerate_candidates(options.topology, options.devices // stages,
                                               max_axes=options.max_axes, fixed=options.fixed).candidates
         except InputError:  # the fixed axes do not divide a stage's devices: no sub-mesh of this S
             continue
-        for candidate in candidates:
-            priced += _price_sub_mesh(graph_document, options, stages, candidate, layers)
-    priced.sort(key=_rank_order)
-    found = [p for p in priced if p.outcome == "priced"]
-    plain_step = plain.best.solved["step_s"] if plain.best is not None else None
-    best = found[0] if found and (plain_step is None or found[0].step_s < plain_step) else None
-    floors = [p.bound_s for p in priced if p.outcome != "infeasible"]
-    if plain.best is not None or plain.counts["unsolved"]:  # else the plain search proved S = 1 has no plan
-        floors.append(plain_step_bound_s(plain, load_graph(graph_document), options.settings.weights))
-    return PipelineSearch(priced, plain, best, min(floors, default=0.0))
+        tasks += [StageTask(stages, c, m) for c in candidates for m in microbatch_counts(stages, batches)]
+    return tasks
+
+
+def _solve_all(inputs: SearchInputs, tasks: list[StageTask], options: SearchOptions) -> dict[StageTask, dict]:
+    pool = open_pool(inputs, options.jobs, options.ray)
+    running: dict[Any, StageTask] = {}
+    solved: dict[StageTask, dict] = {}
+    queue = list(tasks)
+    try:
+        while queue or running:
+            while queue and len(running) < pool.slots:
+                task = queue.pop(0)
+                running[pool.submit("stage", task, options.settings.time_limit_s)] = task
+            for handle in pool.wait(list(running), POLL_S):
+                solved[running.pop(handle)] = pool.result(handle)
+    except BaseException:
+        pool.close(cancel=list(running))
+        raise
+    pool.close()
+    return solved
 
 
 def stage_counts(devices: int, layers: int) -> list[int]:
@@ -111,8 +135,15 @@ def stage_counts(devices: int, layers: int) -> list[int]:
     return [s for s in range(2, min(layers, devices // 2) + 1) if devices % s == 0]
 
 
-def microbatch_counts(stages: int) -> list[int]:
-    return [1] + [stages * k for k in MICROBATCHES_PER_STAGE]
+def batch_sizes(graph: Graph) -> set[int]:
+    """The batch of every input declaring one (microbatches split them all)."""
+    return {t.shape[t.batch_dim] for t in graph.tensors.values() if t.batch_dim is not None}
+
+
+def microbatch_counts(stages: int, batches: set[int]) -> list[int]:
+    """1, S, 2S and 4S, those that divide every batch (none without a batch: 1 only)."""
+    counts = [1] + [stages * k for k in MICROBATCHES_PER_STAGE]
+    return [m for m in counts if m == 1 or (batches and all(b % m == 0 for b in batches))]
 
 
 def schedules(stages: int, layers: int, microbatches: int) -> list[tuple[str, int]]:
@@ -123,54 +154,13 @@ def schedules(stages: int, layers: int, microbatches: int) -> list[tuple[str, in
     return found
 
 
-def bind_stages(topology: str, devices: int, stages: int, candidate: Candidate) -> StagePlacement | None:
-    """The machine of `devices` bound as `pp=S` then the sub-mesh, the sub-mesh's axes on the
-    physical dims its placement names and `pp` on the first set of dims that binds (the outer
-    dims first: across nodes when the stages fill whole nodes). None when no set binds."""
-    mesh = pipeline_mesh(candidate.mesh, stages)
-    for machine in machines_for(topology, devices):
-        dims = [d.name for d in machine.dims]
-        for chosen in (s for c in range(1, len(dims) + 1) for s in itertools.combinations(dims, c)):
-            mapping = {STAGE_AXIS: list(chosen), **candidate.mapping_json}
-            slice_shape = tuple(machine.slice_shape) if machine.slice_shape else None
-            try:
-                hardware = bind_hardware(topology, mesh, nodes=machine.nodes, slice_shape=slice_shape, mapping=mapping)
-            except InputError:
-                continue
-            return StagePlacement(hardware, machine.nodes, slice_shape, mapping)
-    return None
-
-
-def _price_sub_mesh(graph_document: dict[str, Any], options: SearchOptions, stages: int, candidate: Candidate,
-                    layers: int) -> list[Priced]:
-    """Every (M, schedule) of one S and sub-mesh, one intra-stage plan per M."""
-    placement = bind_stages(options.topology, options.devices, stages, candidate)
-    try:
-        graph = load_graph(graph_document, candidate.mesh)
-    except InputError as error:  # a constraint of the graph names an axis this sub-mesh lacks
-        graph, reason = None, f"the graph's constraints do not fit this sub-mesh: {error}"
-    if placement is None:
-        reason = f"{STAGE_AXIS}={stages} and this sub-mesh do not bind to the machine together"
-    rows = []
-    for microbatches in microbatch_counts(stages):
-        found = [Configuration(stages, candidate, microbatches, name, chunks)
-                 for name, chunks in schedules(stages, layers, microbatches)]
-        if graph is None or placement is None:
-            rows += [Priced(c, "infeasible", 0.0, reason) for c in found]
-            continue
-        settings = replace(options.settings, microbatches=microbatches)
-        try:
-            result = stage_plan(graph, candidate.mesh, placement.hardware, settings, stages)
-        except InputError:  # the batch does not split into M microbatches: not a configuration
-            continue
-        except InfeasibleError as error:
-            rows += [Priced(c, "infeasible", 0.0, str(error)) for c in found]
-            continue
-        except OutOfTime as error:
-            rows += [Priced(c, "unsolved", 0.0, str(error)) for c in found]
-            continue
-        rows += [_priced(c, graph, result, placement, settings) for c in found]
-    return rows
+def _outcomes(found: list[Configuration], solved: dict[str, Any], graph: Graph, settings: SolveSettings,
+              placement: StagePlacement | None) -> list[Priced]:
+    """One (S, sub-mesh, M)'s configurations from its intra-stage plan, or why it has none."""
+    if "result" in solved and placement is not None:
+        return [_priced(c, graph, solved["result"], placement, settings) for c in found]
+    outcome = "unsolved" if "unsolved" in solved else "infeasible"
+    return [Priced(c, outcome, 0.0, solved[outcome]) for c in found]
 
 
 def _priced(configuration: Configuration, graph: Graph, result: PlanResult, placement: StagePlacement,
