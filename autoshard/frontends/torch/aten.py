@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from autoshard.frontends.torch.lowering import DTYPES, Lowering, Unsupported
+from autoshard.frontends.torch.lowering import Lowering, Unsupported
 from autoshard.frontends.torch.runtime import require_torch
+from autoshard.frontends.torch.values import dtype_name, value_shape
 
 torch = require_torch()
 aten = torch.ops.aten
@@ -48,26 +49,14 @@ def out_shape(node: Any) -> list[int]:
     return value_shape(node.meta["val"])
 
 
-# A complex value is held as a real one with a trailing dim of 2 (real, imaginary), the layout of
-# `view_as_real`; rows outside COMPLEX_ROWS do not lower an op that reads or makes one.
-COMPLEX = {"complex64": "f32", "complex128": "f64"}
-COMPLEX_ROWS = ("view_as_complex.default", "view_as_real.default", "mul.Tensor", "view.default", "reshape.default",
-                "_unsafe_view.default", "unsqueeze.default", "clone.default", "alias.default")
-
-
-def value_shape(value: Any) -> list[int]:
-    """The shape of a value's graph tensor: a complex value's with the trailing 2."""
-    return [int(s) for s in value.shape] + ([2] if value.is_complex() else [])
-
-
-def value_dtype(value: Any) -> str:
-    """The dtype of a value's graph tensor: a complex value's parts'."""
-    name = str(value.dtype).removeprefix("torch.")
-    return COMPLEX[name] if name in COMPLEX else dtype_name(value.dtype)
-
-
 def rank(lw: Lowering, tensor: str) -> int:
     return len(lw.shape(tensor))
+
+
+# A complex value is held as a real one with a trailing dim of 2 (`autoshard.frontends.torch.values`);
+# rows outside COMPLEX_ROWS do not lower an op that reads or makes one.
+COMPLEX_ROWS = ("view_as_complex.default", "view_as_real.default", "mul.Tensor", "view.default", "reshape.default",
+                "_unsafe_view.default", "unsqueeze.default", "clone.default", "alias.default")
 
 
 # --- no-ops and aliases: the value is the input's -------------------------------------
@@ -93,13 +82,6 @@ def _to(lw: Lowering, node: Any) -> str:
         return x
     target = node.meta["val"].dtype
     return lw.op("cast", [x], node.name, lambda t: aten._to_copy.default(t, dtype=target), dtype=dtype)
-
-
-def dtype_name(dtype: Any) -> str:
-    name = str(dtype).removeprefix("torch.")
-    if name not in DTYPES:
-        raise Unsupported(f"dtype {name} has no autoshard equivalent")
-    return DTYPES[name]
 
 
 # --- contractions ----------------------------------------------------------------------

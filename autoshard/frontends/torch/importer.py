@@ -27,10 +27,12 @@ from typing import Any
 
 from autoshard.errors import InputError, Problem
 from autoshard.frontends.layering import graph_keeping_what_holds, tag_layers
-from autoshard.frontends.torch.aten import ATEN, CHECKS, COMPLEX_ROWS, dtype_name, target_key, value_dtype, value_shape
+from autoshard.frontends.torch.aten import ATEN, CHECKS, COMPLEX_ROWS, target_key
 from autoshard.frontends.torch.lowering import Lowering, Step, Unsupported
 from autoshard.frontends.torch.routing import RoutedExperts, find_routed_experts, lower_routed_experts
 from autoshard.frontends.torch.runtime import require_torch
+from autoshard.frontends.torch.values import (as_real, dtype_name, is_complex, is_empty, reads_or_makes_complex,
+                                              value_dtype, value_shape)
 from autoshard.graph.builder import GraphBuilder
 from autoshard.graph.model import Graph
 from autoshard.models.training import add_training_step, weighted_sum_loss
@@ -161,7 +163,7 @@ def _add_placeholders(ep: Any, lw: Lowering, batch_dim: int | None) -> tuple[lis
             continue  # a constant argument, specialised into the program
         kind = spec.kind.name
         graph_name = spec.target if kind != "USER_INPUT" else spec.arg.name
-        if _is_empty(value):
+        if is_empty(value):
             raise InputError(f"{kind.lower().replace('_', ' ')} {graph_name!r} has shape {_shape(node)}, with a "
                              "zero-size dim: export with example inputs of the sizes to plan for",
                              f"/inputs/{graph_name}")
@@ -185,13 +187,13 @@ def _lower_node(lw: Lowering, node: Any, opaque: list[OpaqueNode]) -> None:
     """The node through its row of the aten table, or kept opaque if it has none that fits."""
     key, module = target_key(node.target), _module_path(node)
     value = node.meta.get("val")
-    if _is_empty(value):
+    if is_empty(value):
         lw.empty[node.name] = value
         return
     lw.builder.module = module
     lower = ATEN.get(key)
     reason = "no row in the aten table" if lower is None else ""
-    if lower is not None and key not in COMPLEX_ROWS and _reads_or_makes_complex(node):
+    if lower is not None and key not in COMPLEX_ROWS and reads_or_makes_complex(node):
         lower, reason = None, "complex values go through view_as_real, view_as_complex, reshapes and mul only"
     if lower is not None:
         undo = _undo_point(lw)
@@ -262,7 +264,7 @@ def _keep_opaque(lw: Lowering, node: Any) -> None:
     values = value if isinstance(value, (tuple, list)) else [value]
     outputs = []
     for i, v in enumerate(values):
-        if not isinstance(v, torch.Tensor) or _is_empty(v):
+        if not isinstance(v, torch.Tensor) or is_empty(v):
             outputs.append("")
             continue
         name = node.name if len(values) == 1 and not isinstance(value, (tuple, list)) else f"{node.name}.{i}"
@@ -288,7 +290,7 @@ def _opaque_call(lw: Lowering, node: Any) -> Any:
     (an empty argument, which no graph tensor holds, by an empty tensor of its shape)."""
     known = {n.name for n in node.all_input_nodes if n.name in lw.values}
     empty = {n.name: lw.empty[n.name] for n in node.all_input_nodes if n.name in lw.empty}
-    complex_ = {n.name for n in node.all_input_nodes if _is_complex(n.meta.get("val"))}
+    complex_ = {n.name for n in node.all_input_nodes if is_complex(n.meta.get("val"))}
 
     def call(*values: Any) -> Any:
         supplied = iter(values)
@@ -304,33 +306,14 @@ def _opaque_call(lw: Lowering, node: Any) -> Any:
             return a
         result = node.target(*substitute(tuple(node.args)), **{k: substitute(v) for k, v in node.kwargs.items()})
         if isinstance(result, (tuple, list)):
-            return type(result)(_as_real(r) for r in result)
-        return _as_real(result)
+            return type(result)(as_real(r) for r in result)
+        return as_real(result)
     return call
-
-
-def _as_real(value: Any) -> Any:
-    """A complex result as the graph holds it: its parts in a trailing dim."""
-    return torch.view_as_real(value) if _is_complex(value) else value
-
-
-def _is_complex(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and value.is_complex()
-
-
-def _reads_or_makes_complex(node: Any) -> bool:
-    values = [node.meta.get("val")] + [n.meta.get("val") for n in node.all_input_nodes]
-    return any(_is_complex(x) for v in values for x in (v if isinstance(v, (tuple, list)) else [v]))
 
 
 def _output_nodes(ep: Any) -> list[Any]:
     (output,) = [n for n in ep.graph.nodes if n.op == "output"]
     return list(output.args[0])
-
-
-def _is_empty(value: Any) -> bool:
-    """A tensor value with a zero-size dim."""
-    return isinstance(value, torch.Tensor) and value.numel() == 0
 
 
 def _module_path(node: Any) -> str:

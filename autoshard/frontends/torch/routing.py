@@ -30,9 +30,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from autoshard.frontends.torch.aten import ATEN, CHECKS, arg, dtype_name, target_key
+from autoshard.frontends.torch.aten import ATEN, CHECKS, arg, target_key
 from autoshard.frontends.torch.lowering import Lowering
 from autoshard.frontends.torch.runtime import require_torch
+from autoshard.frontends.torch.values import dtype_name
 
 torch = require_torch()
 
