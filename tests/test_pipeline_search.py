@@ -9,7 +9,9 @@ import pytest
 
 from autoshard.cli.main import main
 from autoshard.models.gpt import GPTConfig, gpt
+from autoshard.search.candidates import enumerate_candidates
 from autoshard.search.pipelined import microbatch_counts, schedules, stage_counts
+from autoshard.search.stage_tasks import bind_stages
 from support.cli import mlp_graph
 
 GPT = GPTConfig(layers=4, hidden=64, heads=4, seq=16, batch=8, vocab=256)
@@ -69,6 +71,15 @@ def test_the_certified_bound_is_under_every_priced_step_and_each_configurations_
     assert 0 < bound <= section["plain_step_s"]
     for row in section["configurations"]:
         assert bound <= row["lower_bound_step_s"] <= row["step_s"]
+
+
+def test_the_stage_axis_is_outermost_across_nodes_and_the_sub_mesh_keeps_its_placement():
+    eight, four = (enumerate_candidates("dgx-h100", n, max_axes=1).candidates[0] for n in (8, 4))
+    two_nodes = bind_stages("dgx-h100", 16, 2, eight)
+    assert two_nodes.mapping == {"pp": ["node"], "a0": ["gpu"]} and two_nodes.nodes == 2
+    assert (two_nodes.hardware.axis_link_class("pp"), two_nodes.hardware.axis_link_class("a0")) == ("network", "nvlink")
+    # 4 stages of 4 GPUs on 2 nodes: the stages take the nodes and the outer half of each node's GPUs
+    assert bind_stages("dgx-h100", 16, 4, four).mapping == {"pp": ["node", "gpu"], "a0": ["gpu"]}
 
 
 @pytest.mark.parametrize("extra, flag, said", [

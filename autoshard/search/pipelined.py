@@ -50,7 +50,7 @@ class Priced:
     """One configuration: its pipelined plan (`outcome` "priced"), or why it has none."""
 
     configuration: Configuration
-    outcome: str  # priced | infeasible | unsolved
+    outcome: str  # priced | over budget (this plan; its bound stands) | infeasible | unsolved
     bound_s: float  # no plan of this configuration (its cut) has a shorter step
     reason: str = ""
     pipelined: PipelinedPlan | None = None
@@ -71,7 +71,11 @@ class PipelineSearch:
 
     @property
     def plain_step_s(self) -> float | None:
-        return self.plain.best.solved["step_s"] if self.plain.best is not None else None
+        return winner_step_s(self.plain)
+
+
+def winner_step_s(plain: SearchResult) -> float | None:
+    return plain.best.solved["step_s"] if plain.best is not None else None
 
 
 def search_pipelines(graph_document: dict[str, Any], options: SearchOptions, plain: SearchResult) -> PipelineSearch:
@@ -89,7 +93,7 @@ def search_pipelines(graph_document: dict[str, Any], options: SearchOptions, pla
         priced += _outcomes(found, solved[task], graph, options.settings, placement)
     priced.sort(key=_rank_order)
     found_plans = [p for p in priced if p.outcome == "priced"]
-    plain_step = plain.best.solved["step_s"] if plain.best is not None else None
+    plain_step = winner_step_s(plain)
     best = found_plans[0] if found_plans and (plain_step is None or found_plans[0].step_s < plain_step) else None
     floors = [p.bound_s for p in priced if p.outcome != "infeasible"]
     if plain.best is not None or plain.counts["unsolved"]:  # else the plain search proved S = 1 has no plan
@@ -157,7 +161,8 @@ def schedules(stages: int, layers: int, microbatches: int) -> list[tuple[str, in
 def _outcomes(found: list[Configuration], solved: dict[str, Any], graph: Graph, settings: SolveSettings,
               placement: StagePlacement | None) -> list[Priced]:
     """One (S, sub-mesh, M)'s configurations from its intra-stage plan, or why it has none."""
-    if "result" in solved and placement is not None:
+    if "result" in solved:
+        assert placement is not None, "the worker bound the same machine"
         return [_priced(c, graph, solved["result"], placement, settings) for c in found]
     outcome = "unsolved" if "unsolved" in solved else "infeasible"
     return [Priced(c, outcome, 0.0, solved[outcome]) for c in found]
