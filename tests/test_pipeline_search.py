@@ -118,3 +118,11 @@ def test_a_memory_budget_no_plain_plan_fits_makes_a_pipeline_win(tmp_path):
     assert plan["pipeline"]["microbatches"] == chosen["microbatches"]
     assert all(stage["memory"]["peak_bytes"] <= 2 ** 20 for stage in plan["pipeline"]["stages"])
     assert 0 < section["certified_lower_bound_step_s"] <= chosen["step_s"]
+
+
+def test_a_time_budget_spent_leaves_the_pipelined_configurations_unsolved(tmp_path):
+    args = search_args(gpt_file(tmp_path), "--time-budget", "0.001", "-o", str(tmp_path / "out"))
+    assert main(args) == 5
+    section = json.loads((tmp_path / "out" / "ranking.json").read_text())["pipeline"]
+    assert {row["outcome"] for row in section["configurations"]} == {"unsolved"}
+    assert section["certified_lower_bound_step_s"] == 0 and section["chosen"]["step_s"] is None

@@ -12,6 +12,8 @@ whose winner competes on its step. Configurations are ranked by the simulated st
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,7 +86,8 @@ def search_pipelines(graph_document: dict[str, Any], options: SearchOptions, pla
     graph = load_graph(graph_document)
     layers = len(layer_order(graph))
     tasks = stage_tasks(options, layers, batch_sizes(graph))
-    solved = _solve_all(SearchInputs(graph_document, options.topology, options.settings), tasks, options)
+    solved = _solve_all(SearchInputs(graph_document, options.topology, options.settings), tasks, options,
+                        plain.wall_s)
     priced: list[Priced] = []
     for task in tasks:
         found = [Configuration(task.stages, task.candidate, task.microbatches, name, chunks)
@@ -114,7 +117,11 @@ def stage_tasks(options: SearchOptions, layers: int, batches: set[int]) -> list[
     return tasks
 
 
-def _solve_all(inputs: SearchInputs, tasks: list[StageTask], options: SearchOptions) -> dict[StageTask, dict]:
+def _solve_all(inputs: SearchInputs, tasks: list[StageTask], options: SearchOptions,
+               spent_s: float) -> dict[StageTask, dict]:
+    """Each task's answer; under a time budget (`spent_s` of it gone to the plain search) each
+    solve's limit is cut to what is left, and a task left when it is spent is unsolved."""
+    deadline = time.perf_counter() - spent_s + (options.time_budget_s or math.inf)
     pool = open_pool(inputs, options.jobs, options.ray)
     running: dict[Any, StageTask] = {}
     solved: dict[StageTask, dict] = {}
@@ -122,8 +129,11 @@ def _solve_all(inputs: SearchInputs, tasks: list[StageTask], options: SearchOpti
     try:
         while queue or running:
             while queue and len(running) < pool.slots:
-                task = queue.pop(0)
-                running[pool.submit("stage", task, options.settings.time_limit_s)] = task
+                task, remaining_s = queue.pop(0), deadline - time.perf_counter()
+                if remaining_s <= 0:
+                    solved[task] = {"unsolved": "the search's time budget was spent"}
+                    continue
+                running[pool.submit("stage", task, min(options.settings.time_limit_s, remaining_s))] = task
             for handle in pool.wait(list(running), POLL_S):
                 solved[running.pop(handle)] = pool.result(handle)
     except BaseException:
