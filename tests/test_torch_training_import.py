@@ -1,7 +1,8 @@
 """Training steps imported with `training=True` (`autoshard import torch --training`): autoshard's
 own backward and Adam, evaluated in numpy, give the gradients PyTorch's autograd gives and the
 parameters one step of `torch.optim.Adam` gives, on models whose steps failed to import: GPT-2
-(`pow` in its gelu, a tied head), a Llama with a tied head, and strided slices."""
+(`pow` in its gelu, a tied head), a Llama with a tied head, and strided slices. A tied weight is
+one parameter there and under DTensor."""
 
 from __future__ import annotations
 
@@ -15,12 +16,13 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from support.dtensor import sharded_plan  # noqa: E402
+from support.dtensor import sharded_plan, simulated_ranks  # noqa: E402
 from torch import nn  # noqa: E402
+from torch.distributed.tensor import distribute_tensor  # noqa: E402
 
 from autoshard.cli.main import main  # noqa: E402
 from autoshard.errors import InputError  # noqa: E402
-from autoshard.frontends.torch import ImportedProgram, import_program  # noqa: E402
+from autoshard.frontends.torch import ImportedProgram, import_program, parallelize  # noqa: E402
 from autoshard.graph.evaluate import evaluate_graph  # noqa: E402
 from autoshard.graph.schema import graph_from_json  # noqa: E402
 from autoshard.sim.program import verify_plan  # noqa: E402
@@ -176,3 +178,29 @@ def test_a_step_whose_gradient_would_stop_at_an_opaque_op_is_refused_naming_it()
     (problem,) = error.value.problems
     assert problem.where == "/nodes/cumsum" and "cannot differentiate through opaque op cumsum" in problem.message
     assert "['linear']" in problem.message
+
+
+def test_a_tied_llama_under_dtensor_holds_the_tied_weight_once_and_its_gradient_sums_both_uses():
+    """The forward plan run by `parallelize`, differentiated by autograd: the tied weight is one
+    DTensor parameter (stored sharded as planned), whose gradient is the unsharded module's."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    model = transformers.LlamaForCausalLM(config).eval()
+    program = torch.export.export(model, (IDS,), {"use_cache": False})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = sharded_plan(import_program(program).document, "dp=2,tp=2", memory_s_per_byte=1e-9)
+    assert result.plan.storage["model.embed_tokens.weight"].used_axes()
+    labels = torch.randn(2, 16, 128, generator=torch.Generator().manual_seed(2))
+    model.zero_grad()
+    (model(IDS, use_cache=False).logits * labels).sum().backward()
+    with simulated_ranks("dp=2,tp=2") as mesh:
+        sharded = parallelize(program, result, mesh)
+        out = sharded(IDS, use_cache=False)
+        (out * distribute_tensor(labels, mesh, out.placements, src_data_rank=None)).sum().backward()
+        grads = {n: p.grad.full_tensor()._local_tensors[0] for n, p in sharded.named_parameters()}
+    expected = dict(model.named_parameters())
+    assert sorted(grads) == sorted(expected) and "lm_head.weight" not in grads
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, expected[name].grad, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
