@@ -4,6 +4,7 @@ table and ranking.json section, and the winner delivered as `plan --pipeline S` 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from autoshard.graph.schema import load_graph
 from autoshard.planning.pipeline_stages import layer_order
 from autoshard.search.pipeline_ranking import pipeline_section, pipeline_table
 from autoshard.search.pipelined import PipelineSearch, search_pipelines
+from autoshard.search.stage_tasks import StageTask
 from autoshard.search.run import SearchOptions, SearchResult
 
 
@@ -42,7 +44,7 @@ def search_pipelined(document: dict[str, Any], options: SearchOptions, plain: Se
                      ranking: dict[str, Any]) -> PipelineSearch:
     """The pipelined configurations priced; their section in `ranking` and their table printed."""
     try:
-        found = search_pipelines(document, options, plain)
+        found = search_pipelines(document, options, plain, progress=_progress)
     except InputError as error:
         raise InputError([Problem("--pipeline" if p.where == "pipeline" else p.where, p.message)
                           for p in error.problems]) from None
@@ -53,6 +55,12 @@ def search_pipelined(document: dict[str, Any], options: SearchOptions, plain: Se
           f"step under {found.certified_bound_s * 1e3:.4g} ms" if chosen["step_s"] is not None else
           "no configuration has a plan")
     return found
+
+
+def _progress(done: int, total: int, task: StageTask, outcome: str) -> None:
+    mesh = task.candidate.mesh_text
+    print(f"  intra-stage plan {done}/{total}: {task.stages} stages of {mesh}, {task.microbatches} microbatch(es): "
+          f"{'solved' if outcome == 'result' else outcome}", file=sys.stderr, flush=True)
 
 
 def deliver_pipelined(args: argparse.Namespace, found: PipelineSearch, stages: tuple[str, ...]) -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from autoshard.errors import InfeasibleError, InputError
 from autoshard.graph.model import Graph
@@ -80,14 +80,18 @@ def winner_step_s(plain: SearchResult) -> float | None:
     return plain.best.solved["step_s"] if plain.best is not None else None
 
 
-def search_pipelines(graph_document: dict[str, Any], options: SearchOptions, plain: SearchResult) -> PipelineSearch:
+StageProgress = Callable[[int, int, StageTask, str], None]  # (done, total, task, its outcome)
+
+
+def search_pipelines(graph_document: dict[str, Any], options: SearchOptions, plain: SearchResult,
+                     progress: StageProgress | None = None) -> PipelineSearch:
     """Every pipelined configuration priced and ranked beside the plain search's winner; the
     intra-stage plans solved on the search's workers."""
     graph = load_graph(graph_document)
     layers = len(layer_order(graph))
     tasks = stage_tasks(options, layers, batch_sizes(graph))
     solved = _solve_all(SearchInputs(graph_document, options.topology, options.settings), tasks, options,
-                        plain.wall_s)
+                        plain.wall_s, progress)
     priced: list[Priced] = []
     for task in tasks:
         found = [Configuration(task.stages, task.candidate, task.microbatches, name, chunks)
@@ -117,8 +121,8 @@ def stage_tasks(options: SearchOptions, layers: int, batches: set[int]) -> list[
     return tasks
 
 
-def _solve_all(inputs: SearchInputs, tasks: list[StageTask], options: SearchOptions,
-               spent_s: float) -> dict[StageTask, dict]:
+def _solve_all(inputs: SearchInputs, tasks: list[StageTask], options: SearchOptions, spent_s: float,
+               progress: StageProgress | None) -> dict[StageTask, dict]:
     """Each task's answer; under a time budget (`spent_s` of it gone to the plain search) each
     solve's limit is cut to what is left, and a task left when it is spent is unsolved."""
     deadline = time.perf_counter() - spent_s + (options.time_budget_s or math.inf)
@@ -135,7 +139,10 @@ def _solve_all(inputs: SearchInputs, tasks: list[StageTask], options: SearchOpti
                     continue
                 running[pool.submit("stage", task, min(options.settings.time_limit_s, remaining_s))] = task
             for handle in pool.wait(list(running), POLL_S):
-                solved[running.pop(handle)] = pool.result(handle)
+                task = running.pop(handle)
+                solved[task] = pool.result(handle)
+                if progress:
+                    progress(len(solved), len(tasks), task, next(iter(solved[task])))
     except BaseException:
         pool.close(cancel=list(running))
         raise
