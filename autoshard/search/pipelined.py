@@ -205,10 +205,11 @@ def pipelined_step_bound_s(result: PlanResult, graph: Graph, weights: Weights, c
     at a time, so the step is at least the busiest stage's busy seconds. The solver certifies a
     bound on the whole graph's serial seconds on the stage mesh (every op over the M microbatches
     and the once-per-step tail), not one per stage: those seconds are the sum of the stages' busy
-    seconds under any cut, so the busiest stage holds at least 1/S of them. Each stage is bounded
-    by that average (the bound is the simulation with every stage at its share and free transfers,
-    which also bounds plans cutting elsewhere); no split in proportion to the found plan's layers,
-    which another plan of the configuration need not follow."""
+    seconds under any cut, so the busiest stage holds at least 1/S of them: the bound is that
+    share, with transfers and bubbles at 0 (it holds for plans cutting elsewhere too). It does not
+    split the solver's bound by layer in proportion to the found plan: another plan of the
+    configuration need not spread its seconds so. Plans of the configuration are also plans of the
+    whole graph within S budgets (`stage_plan`'s problem), so the solver's bound covers them."""
     return step_bound_s(result.solver["lower_bound_ps"], graph, weights, configuration.microbatches) \
         / configuration.stages
 
