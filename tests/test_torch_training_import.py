@@ -116,24 +116,27 @@ def test_strided_slices_and_pow_have_gradients():
     assert verify_plan(plan).passed
 
 
-def test_gpt2_training_step_sums_the_tied_heads_gradient_and_updates_it_once():
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=32, bos_token_id=0,
-                                     eos_token_id=0)
-    model = transformers.GPT2LMHeadModel(config).eval()
-    assert model.lm_head.weight is model.transformer.wte.weight
-    gradients = assert_step_is_torchs(model, (IDS,), {"use_cache": False}).graph.gradients
-    assert "lm_head.weight" not in gradients and "transformer.wte.weight" in gradients
+SMALL = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+# name -> (causal LM with fixed random weights, whether its head is tied to its embedding)
+MODELS = {
+    "GPT-2": lambda: (transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=32, bos_token_id=0, eos_token_id=0)), True),
+    "Llama (tied)": lambda: (transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        **SMALL, num_key_value_heads=2, tie_word_embeddings=True)), True),
+    "Phi": lambda: (transformers.PhiForCausalLM(transformers.PhiConfig(**SMALL)), False),  # pow in gelu_new
+    "StarCoder2": lambda: (transformers.Starcoder2ForCausalLM(transformers.Starcoder2Config(
+        **SMALL, num_key_value_heads=2, tie_word_embeddings=True)), True),
+}
 
 
-def test_tied_llama_training_step_sums_the_tied_heads_gradient_and_updates_it_once():
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_a_training_step_gives_autograds_gradients_and_adams_update_with_a_tied_head_once(name):
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
-    model = transformers.LlamaForCausalLM(config).eval()
-    assert model.lm_head.weight is model.model.embed_tokens.weight
+    model, tied = MODELS[name]()
+    model = model.eval()
+    assert (model.lm_head.weight is model.get_input_embeddings().weight) == tied
     gradients = assert_step_is_torchs(model, (IDS,), {"use_cache": False}).graph.gradients
-    assert "lm_head.weight" not in gradients
+    assert ("lm_head.weight" in gradients) != tied  # a tied head is the embedding's parameter
 
 
 FACTORY = '''
