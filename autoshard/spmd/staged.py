@@ -78,9 +78,10 @@ def stage_program(program: SpmdProgram, cut: PipelineCut) -> StagedProgram:
     for position, item in enumerate(program.body):
         if isinstance(item, LocalOp):
             slot_at[position] = (cut.part_of[item.op.name], kinds[item.op.name])
-        elif item.input.id in made_by:
+        elif made_by.get(item.input.id) in slot_at:  # not a resharding of a stored value's resharding
             slot_at[position] = slot_at[made_by[item.input.id]]
-    for position in reversed(range(len(program.body))):  # a stored value's resharding: where its first reader runs
+    # a stored value's resharding (and a resharding of that): where its first reader runs
+    for position in reversed(range(len(program.body))):
         if position not in slot_at:
             readers = [p for p, item in enumerate(program.body) if any(v.id == program.body[position].output.id
                                                                           for v in item.inputs)]
