@@ -177,3 +177,23 @@ def test_plan_estimate_and_simulate_commands_keep_the_microbatches(tmp_path, cap
     assert capsys.readouterr().out.startswith("PASS")
     assert main(["plan", str(path), "--mesh", "dp=2", "--topology", "dgx-h100", "--microbatches", "3"]) == 2
     assert "3 microbatches do not divide" in capsys.readouterr().err
+
+
+def test_a_stored_parameter_gathered_for_the_forward_and_the_optimizer_is_not_summed(step):
+    """Weights stored split and gathered once for their readers, the optimizer among them: the
+    gathered weight is made per microbatch (the forward reads it) and read once per step, but it
+    is the same in every microbatch; summed like a gradient it was M times the weight."""
+    mesh = Mesh.parse("dp=2")
+    m = microbatch(step, 2)
+    plan = data_parallel_plan(m.graph, mesh)
+    params = set(step.gradients)
+    storage = {name: Sharding((("dp",),)) if name in params and m.graph.tensors[name].shape[0] % 2 == 0 else sharding
+               for name, sharding in plan.storage.items()}
+    program = partition(Plan(m.graph, mesh, plan.options, storage))
+    once = per_step_instructions(program)
+    gathered = [item for position, item in enumerate(program.body) if isinstance(item, Communicate)
+                and item.input.tensor in params and position not in once]
+    read_once = {v.id for p in once for v in program.body[p].inputs}
+    assert any(item.output.id in read_once for item in gathered)  # read by the forward and the optimizer
+    verdict = simulate_microbatched(program, m)
+    assert verdict.passed, verdict.first_divergence

@@ -27,7 +27,7 @@ from autoshard.sim.precision import widen_graph, widen_inputs
 from autoshard.sim.program import (DEFAULT_MAX_BYTES, Diverged, Execution, instruction_name, results_problem,
                                    simulation_bytes)
 from autoshard.sim.verdict import Divergence, Verdict
-from autoshard.spmd.per_step import per_step_instructions
+from autoshard.spmd.per_step import per_step_instructions, varying_values
 from autoshard.spmd.program import SpmdProgram
 
 
@@ -53,7 +53,9 @@ def simulate_microbatched(program: SpmdProgram, microbatching: Microbatching,
         return Verdict(False, 0.0, Divergence(instruction_name(late[0]), late[0].outputs[0].tensor, None, None, None,
                                               None, "runs once per microbatch but reads a value made once per step"), 0)
     stored = {a.id for a in program.arguments}
-    accumulated = {v.id: v for item in per_step for v in item.inputs if v.id not in made_per_step and v.id not in stored}
+    varying = varying_values(program)
+    accumulated = {v.id: v for item in per_step for v in item.inputs
+                   if v.id not in made_per_step and v.id not in stored and v.id in varying}
     micro_graph = widen_graph(microbatching.graph) if widen else microbatching.graph
     execution = Execution(program, widen)
     sums: dict[int, Shards] = {}

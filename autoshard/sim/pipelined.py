@@ -170,8 +170,10 @@ class _Run:
                 if target != stage:
                     self.transfers.append(Transfer(handover.value.tensor, handover.value.id, m, stage, target))
         for value, source in self.staged.accumulated:
-            if source == slot:
+            if source == slot and value.id in self.staged.summed:
                 self._accumulate(value.id, env[value.id].shards)
+            elif source == slot:  # the same in every microbatch
+                self.sums[value.id] = env[value.id].shards
         if item.kind == "W":
             self._release(stage, virtual, m)
         self.peaks[stage] = max(self.peaks[stage], self._held(stage))

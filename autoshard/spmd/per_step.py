@@ -31,3 +31,16 @@ def per_step_instructions(program: SpmdProgram) -> set[int]:
                 once.add(position)
                 changed = True
     return once
+
+
+def varying_values(program: SpmdProgram) -> set[int]:
+    """Ids of the values that differ from one microbatch to the next: those computed from an
+    argument with a batch dim. Only these are summed over the microbatches; any other value the
+    per-step part reads (a stored parameter gathered for the forward and for its update) is
+    the same in every microbatch, so summing it would count it once per microbatch."""
+    graph = program.graph
+    varying = {v.id for v in program.arguments if graph.tensors[v.tensor].batch_dim is not None}
+    for item in program.body:
+        if any(v.id in varying for v in item.inputs):
+            varying.update(v.id for v in item.outputs)
+    return varying

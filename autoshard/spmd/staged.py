@@ -28,7 +28,7 @@ from autoshard.pipeline.schedules import KINDS
 from autoshard.planning.pipeline_cut import PipelineCut
 from autoshard.planning.pipeline_stages import op_positions
 from autoshard.planning.pipeline_work import work_kinds
-from autoshard.spmd.per_step import per_step_instructions
+from autoshard.spmd.per_step import per_step_instructions, varying_values
 from autoshard.spmd.program import Instruction, LocalOp, SpmdProgram, Value, instruction_name
 
 TAIL = "tail"
@@ -52,6 +52,7 @@ class StagedProgram:
     slots: Mapping[Slot, tuple[int, ...]]  # positions in `program.body`, in program order
     handovers: tuple[Handover, ...]  # per microbatch, each value once to each part reading it
     accumulated: tuple[tuple[Value, Slot], ...]  # per-microbatch values a tail reads, and the slot making them
+    summed: frozenset[int] = frozenset()  # those of them that vary by microbatch (`varying_values`): the rest are kept
 
     def work(self, virtual: int, kind: str) -> tuple[int, ...]:
         return self.slots.get((virtual, kind), ())
@@ -107,7 +108,8 @@ def stage_program(program: SpmdProgram, cut: PipelineCut) -> StagedProgram:
             if source[0] != target[0] and (known is None or KINDS.index(target[1]) < KINDS.index(known.target[1])):
                 handovers[value.id, target[0]] = Handover(value, source, target)
     return StagedProgram(program, orders, {slot: tuple(positions) for slot, positions in slots.items()},
-                         tuple(handovers.values()), tuple(accumulated.values()))
+                         tuple(handovers.values()), tuple(accumulated.values()),
+                         frozenset(accumulated) & frozenset(varying_values(program)))
 
 
 def _check_order(value: Value, source: Slot, target: Slot, item: Instruction) -> None:
