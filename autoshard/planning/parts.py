@@ -54,10 +54,9 @@ class Parts:
         edges into it; so over parts that cover each node once, the sum of these problems' least
         costs is at most the whole optimum. No memory limit. Also a key equal for equal problems."""
         whole, index = self.whole, np.asarray(nodes, dtype=np.int64)
+        edges = self.inner_edges(nodes)
         where = self._local(nodes)
         local_u, local_v = where[self.sources], where[self.targets]
-        edges = [(int(local_u[e]), int(local_v[e]), whole.edge_costs[e])
-                 for e in np.flatnonzero((local_u >= 0) & (local_v >= 0))]
         copies: dict[int, int] = {}
         for e in np.flatnonzero((local_u < 0) & (local_v >= 0)):
             far = int(self.sources[e])
