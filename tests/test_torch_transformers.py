@@ -1,8 +1,8 @@
 """Architectures of the transformers library, built from small configs with random weights
-(nothing downloaded): each exports, imports, plans on dp=2,tp=2 and runs under DTensor with the
-unsharded model's outputs and the plan's collectives. The README's table says which import with
-no opaque op inside their layers and, for the others, which ops stay opaque there; this test
-measures both and holds the table to them."""
+(nothing downloaded): each exports, imports, plans on dp=2,tp=2 (forced to shard), simulates and
+runs under DTensor with the unsharded model's outputs and the plan's collectives. The README's
+table says which import with no opaque op inside their layers and, for the others, which ops stay
+opaque there; this test measures both and holds the table to them."""
 
 from __future__ import annotations
 
@@ -54,6 +54,17 @@ ARCHITECTURES = {
                                                                              num_experts_per_tok=2)),
                       TOKENS, {"use_cache": False}),
     "BERT": lambda: (transformers.BertModel(transformers.BertConfig(**SMALL, max_position_embeddings=32)), TOKENS, {}),
+    "Phi": lambda: (transformers.PhiForCausalLM(transformers.PhiConfig(**SMALL, partial_rotary_factor=0.5)), TOKENS,
+                    {"use_cache": False}),
+    "StableLM": lambda: (transformers.StableLmForCausalLM(transformers.StableLmConfig(**SMALL, num_key_value_heads=2)),
+                         TOKENS, {"use_cache": False}),
+    "Granite": lambda: (transformers.GraniteForCausalLM(transformers.GraniteConfig(**SMALL, num_key_value_heads=2)),
+                        TOKENS, {"use_cache": False}),
+    "StarCoder2": lambda: (transformers.Starcoder2ForCausalLM(transformers.Starcoder2Config(**SMALL, num_key_value_heads=2)),
+                           TOKENS, {"use_cache": False}),
+    "CLIP vision": lambda: (transformers.CLIPVisionModel(transformers.CLIPVisionConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8)),
+        (torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0)),), {}),
     "ViT": lambda: (transformers.ViTModel(transformers.ViTConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                                                  num_attention_heads=4, image_size=32, patch_size=8)),
                     (torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0)),), {}),
@@ -88,6 +99,7 @@ def test_architecture_runs_under_dtensor_as_planned(name):
         assert inside == [], f"the routed experts of {name} are planned, not opaque"
 
     result = sharded_plan(imported.document, "dp=2,tp=2", memory_s_per_byte=1e-9)
+    assert verify_plan(result.plan).passed  # every device's share computes the whole op's (the simulator)
     expected = model(*args, **kwargs)[0]
     with simulated_ranks("dp=2,tp=2") as mesh:
         program_on_mesh = parallelize(program, result, mesh)
