@@ -51,8 +51,9 @@ def parallelize(exported_program: Any, plan: Plan | PlanResult | Mapping[str, An
 
 
 def resharding_steps(plan: Any, forward: Plan) -> dict[tuple[str, Sharding], list[Sharding]]:
-    """(tensor, target) -> the sharding after each step of the plan's resharding, as priced when
-    the plan was made (a bare Plan's reshardings are found anew, priced by bytes moved)."""
+    """(tensor, target) -> the sharding the plan's resharding starts from, then the sharding after
+    each of its steps, as priced when the plan was made (a bare Plan's reshardings are found anew,
+    priced by bytes moved)."""
     if isinstance(plan, PlanResult):
         entries = plan.report.reshardings
     elif isinstance(plan, Mapping):
@@ -62,8 +63,9 @@ def resharding_steps(plan: Any, forward: Plan) -> dict[tuple[str, Sharding], lis
                    for t, _, _, r in plan_reshardings(forward, bytes_moved_price(forward.mesh))]
     steps: dict[tuple[str, Sharding], list[Sharding]] = {}
     for entry in entries:
-        if entry["tensor"] in forward.graph.tensors:
-            steps[entry["tensor"], Sharding.parse(entry["to"])] = [Sharding.parse(s["after"]) for s in entry["steps"]]
+        if entry["tensor"] in forward.graph.tensors and entry["steps"]:
+            path = [entry["steps"][0]["before"]] + [s["after"] for s in entry["steps"]]
+            steps[entry["tensor"], Sharding.parse(entry["to"])] = [Sharding.parse(s) for s in path]
     return steps
 
 
@@ -138,8 +140,9 @@ class ShardedProgram(torch.nn.Module):
         """`held`: the parameters and buffers (graph names) to hold, all of them by default."""
         super().__init__()
         self.imported, self.plan, self.device_mesh = imported, plan, device_mesh
-        # (tensor, target placements) -> the placements after each of the plan's steps, where
-        # DTensor can place them all; else DTensor goes to the target its own way
+        # (tensor, target placements) -> the placements the plan's resharding starts from, then
+        # those after each of its steps, where DTensor can place them all; else DTensor goes to
+        # the target its own way
         self._paths: dict[tuple[str, tuple[Any, ...]], list[tuple[Any, ...]]] = {}
         for (tensor, target), after in resharding_steps.items():
             try:
@@ -192,7 +195,10 @@ class ShardedProgram(torch.nn.Module):
             if tuple(value.placements) == placements:
                 return value
             if (tensor, placements) not in moved:
-                for step in self._paths.get((tensor, placements), [placements]):
+                source, *path = self._paths.get((tensor, placements), [value.placements, placements])
+                if tuple(value.placements) != source and (tensor, source) in self._paths:
+                    value = placed(tensor, source)  # the plan reshards a copy it resharded before
+                for step in path:
                     value = value if tuple(value.placements) == step else value.redistribute(self.device_mesh, step)
                 moved[tensor, placements] = value.redistribute(self.device_mesh, placements) \
                     if tuple(value.placements) != placements else value

@@ -74,7 +74,7 @@ def _alias(lw: Lowering, node: Any) -> str:
     return lw.tensor(node.args[0])
 
 
-@row("_to_copy.default", "to.dtype", "to.dtype_layout")
+@row("_to_copy.default", "to.dtype", "to.dtype_layout", "type_as.default")
 def _to(lw: Lowering, node: Any) -> str:
     x = lw.tensor(node.args[0])
     dtype = dtype_name(node.meta["val"].dtype)
@@ -116,6 +116,22 @@ def _mm(lw: Lowering, node: Any) -> str:
 @row("bmm.default")
 def _bmm(lw: Lowering, node: Any) -> str:
     return lw.op("batch_matmul", [lw.tensor(a) for a in node.args[:2]], node.name, aten.bmm.default)
+
+
+@row("baddbmm.default")
+def _baddbmm(lw: Lowering, node: Any) -> str:
+    """beta * input + alpha * (batch1 @ batch2): the contraction, then its scaling and the bias
+    added once after it (so a split contraction dim leaves a partial sum to reduce first)."""
+    bias, b1, b2 = (lw.tensor(a) for a in node.args[:3])
+    beta, alpha = arg(node, 3, "beta", 1), arg(node, 4, "alpha", 1)
+    y = lw.op("batch_matmul", [b1, b2], f"{node.name}.bmm", aten.bmm.default)
+    if alpha != 1:
+        y = lw.op("mul", [y, lw.scalar(alpha, y, f"{node.name}.alpha")], f"{node.name}.scaled", aten.mul.Tensor)
+    if beta == 0:  # torch ignores the input then, even its infinities and NaNs
+        return y
+    if beta != 1:
+        bias = lw.op("mul", [bias, lw.scalar(beta, bias, f"{node.name}.beta")], f"{node.name}.bias", aten.mul.Tensor)
+    return lw.op("add", [y, bias], node.name, aten.add.Tensor)
 
 
 @row("matmul.default")
@@ -316,6 +332,21 @@ def _slice(lw: Lowering, node: Any) -> str:
                  starts=starts, limits=limits, strides=strides)
 
 
+@row("select.int")
+def _select(lw: Lowering, node: Any) -> str:
+    """Entry `index` of dim `dim`: a slice of width 1 there (`<node>.slice`), the dim then dropped."""
+    x = lw.tensor(node.args[0])
+    shape = lw.shape(x)
+    dim = node.args[1] % len(shape)
+    index = node.args[2] % shape[dim]
+    starts, limits = [0] * len(shape), list(shape)
+    starts[dim], limits[dim] = index, index + 1
+    y = lw.op("slice", [x], f"{node.name}.slice", lambda t: aten.slice.Tensor(t, dim, index, index + 1),
+              starts=starts, limits=limits)
+    out = out_shape(node)
+    return lw.op("reshape", [y], node.name, lambda t: aten.reshape.default(t, out), shape=out)
+
+
 @row("split.Tensor", "split_with_sizes.default")
 def _split(lw: Lowering, node: Any) -> str:
     """Each piece is a slice, named `<node>.<i>`; `getitem` picks one."""
@@ -369,6 +400,39 @@ def _cat(lw: Lowering, node: Any) -> str:
         return inputs[0]
     dim = arg(node, 1, "dim", 0)
     return lw.op("concat", inputs, node.name, lambda *ts: aten.cat.default(list(ts), dim), axis=dim % rank(lw, inputs[0]))
+
+
+@row("stack.default")
+def _stack(lw: Lowering, node: Any) -> str:
+    """Each piece given a dim of 1 at `dim` (`<node>.<i>`), then concatenated along it."""
+    pieces = [lw.tensor(t) for t in node.args[0]]
+    shape = out_shape(node)
+    dim = arg(node, 1, "dim", 0) % len(shape)
+    one = shape[:dim] + [1] + shape[dim + 1:]
+    pieces = [lw.op("reshape", [t], f"{node.name}.{i}", lambda a: aten.reshape.default(a, one), shape=one)
+              for i, t in enumerate(pieces)]
+    if len(pieces) == 1:
+        return pieces[0]
+    return lw.op("concat", pieces, node.name, lambda *ts: aten.cat.default(list(ts), dim), axis=dim)
+
+
+@row("repeat_interleave.self_int")
+def _repeat_interleave(lw: Lowering, node: Any) -> str:
+    """Each entry along `dim` repeated r times in place: [.., n, ..] -> [.., n, r, ..] (a
+    broadcast of a dim of 1) -> [.., n * r, ..]."""
+    x = lw.tensor(node.args[0])
+    repeats, dim = node.args[1], arg(node, 2, "dim")
+    if dim is None:
+        raise Unsupported("repeat_interleave of the flattened value")
+    shape = list(lw.shape(x))
+    dim %= len(shape)
+    one = shape[:dim + 1] + [1] + shape[dim + 1:]
+    wide = shape[:dim + 1] + [repeats] + shape[dim + 1:]
+    y = lw.op("reshape", [x], f"{node.name}.split", lambda a: aten.reshape.default(a, one), shape=one)
+    y = lw.op("broadcast_in_dim", [y], f"{node.name}.expand", lambda a: aten.expand.default(a, wide), shape=wide,
+              broadcast_dimensions=list(range(len(wide))))
+    shape = out_shape(node)
+    return lw.op("reshape", [y], node.name, lambda a: aten.reshape.default(a, shape), shape=shape)
 
 
 @row("embedding.default")

@@ -1,0 +1,104 @@
+"""Rows of the aten table written for the layers of transformers architectures: `select` (BLOOM's
+fused query, key and value), `stack` and `repeat_interleave` (GPT-J's and Cohere's rotary),
+`baddbmm` (BLOOM's attention scores) and `type_as` (Gemma's norms). Each is lowered to rows of
+the op table: the graph computes what PyTorch computes, the FLOPs are the contraction's and the
+elementwise ops', and a plan forced to shard splits the new ops, simulates and runs under DTensor
+with the unsharded result and the plan's collectives."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from support.dtensor import CollectiveLog, planned_collectives, sharded_plan, simulated_ranks, traffic  # noqa: E402
+from support.torch_models import exported  # noqa: E402
+from test_torch_import import graph_inputs  # noqa: E402
+from torch import nn  # noqa: E402
+
+from autoshard.frontends.torch import import_program, parallelize  # noqa: E402
+from autoshard.graph.evaluate import evaluate_graph  # noqa: E402
+from autoshard.sim.program import verify_plan  # noqa: E402
+
+B, T, H, D = 4, 8, 4, 8  # batch, tokens, heads, head dim
+
+
+class Rows(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(H * D, 3 * H * D)
+        self.out = nn.Linear(H * D, H * D)
+        angles = torch.linspace(0.0, 3.0, T * D // 2).reshape(T, D // 2)
+        self.register_buffer("cos", angles.cos())
+        self.register_buffer("sin", angles.sin())
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        qkv = self.qkv(x).view(B, T, H, 3, D)
+        q, k, v = qkv[..., 0, :], qkv[..., 1, :], qkv[..., 2, :]  # select.int
+        cos, sin = (f.repeat_interleave(2, dim=-1)[:, None, :] for f in (self.cos, self.sin))
+
+        def rotate(t: torch.Tensor) -> torch.Tensor:  # rotate every two
+            turned = torch.stack((-t[..., 1::2], t[..., ::2]), dim=-1).flatten(-2)
+            return t * cos + turned * sin
+        q, k, v = (t.transpose(1, 2).reshape(B * H, T, D) for t in (rotate(q), rotate(k), v))
+        scores = torch.baddbmm(bias, q, k.transpose(1, 2), beta=0.5, alpha=D ** -0.5)
+        mixed = torch.bmm(scores.softmax(-1), v).view(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
+        return self.out((mixed.double() * 2).type_as(x))
+
+
+def module_and_args() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(0)
+    generator = torch.Generator().manual_seed(1)
+    return Rows().eval(), (torch.randn(B, T, H * D, generator=generator), torch.randn(B * H, 1, T, generator=generator))
+
+
+def test_the_rows_compute_what_pytorch_computes_with_nothing_opaque():
+    module, args = module_and_args()
+    program = exported(module, args)
+    targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+    assert {"aten.select.int", "aten.stack.default", "aten.repeat_interleave.self_int", "aten.baddbmm.default",
+            "aten.type_as.default"} <= targets
+    imported = import_program(program, strict=True)
+    graph = imported.graph
+    values = evaluate_graph(graph, graph_inputs(imported, program, args))
+    (out,) = imported.outputs
+    np.testing.assert_allclose(values[out], module(*args).detach().numpy(), rtol=1e-5, atol=1e-6)
+    # baddbmm: the contraction, its scaling by alpha, the input scaled by beta, added once after
+    ops = graph.op_by_name
+    assert [ops[n].kind for n in ("baddbmm.bmm", "baddbmm.scaled", "baddbmm.bias", "baddbmm")] == \
+        ["batch_matmul", "mul", "mul", "add"]
+    assert ops["baddbmm.bmm"].flops() == 2 * B * H * T * T * D
+    assert ops["baddbmm.scaled"].flops() == ops["baddbmm"].flops() == B * H * T * T
+    # select: a slice of width 1, the dim then dropped; no FLOPs, the selected third's bytes
+    assert ops["select.slice"].kind == "slice" and graph.tensors["select"].shape == (B, T, H, D)
+    assert ops["select.slice"].flops() == 0 and graph.tensors["select"].bytes == B * T * H * D * 4
+    # stack: each piece given a dim of 1, concatenated along it
+    assert ops["stack"].kind == "concat" and graph.tensors["stack"].shape == (B, T, H, D // 2, 2)
+    # repeat_interleave: a broadcast between two reshapes, each entry twice in place
+    assert ops["repeat_interleave.expand"].kind == "broadcast_in_dim"
+    assert graph.tensors["repeat_interleave"].shape == (T, D)
+    # type_as: a cast back from f64
+    assert ops["type_as"].kind == "cast" and graph.tensors[ops["type_as"].inputs[0]].dtype == "f64"
+    assert graph.tensors["type_as"].dtype == "f32"
+
+
+def test_a_plan_that_shards_the_rows_runs_under_dtensor_with_the_plans_collectives():
+    module, args = module_and_args()
+    program = exported(module, args)
+    imported = import_program(program, strict=True)
+    result = sharded_plan(imported.document, "dp=2,tp=2", memory_s_per_byte=1e-9)
+    assert verify_plan(result.plan).passed
+    split = {name for name in ("select.slice", "stack", "baddbmm.bmm", "baddbmm")
+             if result.plan.options[name].used_axes()}
+    assert split == {"select.slice", "stack", "baddbmm.bmm", "baddbmm"}
+    with simulated_ranks("dp=2,tp=2") as mesh:
+        program_on_mesh = parallelize(program, result, mesh)
+        with CollectiveLog() as log:
+            out = program_on_mesh(*args)
+        full = out.full_tensor()._local_tensors[0]
+    torch.testing.assert_close(full, module(*args), rtol=1e-5, atol=1e-6)
+    assert program_on_mesh.mismatches == []
+    issued, planned = traffic(log.collectives), traffic(planned_collectives(result))
+    assert {k: n for k, (n, _) in issued.items()} == {k: n for k, (n, _) in planned.items()}
+    assert {k: b for k, (_, b) in issued.items()} == pytest.approx({k: b for k, (_, b) in planned.items()}, rel=0.1)
