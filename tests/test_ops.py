@@ -123,6 +123,11 @@ CASES = [
     ("concat", [(2, 3), (2, 5)], {"axis": 1}, lambda a, b: np.concatenate([a, b], 1)),
     ("slice", [(6, 5)], {"starts": [1, 0], "limits": [6, 5], "strides": [2, 1]}, lambda x: x[1:6:2, :]),
     ("embedding", [(2, 3), (7, 4)], {}, lambda ids, t: t[ids]),
+    ("cumulative", [(3, 5)], {"axis": 1, "reduction": "sum"}, lambda x: np.cumsum(x, 1)),
+    ("cumulative", [(4, 3)], {"axis": 0, "reduction": "max", "reverse": True},
+     lambda x: np.flip(np.maximum.accumulate(np.flip(x, 0), 0), 0)),
+    ("scatter_add", [(2, 3), (2, 3, 4)], {"rows": 7}, lambda ids, u: np.eye(7)[ids].reshape(6, 7).T @ u.reshape(6, 4)),
+    ("scatter", [(7, 4), (5,), (5, 4)], {}, lambda x, ids, u: written(x, ids, u)),
     ("top_k_values", [(3, 4, 6)], {"k": 2}, lambda x: -np.sort(-x, axis=-1)[..., :2]),
     ("top_k_indices", [(3, 6)], {"k": 3}, lambda x: np.argsort(-x, axis=-1)[..., :3]),
     ("one_hot", [(2, 3)], {"num_classes": 5, "dtype": "f32"}, lambda ids: np.eye(5, dtype=np.float32)[ids]),
@@ -155,6 +160,12 @@ CASES = [
 OUTPUT_SHAPES = {id(CASES[-1]): [(3, 2)], id(CASES[-2]): [(3, 5)], id(CASES[-3]): [(3,)]}
 
 
+def written(x, ids, updates):
+    out = x.copy()
+    out[ids] = updates
+    return out
+
+
 def nest_of(case):
     kind_name, shapes, attrs, _ = case
     kind = OP_KINDS[kind_name]
@@ -166,6 +177,10 @@ def make_inputs(kind: str, shapes):
         return [rng.integers(0, shapes[1][0], shapes[0]), rng.uniform(-1, 1, shapes[1])]
     if kind == "one_hot":
         return [rng.integers(0, 5, shapes[0])]
+    if kind == "scatter_add":
+        return [rng.integers(0, 7, shapes[0]), rng.uniform(-1, 1, shapes[1])]
+    if kind == "scatter":  # distinct ids: which of two writes to one row wins is the last's
+        return [rng.uniform(-1, 1, shapes[0]), rng.permutation(shapes[0][0])[:shapes[1][0]], rng.uniform(-1, 1, shapes[2])]
     if kind == "select":
         return [rng.integers(0, 2, shapes[0]).astype(bool)] + [rng.uniform(-1, 1, s) for s in shapes[1:]]
     if kind == "div":
@@ -251,6 +266,8 @@ def test_split_loops_reassemble_the_result(case):
     ("layer_norm", [(3, 8)], {}, 1),
     ("rms_norm", [(3, 8)], {}, 1),
     ("top_k_values", [(3, 6)], {"k": 2}, 2),  # the row the k largest are picked from
+    ("cumulative", [(3, 6)], {"axis": 1, "reduction": "sum"}, 1),  # the running dim
+    ("scatter", [(7, 4), (5,), (5, 4)], {}, 2),  # the ids: a later write must win
     ("attention", [(1, 2, 4, 3), (1, 2, 6, 3), (1, 2, 6, 2)], {}, 4),  # keys
     ("attention", [(1, 2, 4, 4), (1, 2, 6, 4), (1, 2, 6, 2)], {}, 5),  # query features
 ])

@@ -5,7 +5,8 @@ Also reverse-mode differentiation (`differentiate`), a transform of ops into gra
 May import: the vocabulary (`errors`, `dtypes`, `affine`, `reductions`).
 """
 
-from autoshard.ops import contraction, elementwise, generic, nn, opaque, reduction, selection, structural  # noqa: F401  (rows register)
+from autoshard.ops import (contraction, elementwise, generic, indexing, nn, opaque, reduction, selection,  # noqa: F401
+                           structural)  # (rows register)
 from autoshard.ops import grads  # noqa: F401  (after the rows it differentiates)
 from autoshard.ops.loops import INVALID, PARALLEL, REDUCTION, Block, LoopNest
 from autoshard.ops.table import OP_KINDS, Context, OpError, OpKind, evaluate, evaluate_block

@@ -38,10 +38,10 @@ POSITIVE_NUMBER = AttrType("a positive finite number", lambda value: _is_number(
 TEXT = AttrType("a string", lambda value: isinstance(value, str))
 
 ATTR_TYPES: dict[str, AttrType] = {
-    "axis": INTEGER, "dimension": INTEGER, "k": INTEGER, "num_classes": INTEGER, "wrt": INTEGER,
-    "keepdims": BOOLEAN, "causal": BOOLEAN,
+    "axis": INTEGER, "dimension": INTEGER, "k": INTEGER, "num_classes": INTEGER, "wrt": INTEGER, "rows": INTEGER,
+    "keepdims": BOOLEAN, "causal": BOOLEAN, "reverse": BOOLEAN,
     "eps": POSITIVE_NUMBER, "scale": NUMBER,
-    "dtype": TEXT, "direction": TEXT, "primitive": TEXT, "payload": TEXT, "of": TEXT,
+    "dtype": TEXT, "direction": TEXT, "primitive": TEXT, "payload": TEXT, "of": TEXT, "reduction": TEXT,
 }
 
 
