@@ -1,5 +1,11 @@
 """A function's jaxpr as one flat program: nested `jit`, `custom_jvp_call`, `custom_vjp_call` and
-`checkpoint` calls inlined, closed-over constants and literals as `Const`s, every value an integer id.
+`checkpoint` calls inlined, `scan`s unrolled, closed-over constants and literals as `Const`s, every
+value an integer id.
+
+A `scan` (how stacked layers are written: parameters stacked on a leading layer axis, the body one
+layer) becomes its iterations, one after another: each reads its slice of the stacked operands
+(`slice` + `squeeze` of index i) and runs the body under the scope `scan.<i>`, so the importer
+numbers each iteration as a layer of its own; the stacked results are `concatenate`d back.
 
 The importer turns the program into graph ops and `shard` evaluates it again under the plan's
 shardings: both walk this one list, so a value's graph tensor is found by its id.
@@ -138,7 +144,9 @@ class _Flattener:
             ins = [read(v) for v in eqn.invars]
             body = eqn.params.get(INLINED.get(eqn.primitive.name, ""))
             where = ".".join(part for part in (scope, scope_path(str(eqn.source_info.name_stack))) if part)
-            if body is not None:
+            if eqn.primitive.name == "scan":
+                outs = self.unroll(eqn, ins, where)
+            elif body is not None:
                 if isinstance(body, jax_core.ClosedJaxpr):
                     outs = self.inline(body.jaxpr, ins, [self.const(c) for c in body.consts], where)
                 else:
@@ -148,6 +156,39 @@ class _Flattener:
                 self.eqns.append(FlatEqn(eqn.primitive, dict(eqn.params), tuple(ins), tuple(outs), where))  # type: ignore[arg-type]
             env.update(zip(eqn.outvars, outs))
         return [read(v) for v in jaxpr.outvars]
+
+    def unroll(self, eqn: Any, ins: Sequence[Atom], scope: str) -> list[Atom]:
+        """A scan's iterations inlined in the order it runs them; the results are the last carry
+        and the iterations' outputs stacked on a new leading axis."""
+        lax = require_jax("jax.lax")
+        length, num_consts, num_carry = eqn.params["length"], eqn.params["num_consts"], eqn.params["num_carry"]
+        if length == 0:
+            raise InputError("a scan of length 0 has no iteration to import", f"scan at {scope or 'top level'}")
+        body = eqn.params["jaxpr"]
+        body_consts = [self.const(c) for c in body.consts]
+        consts, carry = list(ins[:num_consts]), list(ins[num_consts:num_consts + num_carry])
+        stacked = ins[num_consts + num_carry:]
+        steps = range(length - 1, -1, -1) if eqn.params["reverse"] else range(length)
+        outputs: dict[int, list[Atom]] = {}
+        for i in steps:
+            where = f"{scope}.scan.{i}" if scope else f"scan.{i}"
+            xs = [self.call(lambda a, i=i: lax.index_in_dim(a, i, 0, keepdims=False), [x], where)[0] for x in stacked]
+            outs = self.inline(body.jaxpr, consts + carry + xs, body_consts, where)
+            carry, outputs[i] = outs[:num_carry], outs[num_carry:]
+        ys = [self.call(lambda *parts: lax.concatenate([lax.expand_dims(p, (0,)) for p in parts], 0),
+                        [outputs[i][k] for i in range(length)], scope)[0]
+              for k in range(len(eqn.outvars) - num_carry)]
+        return carry + ys
+
+    def call(self, f: Callable[..., Any], ins: Sequence[Atom], scope: str) -> list[Atom]:
+        """`f` traced on the shapes of `ins` and inlined on them."""
+        jax = require_jax()
+        shapes = [jax.ShapeDtypeStruct(*self.aval(a)) for a in ins]
+        closed = jax.make_jaxpr(f)(*shapes)
+        return self.inline(closed.jaxpr, ins, [self.const(c) for c in closed.consts], scope)
+
+    def aval(self, atom: Atom) -> tuple[tuple[int, ...], np.dtype]:
+        return (tuple(atom.value.shape), atom.value.dtype) if isinstance(atom, Const) else self.avals[atom]
 
 
 _TRANSFORM = re.compile(r"(\w+)\(([^()]*)\)")
