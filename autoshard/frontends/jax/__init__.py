@@ -3,10 +3,12 @@ as `PartitionSpec`s (`partition_specs`) and a function XLA runs under them (`sha
 collectives XLA compiled, read back from its HLO (`compiled_collectives`) beside the plan's.
 
 Modules, each importing only those before it: `runtime` (jax itself, imported on first use),
-`trace` (the jaxpr with nested calls inlined, as a flat program), `primitives` (one row per jax
-primitive: the graph ops it becomes), `importer` (program to graph; `from_function`,
-`import_factory`), `specs` (shardings as PartitionSpecs), `shard`, `hlo` (collectives in compiled
-HLO text), `collectives` (the plan's collectives beside XLA's).
+`trace` (the jaxpr with nested calls inlined and scans unrolled, as a flat program), `rows` (what
+a row of the primitive table is), `indexing` (rows for gather and scatter), `convolution` (the
+row for `conv_general_dilated`), `primitives` (one row per jax primitive: the graph ops it
+becomes), `importer` (program to graph; `from_function`, `import_factory`), `specs` (shardings as
+PartitionSpecs), `shard`, `hlo` (collectives in compiled HLO text), `collectives` (the plan's
+collectives beside XLA's).
 
 jax is an optional extra (`pip install autoshard[jax]`): importing this package does not import
 it; the functions do, and say which extra to install when it is missing.

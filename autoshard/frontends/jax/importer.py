@@ -18,7 +18,8 @@ import numpy as np
 
 from autoshard.dtypes import DTYPES
 from autoshard.errors import InputError
-from autoshard.frontends.jax.primitives import DTYPE_NAMES, PRIMITIVES, Unsupported
+from autoshard.frontends.jax.primitives import DTYPE_NAMES, PRIMITIVES
+from autoshard.frontends.jax.rows import Unsupported
 from autoshard.frontends.layering import graph_keeping_what_holds, tag_layers
 from autoshard.frontends.jax.trace import Atom, Const, FlatEqn, FlatProgram, trace
 from autoshard.frontends.user_code import SOURCE, call_factory, load_user_factory

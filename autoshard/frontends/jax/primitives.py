@@ -9,32 +9,14 @@ table refuses), becomes an `opaque` op, kept whole on every device.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from autoshard.frontends.jax.trace import Atom, FlatEqn
-
-
-class Emit(Protocol):
-    """What a row may do: read operands as graph tensors and add ops."""
-
-    def tensor(self, atom: Atom) -> str: ...
-
-    def constant(self, value: Any, dtype: str) -> str: ...
-
-    def op(self, kind: str, inputs: Sequence[str], **attrs: Any) -> str: ...
-
-    def shape(self, atom: Atom) -> tuple[int, ...]: ...
-
-    def dtype(self, atom: Atom) -> str: ...
-
-
-Row = Callable[[Emit, FlatEqn], list[str]]  # raises (Unsupported, OpError) before adding any op
-
-
-class Unsupported(Exception):
-    """This equation of a known primitive has no graph ops; the message says why."""
+from autoshard.frontends.jax.convolution import conv_general_dilated
+from autoshard.frontends.jax.indexing import gather, scatter
+from autoshard.frontends.jax.rows import Emit, Row, Unsupported
+from autoshard.frontends.jax.trace import FlatEqn
 
 
 # jax element types -> the graph's (`autoshard.dtypes`)
@@ -137,6 +119,30 @@ def _dot_general(e: Emit, eqn: FlatEqn) -> list[str]:
     return [out if target == e.dtype(lhs) else e.op("cast", [out], dtype=target)]
 
 
+def _cumulative(reduction: str) -> Row:
+    return lambda e, eqn: [e.op("cumulative", [e.tensor(eqn.inputs[0])], axis=int(eqn.params["axis"]),
+                                reduction=reduction, reverse=bool(eqn.params["reverse"]))]
+
+
+def _stack(e: Emit, eqn: FlatEqn) -> list[str]:
+    axis = int(eqn.params["axis"])
+    shape = list(e.shape(eqn.inputs[0]))
+    parts = [e.op("reshape", [e.tensor(a)], shape=shape[:axis] + [1] + shape[axis:]) for a in eqn.inputs]
+    return [e.op("concat", parts, axis=axis)]
+
+
+def _top_k(e: Emit, eqn: FlatEqn) -> list[str]:
+    x = eqn.inputs[0]
+    rank = len(e.shape(x))
+    if int(eqn.params.get("axis", rank - 1)) % max(rank, 1) != rank - 1:
+        raise Unsupported(f"top_k over axis {eqn.params['axis']} (the op table picks along the last dim)")
+    k = int(eqn.params["k"])
+    values = e.op("top_k_values", [e.tensor(x)], k=k)
+    indices = e.op("top_k_indices", [e.tensor(x)], k=k)  # i64 in the op table
+    wanted = e.dtype(eqn.outputs[1])
+    return [values, indices if wanted == "i64" else e.op("cast", [indices], dtype=wanted)]
+
+
 PRIMITIVES: dict[str, Row] = {
     **{name: _elementwise(name) for name in ("neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sin", "cos", "abs", "square",
                                              "add", "sub", "mul", "div", "max", "min", "pow")},
@@ -157,6 +163,14 @@ PRIMITIVES: dict[str, Row] = {
     **{name: _compare(name) for name in ("eq", "ne", "lt", "le", "gt", "ge")},
     "iota": _iota,
     "dot_general": _dot_general,
+    "stack": _stack,
+    **{f"cum{name}": _cumulative(reduction) for name, reduction in (("sum", "sum"), ("prod", "product"),
+                                                                    ("max", "max"), ("min", "min"))},
+    "top_k": _top_k,
+    "gather": gather,
+    "scatter": scatter,
+    "scatter-add": scatter,
+    "conv_general_dilated": conv_general_dilated,
     # values passed on unchanged (what they mean lies outside one step's data flow)
     **{name: _same for name in ("stop_gradient", "copy", "copy_p", "reduce_precision", "sharding_constraint",
                                 "optimization_barrier")},

@@ -1,0 +1,103 @@
+"""Rows for `gather`, `scatter` and `scatter-add` with the index patterns of embedding lookups
+and routing.
+
+- Rows of a table picked by ids (`jnp.take(table, ids, axis=0)`, `table[ids]`, a router's
+  `x[token_ids]`): the op table's `embedding` (ids [...], table [V, D]), whose V loop splits as a
+  sum of masked lookups (vocabulary-parallel) and whose other loops are the ids' and D.
+- One entry per row picked along the last dim (`jnp.take_along_axis(x, idx, axis=-1)`, how the
+  top-k probabilities are read back): a `dot_general` of `one_hot(idx)` with `x`, batched over
+  the leading dims, contracting the picked dim (2 FLOPs per candidate entry, exact values).
+
+- Rows of updates written or summed into the rows their ids name (`table.at[ids].add(rows)`, an
+  embedding's gradient; `out.at[token_ids].set(y)`, a router's combine): the op table's `scatter`
+  and `scatter_add` (whose updates split as partial sums), plus an `add` of the operand.
+- Entries summed into the last dim at one index per row (`take_along_axis`'s gradient): a
+  `dot_general` of `one_hot(idx)` with the updates, plus an `add` of the operand.
+
+Out-of-range ids read as zero rows, where jax's default `fill` mode gives NaN (scatters drop them,
+as jax does); `clip` mode clamps them first, as jax does.
+"""
+
+from __future__ import annotations
+
+from autoshard.frontends.jax.rows import Emit, Unsupported
+from autoshard.frontends.jax.trace import Atom, FlatEqn
+
+
+def gather(e: Emit, eqn: FlatEqn) -> list[str]:
+    numbers = eqn.params["dimension_numbers"]
+    operand, indices = eqn.inputs
+    shape, ids_shape = e.shape(operand), e.shape(indices)
+    sizes = tuple(int(s) for s in eqn.params["slice_sizes"])
+    last = len(shape) - 1
+    if not ids_shape or ids_shape[-1] != 1 or tuple(numbers.start_index_map) != tuple(numbers.collapsed_slice_dims):
+        raise Unsupported(f"gather {numbers} indexes more than one dim per index")
+    ids_rank = len(ids_shape) - 1
+    # rows: a table [V] or [V, D], each id picking a whole row (D lands after the ids' dims)
+    if (not numbers.operand_batching_dims and tuple(numbers.collapsed_slice_dims) == (0,) and len(shape) in (1, 2)
+            and sizes == (1,) + shape[1:] and tuple(numbers.offset_dims) == tuple(range(ids_rank, ids_rank + last))):
+        return [_rows(e, eqn, operand, indices)]
+    # along the last dim: every leading dim a batch dim shared with the ids, one entry picked per id
+    if (tuple(numbers.operand_batching_dims) == tuple(range(last)) == tuple(numbers.start_indices_batching_dims)
+            and tuple(numbers.collapsed_slice_dims) == (last,) and not numbers.offset_dims
+            and sizes == (1,) * len(shape) and ids_shape[:last] == shape[:last]):
+        return [_along_last(e, eqn, operand, indices)]
+    raise Unsupported(f"gather {numbers} with slice_sizes {sizes} is neither rows of a table picked by ids nor "
+                      "entries picked along the last dim")
+
+
+def _ids(e: Emit, eqn: FlatEqn, indices: Atom, bound: int) -> str:
+    """The indices without their trailing index dim, clamped to [0, bound) in clip mode."""
+    ids_shape = list(e.shape(indices))
+    ids = e.op("reshape", [e.tensor(indices)], shape=ids_shape[:-1])
+    if str(eqn.params["mode"]).endswith("CLIP"):
+        dtype = e.dtype(indices)
+        ids = e.op("max", [e.op("min", [ids, e.constant(bound - 1, dtype)]), e.constant(0, dtype)])
+    return ids
+
+
+def _rows(e: Emit, eqn: FlatEqn, operand: Atom, indices: Atom) -> str:
+    shape = e.shape(operand)
+    table = e.tensor(operand) if len(shape) == 2 else e.op("reshape", [e.tensor(operand)], shape=[shape[0], 1])
+    rows = e.op("embedding", [_ids(e, eqn, indices, shape[0]), table])
+    return rows if len(shape) == 2 else e.op("reshape", [rows], shape=list(e.shape(eqn.outputs[0])))
+
+
+def _along_last(e: Emit, eqn: FlatEqn, operand: Atom, indices: Atom) -> str:
+    shape = e.shape(operand)
+    last = len(shape) - 1
+    hot = e.op("one_hot", [_ids(e, eqn, indices, shape[-1])], num_classes=shape[-1], dtype=e.dtype(operand))
+    batch = list(range(last))
+    return e.op("dot_general", [hot, e.tensor(operand)], lhs_batch_dims=batch, rhs_batch_dims=batch,
+                lhs_contracting_dims=[last + 1], rhs_contracting_dims=[last])
+
+
+def scatter(e: Emit, eqn: FlatEqn) -> list[str]:
+    """`scatter` (rows written at ids) and `scatter-add` (summed into them)."""
+    numbers = eqn.params["dimension_numbers"]
+    operand, indices, updates = eqn.inputs
+    shape, ids_shape, updates_shape = e.shape(operand), e.shape(indices), e.shape(updates)
+    adds = eqn.primitive.name == "scatter-add"
+    if not ids_shape or ids_shape[-1] != 1 or tuple(numbers.scatter_dims_to_operand_dims) != tuple(
+            numbers.inserted_window_dims):
+        raise Unsupported(f"scatter {numbers} indexes more than one dim per index")
+    ids_rank, last = len(ids_shape) - 1, len(shape) - 1
+    if (not numbers.operand_batching_dims and tuple(numbers.inserted_window_dims) == (0,)
+            and tuple(numbers.update_window_dims) == tuple(range(ids_rank, len(updates_shape)))
+            and updates_shape == ids_shape[:-1] + shape[1:]):
+        ids = _ids(e, eqn, indices, shape[0])
+        if not adds:
+            return [e.op("scatter", [e.tensor(operand), ids, e.tensor(updates)])]
+        summed = e.op("scatter_add", [ids, e.tensor(updates)], rows=shape[0])
+        return [e.op("add", [e.tensor(operand), summed])]
+    if (adds and tuple(numbers.operand_batching_dims) == tuple(range(last))
+            == tuple(numbers.scatter_indices_batching_dims) and tuple(numbers.inserted_window_dims) == (last,)
+            and not numbers.update_window_dims and ids_shape[:last] == shape[:last]
+            and updates_shape == ids_shape[:-1]):
+        hot = e.op("one_hot", [_ids(e, eqn, indices, shape[-1])], num_classes=shape[-1], dtype=e.dtype(operand))
+        batch = list(range(last))
+        summed = e.op("dot_general", [e.tensor(updates), hot], lhs_batch_dims=batch, rhs_batch_dims=batch,
+                      lhs_contracting_dims=[last], rhs_contracting_dims=[last])
+        return [e.op("add", [e.tensor(operand), summed])]
+    raise Unsupported(f"{eqn.primitive.name} {numbers} is neither rows written at ids nor entries summed along "
+                      "the last dim")
