@@ -1,11 +1,14 @@
 """Rows of the aten table written for the layers of transformers architectures: `select` (BLOOM's
 fused query, key and value), `stack` and `repeat_interleave` (GPT-J's and Cohere's rotary),
-`baddbmm` (BLOOM's attention scores) and `type_as` (Gemma's norms). Each is lowered to rows of
+`baddbmm` (BLOOM's attention scores), `type_as` (Gemma's norms) and `index` by a constant list of
+positions (Falcon's multi-query key and value). Each is lowered to rows of
 the op table: the graph computes what PyTorch computes, the FLOPs are the contraction's and the
 elementwise ops', and a plan forced to shard splits the new ops, simulates and runs under DTensor
 with the unsharded result and the plan's collectives."""
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import pytest
@@ -102,3 +105,31 @@ def test_a_plan_that_shards_the_rows_runs_under_dtensor_with_the_plans_collectiv
     issued, planned = traffic(log.collectives), traffic(planned_collectives(result))
     assert {k: n for k, (n, _) in issued.items()} == {k: n for k, (n, _) in planned.items()}
     assert {k: b for k, (_, b) in issued.items()} == pytest.approx({k: b for k, (_, b) in planned.items()}, rel=0.1)
+
+
+class Picks(nn.Module):
+    """Positions written in the code pick columns of a projection (Falcon's `qkv[:, :, [-2]]`)."""
+
+    def __init__(self, positions: list[int]):
+        super().__init__()
+        self.up, self.positions = nn.Linear(8, 6), positions
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.up(x)[:, self.positions] * 2
+
+
+def test_constant_evenly_spaced_positions_are_a_strided_slice_and_other_picks_stay_opaque():
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(2))
+    module = Picks([-5, -3, -1]).eval()
+    program = exported(module, (x,))
+    imported = import_program(program, strict=True)
+    index = imported.graph.op_by_name["index"]
+    assert index.kind == "slice" and index.attrs["starts"] == [0, 1] and index.attrs["strides"] == [1, 2]
+    assert imported.graph.tensors["index"].shape == (4, 3) and index.flops() == 0
+    values = evaluate_graph(imported.graph, graph_inputs(imported, program, (x,)))
+    np.testing.assert_allclose(values[imported.outputs[0]], module(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        shuffled = import_program(exported(Picks([2, 0]).eval(), (x,)))
+    assert [n.target for n in shuffled.opaque] == ["index.Tensor"]
+    assert "positions [2, 0] are not evenly spaced and ascending" in shuffled.opaque[0].reason and caught

@@ -347,6 +347,32 @@ def _select(lw: Lowering, node: Any) -> str:
     return lw.op("reshape", [y], node.name, lambda t: aten.reshape.default(t, out), shape=out)
 
 
+@row("index.Tensor")
+def _index(lw: Lowering, node: Any) -> str:
+    """`x[..., [i, i + s, ...], ...]` with one index, a constant of evenly spaced ascending
+    positions (Falcon's `qkv[:, :, [-2]]`): a strided slice of that dim. Indices computed by the
+    program pick data-dependent positions, which no row of the op table reads."""
+    x, indices = lw.tensor(node.args[0]), node.args[1]
+    given = [(dim, index) for dim, index in enumerate(indices) if index is not None]
+    if len(given) != 1:
+        raise Unsupported("indexing by several index tensors")
+    (dim, index), = given
+    constant = lw.constants.get(lw.tensor(index))
+    if constant is None or constant.dim() != 1 or constant.dtype not in (torch.int64, torch.int32) or not len(constant):
+        raise Unsupported("an index that is not a constant list of positions")
+    size = lw.shape(x)[dim]
+    positions = [int(p) % size for p in constant.tolist()]
+    step = positions[1] - positions[0] if len(positions) > 1 else 1
+    if step < 1 or positions != list(range(positions[0], positions[-1] + 1, step)):
+        raise Unsupported(f"positions {positions} are not evenly spaced and ascending")
+    shape = lw.shape(x)
+    starts, limits, strides = [0] * len(shape), list(shape), [1] * len(shape)
+    starts[dim], limits[dim], strides[dim] = positions[0], positions[-1] + 1, step
+    start, end = positions[0], positions[-1] + 1
+    return lw.op("slice", [x], node.name, lambda t: aten.slice.Tensor(t, dim, start, end, step),
+                 starts=starts, limits=limits, strides=strides)
+
+
 @row("split.Tensor", "split_with_sizes.default")
 def _split(lw: Lowering, node: Any) -> str:
     """Each piece is a slice, named `<node>.<i>`; `getitem` picks one."""

@@ -176,6 +176,8 @@ def _add_placeholders(ep: Any, lw: Lowering, batch_dim: int | None) -> tuple[lis
         else:  # buffers and constants hold no batch
             lw.values[node.name] = builder.input(graph_name, _shape(node), _dtype(node),
                                                  batch_dim=batch_dim if kind == "USER_INPUT" else None)
+            if kind == "CONSTANT_TENSOR":
+                lw.constants[lw.values[node.name]] = ep.constants[spec.target]
         if kind == "USER_INPUT":
             user_inputs.append(graph_name)
         else:

@@ -42,6 +42,9 @@ class Lowering:
     # FX values with a zero-size dim (the pass-through part of a rotary that covers the whole
     # head): no graph tensor holds them, they hold nothing to place or compute. name -> the value
     empty: dict[str, Any] = field(default_factory=dict)
+    # graph inputs holding the program's constant tensors (an index written in the model's code):
+    # name -> the value, for rows whose lowering depends on a constant's numbers
+    constants: dict[str, Any] = field(default_factory=dict)
 
     def tensor(self, arg: Any) -> str:
         """The graph tensor of an FX node argument."""
