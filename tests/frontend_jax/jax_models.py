@@ -1,5 +1,7 @@
 """The functions the JAX tests plan, written with jax.numpy: an MLP, a LLaMA-style block (RMSNorm,
-rotary positions, grouped-query attention, SwiGLU) and a training step (`jax.grad` of a loss)."""
+rotary positions, grouped-query attention, SwiGLU), a training step (`jax.grad` of a loss) and a
+MaxText-style decoder (an embedding lookup, the blocks' parameters stacked on a leading layer axis
+and run by `jax.lax.scan`, logits)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 BATCH, SEQ, HIDDEN, HEADS, KV_HEADS, FFN = 2, 16, 64, 8, 4, 256
+LAYERS, VOCAB = 2, 512
 HEAD_DIM = HIDDEN // HEADS
 
 
@@ -51,6 +54,13 @@ def llama_block(params: dict[str, Any], x: jax.Array) -> jax.Array:
     return x + (jax.nn.silu(h @ params["w_gate"]) * (h @ params["w_up"])) @ params["w_down"]
 
 
+def decoder(params: dict[str, Any], ids: jax.Array) -> jax.Array:
+    """Logits of token ids [B, S]: each layer one step of a scan over the stacked blocks."""
+    x = jnp.take(params["embed"], ids, axis=0)
+    x, _ = jax.lax.scan(lambda h, layer: (llama_block(layer, h), None), x, params["layers"])
+    return rms_norm(x, params["final_norm"]) @ params["lm_head"]
+
+
 def mlp_loss(params: dict[str, Any], x: jax.Array, y: jax.Array) -> jax.Array:
     return jnp.mean((mlp(params, x) - y) ** 2)
 
@@ -80,6 +90,17 @@ def llama_args() -> tuple[Any, ...]:
               "w_gate": _normal(k[6], (HIDDEN, FFN), HIDDEN ** -0.5), "w_up": _normal(k[7], (HIDDEN, FFN), HIDDEN ** -0.5),
               "w_down": _normal(k[8], (FFN, HIDDEN), FFN ** -0.5)}
     return params, _normal(jax.random.key(2), (BATCH, SEQ, HIDDEN), 1.0)
+
+
+def decoder_args() -> tuple[Any, ...]:
+    block = llama_args()[0]
+    k = jax.random.split(jax.random.key(4), 4)
+    params = {"embed": _normal(k[0], (VOCAB, HIDDEN), 1.0), "final_norm": 1.0 + _normal(k[1], (HIDDEN,), 0.1),
+              "lm_head": _normal(k[2], (HIDDEN, VOCAB), HIDDEN ** -0.5),
+              # layer i is the block's weights scaled by 1 + i/2, so no two layers are alike
+              "layers": jax.tree_util.tree_map(lambda w: jnp.stack([(1.0 + 0.5 * i) * w for i in range(LAYERS)]),
+                                               block)}
+    return params, jax.random.randint(k[3], (BATCH, SEQ), 0, VOCAB, jnp.int32)
 
 
 def training_args() -> tuple[Any, ...]:

@@ -1,0 +1,105 @@
+"""A MaxText-style decoder (an embedding lookup with `jnp.take`, RMSNorm, rotary positions,
+grouped-query attention, SwiGLU, the blocks' parameters stacked on a leading layer axis and run
+by `jax.lax.scan`, logits) imports with strict (no opaque op), each scanned layer a layer of the
+graph; planned on dp=2,tp=4 with Megatron pins on the stacked weights and a vocabulary-parallel
+embedding and head, XLA runs it under the plan with the unsharded logits and exactly the plan's
+collectives."""
+
+from __future__ import annotations
+
+import functools
+import json
+import textwrap
+from collections import Counter
+
+import jax
+import numpy as np
+from jax.sharding import PartitionSpec as P
+from jax_models import LAYERS, decoder, decoder_args, llama_args, llama_block
+from proofs import TOPOLOGY, jax_mesh, replicated_peak_bytes
+
+import autoshard
+from autoshard.cli.main import main
+from autoshard.frontends.jax import compare_collectives, compiled_collectives, planned_collectives, shard
+from autoshard.frontends.jax.importer import import_function
+from autoshard.graph.schema import graph_from_json
+
+MESH = autoshard.Mesh.parse("dp=2,tp=4")
+COLUMN_PARALLEL = ("wq", "wk", "wv", "w_gate", "w_up")  # stacked [L, in, out], split on out
+ROW_PARALLEL = ("wo", "w_down")  # stacked [L, in, out], split on in
+PINS = {"ids": [["dp"]], "params['embed']": [["tp"], []], "params['lm_head']": [[], ["tp"]],
+        **{f"params['layers']['{w}']": [[], [], ["tp"]] for w in COLUMN_PARALLEL},
+        **{f"params['layers']['{w}']": [[], ["tp"]] for w in ROW_PARALLEL}}
+
+
+@functools.lru_cache(maxsize=None)
+def planned():
+    args = decoder_args()
+    document = import_function(decoder, args, strict=True).document
+    document["constraints"] += [{"tensor": t, "split_axes": s} for t, s in PINS.items()]
+    graph = graph_from_json(document, MESH)
+    hardware = autoshard.bind_hardware(TOPOLOGY, MESH)
+    result = autoshard.make_plan(graph, MESH, hardware, autoshard.SolveSettings(deterministic=True))
+    return args, graph, hardware, result, shard(decoder, result, jax_mesh(MESH))
+
+
+def test_the_decoder_imports_strict_with_each_scanned_layer_a_layer():
+    args = decoder_args()
+    graph = graph_from_json(import_function(decoder, args, strict=True).document)
+    assert "opaque" not in {op.kind for op in graph.ops}
+    assert [op.kind for op in graph.ops if op.inputs[-1:] == ("params['embed']",)] == ["embedding"]
+    by_layer = {}
+    for op in graph.ops:
+        by_layer.setdefault(op.layer, []).append(op)
+    assert set(by_layer) == set(range(LAYERS)) | {None}
+    # the iteration's scope, under which jnp.einsum names its own
+    assert all(op.module.split(".")[:2] == ["scan", str(op.layer)] for i in range(LAYERS) for op in by_layer[i])
+    # each layer computes one block: its FLOPs are the block's, none lost in an opaque op
+    block = graph_from_json(import_function(llama_block, llama_args(), strict=True).document)
+    block_flops = sum(op.flops() for op in block.ops)
+    assert [sum(op.flops() for op in by_layer[i]) for i in range(LAYERS)] == [block_flops] * LAYERS
+    assert Counter(op.kind for op in by_layer[0])["dot_general"] == Counter(op.kind for op in block.ops)["dot_general"]
+
+
+def test_the_import_command_takes_the_decoder_strict(tmp_path, capsys):
+    source = tmp_path / "model.py"
+    source.write_text(textwrap.dedent("""
+        from jax_models import decoder, decoder_args
+
+        def make():
+            return decoder, decoder_args()
+    """))
+    out = tmp_path / "graph.json"
+    assert main(["import", "jax", f"{source}:make", "-o", str(out), "--strict"]) == 0, capsys.readouterr().err
+    graph = graph_from_json(json.loads(out.read_text()))
+    assert "opaque" not in {op.kind for op in graph.ops}
+    assert {op.layer for op in graph.ops} == set(range(LAYERS)) | {None}
+
+
+def test_the_plan_shards_the_stacked_weights_keeping_the_layer_axis_whole():
+    args, graph, hardware, result, sharded = planned()
+    params, ids = sharded.shardings(*args).in_specs
+    assert ids == P("dp")
+    assert {w: params["layers"][w] for w in COLUMN_PARALLEL + ROW_PARALLEL} == {
+        **{w: P(None, None, "tp") for w in COLUMN_PARALLEL}, **{w: P(None, "tp") for w in ROW_PARALLEL}}
+    assert params["embed"] == P("tp") and params["lm_head"] == P(None, "tp")
+    # the norms' stacked gammas [L, D] are the solver's to place: no layer's slice is split off
+    assert all(not spec or spec[0] is None for spec in params["layers"].values())
+    assert result.report.peak_memory_bytes < replicated_peak_bytes(graph, MESH, hardware)
+
+
+def test_the_sharded_decoder_gives_the_unsharded_logits():
+    args, _, _, _, sharded = planned()
+    logits = sharded(*args)
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(jax.jit(decoder)(*args)), rtol=1e-5, atol=2e-5)
+    assert logits.sharding.mesh.shape == {"dp": 2, "tp": 4}
+
+
+def test_xla_compiles_exactly_the_plans_collectives():
+    args, _, hardware, result, sharded = planned()
+    compiled = compiled_collectives(sharded.lower(*args).compile().as_text())
+    comparison = compare_collectives(planned_collectives(result.plan, hardware.collective_seconds), compiled)
+    assert comparison, "a tensor-parallel decoder communicates"
+    for kind in comparison:
+        assert (kind.plan_count, kind.plan_bytes_per_device) == (kind.xla_count, kind.xla_bytes_per_device), \
+            kind.to_json()
