@@ -37,13 +37,19 @@ def searched(tmp_path_factory):
             json.loads((folder / "out" / "plan.json").read_text()))
 
 
+def sizes(row: dict) -> tuple[int, ...]:
+    return tuple(axis["size"] for axis in row["sub_mesh"]["axes"])
+
+
 def test_every_stage_count_sub_mesh_microbatch_count_and_schedule_is_priced(searched):
     section = searched[0]["pipeline"]
-    found = {(row["stages"], row["microbatches"], row["schedule"], row["virtual_stages_per_stage"])
+    found = {(row["stages"], row["microbatches"], row["schedule"], row["virtual_stages_per_stage"], sizes(row))
              for row in section["configurations"]}
     assert stage_counts(8, 4) == [2, 4] and microbatch_counts(4, {8}) == [1, 4, 8]
-    expected = {(s, m, name, v) for s in (2, 4) for m in microbatch_counts(s, {GPT.batch})
-                for name, v in schedules(s, 4, m)}
+    assert microbatch_counts(2, {8}, (2, 2)) == [1, 2, 4, 8] and microbatch_counts(4, {16}, (2,)) == [1, 4, 8, 16]
+    expected = {(s, m, name, v, mesh) for s in (2, 4) for mesh in {sizes(row) for row in section["configurations"]
+                                                                   if row["stages"] == s}
+                for m in microbatch_counts(s, {GPT.batch}, mesh) for name, v in schedules(s, 4, m)}
     assert found == expected
     assert all(row["outcome"] == "priced" and row["sub_mesh"]["axes"][0]["size"] * row["stages"] == 8
                for row in section["configurations"])

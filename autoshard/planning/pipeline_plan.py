@@ -4,7 +4,11 @@ sub-mesh with the same axes, the step priced by simulating the schedule event by
 How it is made:
 1. One intra-stage plan of the whole graph on the stage's mesh (`make_plan`, with the
    microbatches asked for). Its memory budget is S budgets, as each stage holds about 1/S of
-   the graph; each stage's own peak is checked against one budget in step 5.
+   the graph; each stage's own peak is checked against one budget in step 5. The whole graph's
+   peak is not the stages' (a stage also holds the activations of its microbatches in flight),
+   so a plan whose stages overflow is solved again under a whole-graph budget shrunk by the
+   worst stage's excess (`FIT_ROUNDS`): a loose budget lets the solver replicate weights that
+   no single stage can hold.
 2. Each op's seconds per run from that plan's prices (`estimate`, per op its compute and the
    reshardings into it). The plan is of the step on one microbatch (the microbatch machinery
    divides every batch dim by M), so an op's seconds divided by its runs are its seconds on one
@@ -26,6 +30,7 @@ How it is made:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -49,6 +54,8 @@ from autoshard.planning.pipeline_work import seconds_per_run, work_kinds
 STAGE_AXIS = "pp"  # the machine mesh's outermost axis, one position per stage
 TRANSFER = "send_recv"
 TAIL_PARTS = ("gradient reduction", "optimizer")
+FIT_ROUNDS = 3  # solves of the stage plan at most: the first, then under shrunk whole-graph budgets
+FIT_MARGIN = 0.97  # a shrunk budget aims this far under the stage budget: peaks do not scale exactly
 # Where the checks name the settings: `stages` is the pipeline's stage count, `chunks` its schedule's V
 SETTING_OF = {"stages": "pipeline", "chunks": "schedule"}
 
@@ -169,7 +176,7 @@ def plan_pipeline(graph: Graph, stage_mesh: Mesh, hw: Hardware, settings: SolveS
     """The pipelined plan of `graph`: `hw` is bound to `pipeline_mesh(stage_mesh, stages)`."""
     orders = checked_orders(graph, pipeline, settings.microbatches)
     phases = PhaseTimes() if phases is None else phases
-    result = stage_plan(graph, stage_mesh, hw, settings, orders.stages, progress=progress, phases=phases,
+    result = stage_plan(graph, stage_mesh, hw, settings, orders, progress=progress, phases=phases,
                         best_so_far=best_so_far)
     with phases.phase("pipeline"):
         return price_pipeline(result, stage_mesh, hw, orders, stage_budget_bytes(settings, hw))
@@ -179,18 +186,36 @@ def stage_budget_bytes(settings: SolveSettings, hw: Hardware) -> float:
     return settings.memory_budget_bytes if settings.memory_budget_bytes is not None else hw.hbm_bytes
 
 
-def stage_plan(graph: Graph, stage_mesh: Mesh, hw: Hardware, settings: SolveSettings, stages: int,
+def stage_plan(graph: Graph, stage_mesh: Mesh, hw: Hardware, settings: SolveSettings, fit: StageOrders,
                progress: Callable[[str, float, float, float], None] | None = None,
                phases: PhaseTimes | None = None, best_so_far: BestSoFar | None = None) -> PlanResult:
-    """Step 1: the intra-stage plan of the whole graph, within `stages` budgets per device. It
-    does not depend on the schedule, so one plan prices every schedule and V (the search's use)."""
+    """Step 1: the intra-stage plan of the whole graph, within `stages` budgets per device, solved
+    again under a shrunk budget (at most `FIT_ROUNDS` solves) while a stage of the schedule `fit`
+    is over one budget and the last solve brought its worst stage down. The plan does not depend
+    on the schedule otherwise, so one plan prices every schedule and V (the search's use, fitted
+    to its least-memory schedule). When no solve fits, the one closest to fitting is returned and
+    the caller's pricing names its stages over."""
     budget = stage_budget_bytes(settings, hw)
-    whole = replace(settings, memory_budget_bytes=min(budget * stages, MAX_MEMORY_BUDGET_BYTES))
-    try:
-        return make_plan(graph, stage_mesh, hw, whole, progress=progress, phases=phases, best_so_far=best_so_far)
-    except InfeasibleError as error:
-        raise InfeasibleError(f"the whole graph on one stage's mesh, within {stages} x the budget per device "
-                              f"(each stage holds about 1/{stages} of it): {error}") from None
+    whole = min(budget * fit.stages, MAX_MEMORY_BUDGET_BYTES)
+    found: list[tuple[float, PlanResult]] = []  # (worst stage's peak, plan) of each solve
+    for solve in range(FIT_ROUNDS):
+        try:
+            result = make_plan(graph, stage_mesh, hw, replace(settings, memory_budget_bytes=whole), progress=progress,
+                               phases=phases, best_so_far=best_so_far)
+        except InfeasibleError as error:
+            if found:  # nothing fits the shrunk budget
+                break
+            raise InfeasibleError(f"the whole graph on one stage's mesh, within {fit.stages} x the budget per device "
+                                  f"(each stage holds about 1/{fit.stages} of it): {error}") from None
+        worst = max(m.peak_bytes for m in price_pipeline(result, stage_mesh, hw, fit, math.inf).memory)
+        if worst <= budget:
+            return result
+        if found and worst >= found[-1][0] * FIT_MARGIN:  # shrinking the whole graph does not reach the stages
+            found.append((worst, result))
+            break
+        found.append((worst, result))
+        whole = result.report.peak_memory_bytes * budget / worst * FIT_MARGIN
+    return min(found, key=lambda entry: entry[0])[1]
 
 
 def price_pipeline(result: PlanResult, stage_mesh: Mesh, hw: Hardware, orders: StageOrders,

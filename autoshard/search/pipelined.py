@@ -3,7 +3,8 @@ the mesh inside a stage.
 
 For each stage count S dividing the devices (2 <= S <= layers, at least 2 devices a stage), each
 candidate sub-mesh of N/S devices (`enumerate_candidates`, placed on the machine under the stage
-axis `pp`, outermost) and each microbatch count M of (1, S, 2S, 4S) the batch can be split into:
+axis `pp`, outermost) and each microbatch count M the batch can be split into (1, S, 2S, 4S, and one
+sample a microbatch per replica along the sub-mesh's axes, `microbatch_counts`):
 one intra-stage plan (`stage_plan`, a task on the search's workers), then every schedule priced on it
 (`price_pipeline`: the cut by the dynamic programme over its per-layer seconds, no range planned
 again, the event simulation, each stage's memory against the budget). S = 1 is the plain search,
@@ -12,6 +13,7 @@ whose winner competes on its step. Configurations are ranked by the simulated st
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass
@@ -117,7 +119,8 @@ def stage_tasks(options: SearchOptions, layers: int, batches: set[int]) -> list[
                                               max_axes=options.max_axes, fixed=options.fixed).candidates
         except InputError:  # the fixed axes do not divide a stage's devices: no sub-mesh of this S
             continue
-        tasks += [StageTask(stages, c, m) for c in candidates for m in microbatch_counts(stages, batches)]
+        tasks += [StageTask(stages, c, m) for c in candidates
+                  for m in microbatch_counts(stages, batches, c.axis_sizes)]
     return tasks
 
 
@@ -161,10 +164,16 @@ def batch_sizes(graph: Graph) -> set[int]:
     return {t.shape[t.batch_dim] for t in graph.tensors.values() if t.batch_dim is not None}
 
 
-def microbatch_counts(stages: int, batches: set[int]) -> list[int]:
-    """1, S, 2S and 4S, those that divide every batch (none without a batch: 1 only)."""
-    counts = [1] + [stages * k for k in MICROBATCHES_PER_STAGE]
-    return [m for m in counts if m == 1 or (batches and all(b % m == 0 for b in batches))]
+def microbatch_counts(stages: int, batches: set[int], axis_sizes: tuple[int, ...] = ()) -> list[int]:
+    """1, S, 2S and 4S, and the counts giving each replica along some of the sub-mesh's axes one
+    sample a microbatch (how published runs are set: micro-batch 1 on every data-parallel rank);
+    at least S (fewer leave stages idle every step) and dividing every batch (without a batch: 1)."""
+    counts = {1} | {stages * k for k in MICROBATCHES_PER_STAGE}
+    if len(batches) == 1:
+        batch = next(iter(batches))
+        counts |= {batch // math.prod(chosen) for n in range(len(axis_sizes) + 1)
+                   for chosen in itertools.combinations(axis_sizes, n) if batch % math.prod(chosen) == 0}
+    return sorted(m for m in counts if m == 1 or (m >= stages and batches and all(b % m == 0 for b in batches)))
 
 
 def schedules(stages: int, layers: int, microbatches: int) -> list[tuple[str, int]]:

@@ -13,8 +13,12 @@ from typing import TYPE_CHECKING, Any
 from autoshard.errors import InfeasibleError, InputError, OutOfTime
 from autoshard.graph.schema import load_graph
 from autoshard.planning.hardware import bind_hardware
-from autoshard.planning.pipeline_plan import STAGE_AXIS, pipeline_mesh, stage_plan
+from autoshard.planning.pipeline_plan import STAGE_AXIS, PipelineSettings, checked_orders, pipeline_mesh, stage_plan
 from autoshard.search.candidates import Candidate, machines_for
+
+# The plan is fitted to the stages' memory under 1F1B, which holds the fewest microbatches of the
+# schedules the search prices; a schedule holding more may still be over (priced "over budget").
+LEAST_MEMORY_SCHEDULE = "1f1b"
 
 if TYPE_CHECKING:  # tasks.py dispatches to this module
     from autoshard.search.tasks import SearchInputs
@@ -70,7 +74,8 @@ def solve_stage_task(inputs: SearchInputs, task: StageTask, time_limit_s: float)
         return {"infeasible": f"the graph's constraints do not fit this sub-mesh: {error}"}
     settings = dataclasses.replace(inputs.settings, microbatches=task.microbatches, time_limit_s=time_limit_s)
     try:
-        return {"result": stage_plan(graph, task.candidate.mesh, placement.hardware, settings, task.stages)}
+        fit = checked_orders(graph, PipelineSettings(task.stages, LEAST_MEMORY_SCHEDULE), task.microbatches)
+        return {"result": stage_plan(graph, task.candidate.mesh, placement.hardware, settings, fit)}
     except InfeasibleError as error:
         return {"infeasible": str(error)}
     except OutOfTime as error:
