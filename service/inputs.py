@@ -24,6 +24,8 @@ from autoshard.planning.costs import Hardware
 from autoshard.planning.formulation import Weights
 from autoshard.planning.hardware import bind_hardware
 from autoshard.planning.make_plan import SolveSettings
+from autoshard.planning.pipeline_plan import PipelineSettings, checked_orders, pipeline_mesh
+from autoshard.pipeline import parse_schedule
 from service.config import Settings
 from service.errors import TooLarge
 
@@ -124,6 +126,9 @@ def fill_options(options: Mapping[str, Any], settings: Settings) -> dict[str, An
     if filled["workers"] > settings.max_solver_threads:
         problems.append(Problem("/options/workers", f"at most {settings.max_solver_threads} solver threads on this "
                                                     f"service, got {filled['workers']}"))
+    if filled.get("layer_once") and filled.get("pipeline"):
+        problems.append(Problem("/options/layer_once", "composing layers solved once does not take a pipeline yet; "
+                                                       "drop layer_once or pipeline"))
     if filled.get("layer_once") and filled.get("microbatches", 1) > 1:
         problems.append(Problem("/options/layer_once", "composing layers solved once does not take microbatches "
                                                        "yet; drop layer_once or microbatches"))
@@ -137,10 +142,40 @@ def canonical_plan_request(request: Mapping[str, Any], settings: Settings) -> di
     """Check a plan request (graph, mesh, topology, options); return its canonical form."""
     mesh = parse_mesh(request["mesh"], settings.max_devices)
     graph = parse_graph(request["graph"], mesh, settings)
+    options = fill_options(request.get("options", {}), settings)
+    pipeline = pipeline_of(options)
+    machine = mesh
+    if pipeline is not None:  # the stages against the graph's layers; the machine is the stages times the mesh
+        try:
+            checked_orders(graph, pipeline, options.get("microbatches", 1))
+        except InputError as error:
+            raise InputError([Problem(PIPELINE_POINTERS.get(p.where, "/options/pipeline"), p.message)
+                              for p in error.problems]) from None
+        machine = pipeline_mesh(mesh, pipeline.stages)
+        if settings.max_devices is not None and machine.num_devices > settings.max_devices:
+            raise InputError(f"{pipeline.stages} stages of {mesh.num_devices} devices; this service accepts at most "
+                             f"{settings.max_devices} devices", "/options/pipeline/stages")
     topology_options = {k: v for k, v in request.get("topology_options", {}).items() if v is not None}
-    bind_topology(request["topology"], topology_options, mesh)
+    bind_topology(request["topology"], topology_options, machine)
     return {"graph": graph_to_json(graph), "mesh": mesh_text(mesh), "topology": request["topology"],
-            "topology_options": topology_options, "options": fill_options(request.get("options", {}), settings)}
+            "topology_options": topology_options, "options": options}
+
+
+# Where the planner names a pipeline setting -> its field in a plan request
+PIPELINE_POINTERS = {"pipeline": "/options/pipeline/stages", "schedule": "/options/pipeline/schedule",
+                     "microbatches": "/options/microbatches"}
+
+
+def pipeline_of(options: Mapping[str, Any]) -> PipelineSettings | None:
+    """The pipeline a request's filled options ask for, None without one."""
+    given = options.get("pipeline")
+    if not given:
+        return None
+    try:
+        schedule, chunks = parse_schedule(given.get("schedule", "1f1b"))
+    except InputError as error:
+        raise InputError([Problem("/options/pipeline/schedule", p.message) for p in error.problems]) from None
+    return PipelineSettings(given["stages"], schedule, chunks)
 
 
 def request_key(canonical: Mapping[str, Any]) -> str:
@@ -163,6 +198,7 @@ class PlanInputs:
     verify: str
     optimize_collectives: bool
     layer_once: bool
+    pipeline: PipelineSettings | None
 
 
 def plan_inputs(canonical: Mapping[str, Any]) -> PlanInputs:
@@ -175,8 +211,10 @@ def plan_inputs(canonical: Mapping[str, Any]) -> PlanInputs:
                              deterministic=options.get("deterministic", False),
                              microbatches=options.get("microbatches", 1),
                              mesh_order_splits=options.get("mesh_order_splits", False))
+    pipeline = pipeline_of(options)
+    machine = mesh if pipeline is None else pipeline_mesh(mesh, pipeline.stages)
     return PlanInputs(graph_from_json(canonical["graph"], mesh), mesh,
-                      bind_topology(canonical["topology"], canonical["topology_options"], mesh),
+                      bind_topology(canonical["topology"], canonical["topology_options"], machine),
                       topology_name(canonical["topology"]), settings, tuple(options["emit"]), options["dialect"],
                       options.get("verify", "auto"), options.get("collective_optimizations", True),
-                      options.get("layer_once", False))
+                      options.get("layer_once", False), pipeline)

@@ -84,6 +84,14 @@ class Weights(_Wire):
         return self
 
 
+class PipelineOptions(_Wire):
+    stages: int = Field(ge=1, description="cut the layers into this many pipeline stages, each on its own sub-mesh "
+                                          "with the request's mesh axes (the stages multiply the devices); needs ops "
+                                          "with a `layer` (as `--pipeline S`)")
+    schedule: str = Field("1f1b", description="gpipe, 1f1b, interleaved:V (V virtual stages per device; "
+                                              "microbatches a multiple of the stages) or zb-h1")
+
+
 class PlanOptions(_Wire):
     time_limit_s: float | None = Field(None, gt=0, description="solver time limit (default and cap: server settings)")
     gap_limit: float = Field(1e-4, ge=0, lt=1, description="stop once (cost - bound) / cost is at most this; "
@@ -112,6 +120,8 @@ class PlanOptions(_Wire):
                                                              "time; false keeps them as planned (`--no-collective-opt`)")
     layer_once: bool = Field(False, description="solve each kind of repeated layer once and compose the plan "
                                                 "(as `--layer-once`; needs ops with a `layer`, and no microbatches)")
+    pipeline: PipelineOptions | None = Field(None, description="pipeline the step (as `--pipeline`): the plan "
+                                                               "gains its `pipeline` section")
 
 
 class PlanRequest(_Wire):

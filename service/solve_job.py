@@ -22,6 +22,7 @@ from autoshard.delivery.document import plan_document
 from autoshard.errors import AutoshardError, InfeasibleError, InputError
 from autoshard.phases import collect_garbage_rarely
 from autoshard.planning.compose import plan_layer_once
+from autoshard.planning.pipeline_plan import plan_pipeline
 from autoshard.planning.make_plan import BestSoFar, make_plan
 from service.inputs import plan_inputs, slice_of, topology_name
 from service.ir import ir_arguments
@@ -110,7 +111,12 @@ def run(canonical: Mapping[str, Any], conn: Connection, verify_max_bytes: float)
     try:
         progress.phase("formulating")
         inputs = plan_inputs(canonical)
-        if inputs.layer_once:
+        pipelined = None
+        if inputs.pipeline is not None:
+            pipelined = plan_pipeline(inputs.graph, inputs.mesh, inputs.hardware, inputs.settings, inputs.pipeline,
+                                      progress=progress, best_so_far=best)
+            result = pipelined.result
+        elif inputs.layer_once:
             result = plan_layer_once(inputs.graph, inputs.mesh, inputs.hardware, inputs.settings)
         else:
             result = make_plan(inputs.graph, inputs.mesh, inputs.hardware, inputs.settings, progress=progress,
@@ -120,7 +126,10 @@ def run(canonical: Mapping[str, Any], conn: Connection, verify_max_bytes: float)
                             verify=inputs.verify, verify_max_bytes=verify_max_bytes,
                             optimize_collectives=inputs.optimize_collectives,
                             nodes=canonical["topology_options"].get("nodes"),
-                            slice_shape=slice_of(canonical["topology_options"].get("slice")))
+                            slice_shape=slice_of(canonical["topology_options"].get("slice")),
+                            pipeline=pipelined.cut if pipelined is not None else None)
+        if pipelined is not None:
+            delivered.document["pipeline"] = pipelined.to_json()
         ir = [(stage, inputs.dialect, ir_arguments(stage, "local"), text) for stage, text in delivered.ir.items()]
         progress.phase("done")
         progress.send("done", {"plan": delivered.document, "ir": ir})

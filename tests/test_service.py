@@ -328,3 +328,34 @@ def test_a_plan_for_microbatches_is_made_and_priced_as_microbatches(tmp_path):
     assert response.status_code == 422
     assert {p["where"] for p in error_of(response)["problems"]} == {"/graph/tensors/x/batch_dim",
                                                                       "/graph/tensors/labels/batch_dim"}
+
+
+def test_a_pipelined_plan_is_the_library_one_with_its_pipeline_section_and_wrong_settings_point_at_their_field(
+        tmp_path):
+    from autoshard.models.gpt import GPTConfig, gpt
+    from autoshard.planning.pipeline_plan import PipelineSettings, pipeline_mesh, plan_pipeline
+
+    graph = gpt(GPTConfig(layers=4, hidden=64, heads=4, seq=16, batch=8, vocab=256), training=True)
+    options = {"deterministic": True, "microbatches": 4, "verify": "always",
+               "pipeline": {"stages": 2, "schedule": "interleaved:2"}}
+    with TestClient(create_app(settings_for(tmp_path, max_body_bytes=4_000_000, max_ops=5000,
+                                            max_tensors=5000))) as http:
+        client = Client(http=http)
+        job = client.submit(graph, "dp=2", "dgx-h100", options=options, wait_s=300)
+        assert job.status == "done", job.error
+        section = job.plan["pipeline"]
+        assert (section["stage_count"], section["virtual_stages_per_stage"], section["microbatches"]) == (2, 2, 4)
+        assert [stage["devices"] for stage in section["stages"]] == [[0, 1], [2, 3]]
+        assert job.plan["verification"]["status"] == "passed"
+        mesh = Mesh.parse("dp=2")
+        direct = plan_pipeline(graph_from_json(graph, mesh), mesh, bind_hardware("dgx-h100", pipeline_mesh(mesh, 2)),
+                               SolveSettings(deterministic=True, microbatches=4), PipelineSettings(2, "interleaved", 2))
+        assert section["step_s"] == direct.timeline.step_s
+        wrong = {"/options/pipeline/stages": {"pipeline": {"stages": 5}},
+                 "/options/pipeline/schedule": {"pipeline": {"stages": 2, "schedule": "interleaved:1"}},
+                 "/options/layer_once": {"pipeline": {"stages": 2}, "layer_once": True}}
+        for where, given in wrong.items():
+            response = http.post("/v1/plans", json={"graph": graph, "mesh": "dp=2", "topology": "dgx-h100",
+                                                    "options": given})
+            assert response.status_code == 422 and where in {p["where"] for p in error_of(response)["problems"]}, \
+                (where, response.json())

@@ -177,8 +177,8 @@ def microbatch_counts(stages: int, batches: set[int], axis_sizes: tuple[int, ...
 
 
 def schedules(stages: int, layers: int, microbatches: int) -> list[tuple[str, int]]:
-    """1F1B, ZB-H1 and interleaved with V = 2 .. layers / S (M a multiple of S, as it needs)."""
-    found = [("1f1b", 1), ("zb-h1", 1)]
+    """GPipe, 1F1B, ZB-H1 and interleaved with V = 2 .. layers / S (M a multiple of S, as it needs)."""
+    found = [("gpipe", 1), ("1f1b", 1), ("zb-h1", 1)]
     if microbatches % stages == 0:
         found += [("interleaved", v) for v in range(2, layers // stages + 1)]
     return found
