@@ -3,7 +3,7 @@ grouped-query attention, SwiGLU, the blocks' parameters stacked on a leading lay
 by `jax.lax.scan`, logits) imports with strict (no opaque op), each scanned layer a layer of the
 graph; planned on dp=2,tp=4 with Megatron pins on the stacked weights and a vocabulary-parallel
 embedding and head, XLA runs it under the plan with the unsharded logits and exactly the plan's
-collectives."""
+collectives. Its training step (`jax.grad` through the scan) imports with strict too."""
 
 from __future__ import annotations
 
@@ -13,10 +13,13 @@ import textwrap
 from collections import Counter
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.sharding import PartitionSpec as P
 from jax_models import LAYERS, decoder, decoder_args, llama_args, llama_block
 from proofs import TOPOLOGY, jax_mesh, replicated_peak_bytes
+from test_jax_import import run_graph
 
 import autoshard
 from autoshard.cli.main import main
@@ -103,3 +106,22 @@ def test_xla_compiles_exactly_the_plans_collectives():
     for kind in comparison:
         assert (kind.plan_count, kind.plan_bytes_per_device) == (kind.xla_count, kind.xla_bytes_per_device), \
             kind.to_json()
+
+
+def training_step(params, ids):
+    """Next-token cross-entropy's gradient (through the scan) applied to the parameters."""
+    def loss(params):
+        logits = jax.nn.log_softmax(decoder(params, ids))
+        return -jnp.mean(jnp.take_along_axis(logits, jnp.roll(ids, -1, axis=1)[..., None], axis=-1))
+
+    return jax.tree_util.tree_map(lambda w, g: w - 0.1 * g, params, jax.grad(loss)(params))
+
+
+def test_the_decoders_training_step_imports_strict_and_computes_the_update():
+    args = decoder_args()
+    with pytest.warns(UserWarning, match="layers are not kept"):  # a jax.grad program declares no backward
+        imported = import_function(training_step, args, strict=True)
+    graph, results = run_graph(imported, args)
+    assert {"scatter_add", "embedding", "one_hot"} <= {op.kind for op in graph.ops}
+    for got, want in zip(results, jax.tree_util.tree_leaves(training_step(*args)), strict=True):
+        np.testing.assert_allclose(got, np.asarray(want), rtol=1e-4, atol=1e-5)

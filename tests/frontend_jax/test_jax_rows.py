@@ -133,3 +133,21 @@ def test_dilated_convolutions_are_refused_under_strict_naming_the_parameter():
     with pytest.raises(InputError, match=r"rhs_dilation \(2, 2\)"):
         import_function(lambda x, w: jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", rhs_dilation=(2, 2)), (x, w),
                         strict=True)
+
+
+def test_splits_and_zero_padding_are_slices_and_pads():
+    def f(x):
+        first, second = jnp.split(x, [2], axis=1)
+        # the gradient of a slice pads it back with zeros
+        return first, second, jax.grad(lambda x: (x[:, 1:5] ** 2).sum())(x)
+
+    _, ops = imported_values(f, LOGITS)
+    assert sorted((op.attrs["starts"], op.attrs["limits"]) for op in ops["slice"])[:2] == [([0, 0], [6, 2]),
+                                                                                          ([0, 1], [6, 5])]
+    (pad,) = ops["pad"]
+    assert pad.attrs == {"low": [0, 1], "high": [0, 3]}
+
+
+def test_a_padding_value_other_than_zero_is_refused_under_strict_naming_why():
+    with pytest.raises(InputError, match="a padding value other than a constant zero"):
+        import_function(lambda x: jax.lax.pad(x, 1.0, [(1, 1, 0), (0, 0, 0)]), (LOGITS,), strict=True)

@@ -16,7 +16,7 @@ import numpy as np
 from autoshard.frontends.jax.convolution import conv_general_dilated
 from autoshard.frontends.jax.indexing import gather, scatter
 from autoshard.frontends.jax.rows import Emit, Row, Unsupported
-from autoshard.frontends.jax.trace import FlatEqn
+from autoshard.frontends.jax.trace import Const, FlatEqn
 
 
 # jax element types -> the graph's (`autoshard.dtypes`)
@@ -97,6 +97,26 @@ def _slice(e: Emit, eqn: FlatEqn) -> list[str]:
                  strides=[int(s) for s in strides])]
 
 
+def _split(e: Emit, eqn: FlatEqn) -> list[str]:
+    shape, axis = e.shape(eqn.inputs[0]), int(eqn.params["axis"]) % len(e.shape(eqn.inputs[0]))
+    starts = np.cumsum([0] + [int(n) for n in eqn.params["sizes"]])
+    return [e.op("slice", [e.tensor(eqn.inputs[0])], starts=[int(a) if d == axis else 0 for d in range(len(shape))],
+                 limits=[int(b) if d == axis else n for d, n in enumerate(shape)], strides=[1] * len(shape))
+            for a, b in zip(starts, starts[1:])]
+
+
+def _pad(e: Emit, eqn: FlatEqn) -> list[str]:
+    x, value = eqn.inputs
+    config = [tuple(int(v) for v in dim) for dim in eqn.params["padding_config"]]
+    if not isinstance(value, Const) or np.any(value.value != 0):
+        raise Unsupported("a padding value other than a constant zero (the op table pads with zeros)")
+    if any(low < 0 or high < 0 or interior for low, high, interior in config):
+        raise Unsupported(f"padding_config {config} has negative or interior padding")
+    if not any(low or high for low, high, _ in config):
+        return [e.tensor(x)]
+    return [e.op("pad", [e.tensor(x)], low=[c[0] for c in config], high=[c[1] for c in config])]
+
+
 def _compare(direction: str) -> Row:
     return lambda e, eqn: [e.op("compare", [e.tensor(a) for a in eqn.inputs], direction=direction)]
 
@@ -159,6 +179,8 @@ PRIMITIVES: dict[str, Row] = {
     "transpose": _transpose,
     "concatenate": _concatenate,
     "slice": _slice,
+    "split": _split,
+    "pad": _pad,
     "select_n": _elementwise("select"),
     **{name: _compare(name) for name in ("eq", "ne", "lt", "le", "gt", "ge")},
     "iota": _iota,
