@@ -27,6 +27,7 @@ from autoshard.errors import InputError
 from autoshard.graph.model import Op
 from autoshard.mlir.linalg import Operand, Spec, empty, generic, ins_outs, linalg_index, reduction_init
 from autoshard.mlir.lower_grad import lower_grad
+from autoshard.mlir.lower_indexing import cumulative, scatter
 from autoshard.mlir.lower_window import lower_conv, lower_pool, pad_cells
 from autoshard.mlir.lower_selection import one_hot, top_k
 from autoshard.mlir.scalar import combine, constant, convert, payload
@@ -458,6 +459,9 @@ LOWERINGS: dict[str, Lowering] = {
     "one_hot": one_hot,
     "top_k_values": top_k,
     "top_k_indices": top_k,
+    "cumulative": cumulative,
+    "scatter_add": scatter,
+    "scatter": scatter,
     "grad": lower_grad,
 }
 
