@@ -23,8 +23,10 @@ ONE = Mesh.of(x=1)
 rng = np.random.default_rng(5)
 
 
-@pytest.mark.parametrize("attrs", [{"axis": 1, "reduction": "sum"}, {"axis": 0, "reduction": "max", "reverse": True},
-                                   {"axis": 1, "reduction": "product", "reverse": True}, {"axis": 0, "reduction": "min"}])
+@pytest.mark.parametrize("attrs", [
+    {"axis": 1, "reduction": "sum"}, {"axis": 0, "reduction": "max", "reverse": True},
+    {"axis": 1, "reduction": "product", "reverse": True}, {"axis": 0, "reduction": "min"},
+])
 def test_a_running_reduction_runs_as_the_graph_means(attrs):
     b = GraphBuilder("running", "f32")
     x = b.input("x", (3, 5), "f32")
@@ -35,11 +37,13 @@ def test_a_running_reduction_runs_as_the_graph_means(attrs):
 def scatters() -> tuple[GraphBuilder, dict[str, np.ndarray]]:
     b = GraphBuilder("scatters", "f32")
     ids, written = b.input("ids", (2, 3), "i32"), b.input("written", (4,), "i32")
-    updates, rows, table = b.input("updates", (2, 3, 4), "f32"), b.input("rows", (4, 4), "f32"), b.input("table", (6, 4), "f32")
-    b.mark_outputs(b.op("scatter_add", [ids, updates], "summed", rows=6), b.op("scatter", [table, written, rows], "set"))
+    updates, rows = b.input("updates", (2, 3, 4), "f32"), b.input("rows", (4, 4), "f32")
+    table = b.input("table", (6, 4), "f32")
+    summed = b.op("scatter_add", [ids, updates], "summed", rows=6)
+    b.mark_outputs(summed, b.op("scatter", [table, written, rows], "set"))
     values = {"ids": np.array([[5, 0, 5], [2, 7, 1]], np.int32), "written": np.array([4, 1, 9, 0], np.int32),
-              "updates": rng.uniform(-1, 1, (2, 3, 4)).astype(np.float32),
-              "rows": rng.uniform(-1, 1, (4, 4)).astype(np.float32), "table": rng.uniform(-1, 1, (6, 4)).astype(np.float32)}
+              **{name: rng.uniform(-1, 1, shape).astype(np.float32)
+                 for name, shape in (("updates", (2, 3, 4)), ("rows", (4, 4)), ("table", (6, 4)))}}
     return b, values
 
 

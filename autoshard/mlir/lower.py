@@ -6,7 +6,8 @@ and iterator types, or the named linalg op where one fits (`linalg.matmul`,
 `linalg.batch_matmul`). The other kinds become the `linalg`/`tensor` named op that exists
 (`linalg.softmax`, `linalg.transpose`, `tensor.expand_shape`/`collapse_shape`, `tensor.concat`,
 `tensor.extract_slice`, linalg's convolutions) or a short sequence of `linalg.generic`s;
-window ops (convolution, pooling) are in `lower_window`;
+window ops (convolution, pooling) are in `lower_window`, selections (`one_hot`, `top_k_*`) in
+`lower_selection`, running reductions and scatters in `lower_indexing`;
 `grad` ops are lowered per forward kind in `lower_grad`.
 
 Lowering reads operand and result shapes from the caller, so the same code prints the global op
