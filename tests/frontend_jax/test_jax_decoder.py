@@ -3,7 +3,9 @@ grouped-query attention, SwiGLU, the blocks' parameters stacked on a leading lay
 by `jax.lax.scan`, logits) imports with strict (no opaque op), each scanned layer a layer of the
 graph; planned on dp=2,tp=4 with Megatron pins on the stacked weights and a vocabulary-parallel
 embedding and head, XLA runs it under the plan with the unsharded logits and exactly the plan's
-collectives. Its training step (`jax.grad` through the scan) imports with strict too."""
+collectives. Its training step (`jax.grad` through the scan) imports with strict too, and runs
+under its plan with jax's update and exactly the plan's collectives: each weight the plan gathers
+once for the forward and backward reads is sliced locally where the update reads it split."""
 
 from __future__ import annotations
 
@@ -36,14 +38,14 @@ PINS = {"ids": [["dp"]], "params['embed']": [["tp"], []], "params['lm_head']": [
 
 
 @functools.lru_cache(maxsize=None)
-def planned():
+def planned(f=decoder):
     args = decoder_args()
-    document = import_function(decoder, args, strict=True).document
+    document = import_function(f, args, strict=True).document
     document["constraints"] += [{"tensor": t, "split_axes": s} for t, s in PINS.items()]
     graph = graph_from_json(document, MESH)
     hardware = autoshard.bind_hardware(TOPOLOGY, MESH)
     result = autoshard.make_plan(graph, MESH, hardware, autoshard.SolveSettings(deterministic=True))
-    return args, graph, hardware, result, shard(decoder, result, jax_mesh(MESH))
+    return args, graph, hardware, result, shard(f, result, jax_mesh(MESH), price=hardware.collective_seconds)
 
 
 def test_the_decoder_imports_strict_with_each_scanned_layer_a_layer():
@@ -98,14 +100,19 @@ def test_the_sharded_decoder_gives_the_unsharded_logits():
     assert logits.sharding.mesh.shape == {"dp": 2, "tp": 4}
 
 
-def test_xla_compiles_exactly_the_plans_collectives():
-    args, _, hardware, result, sharded = planned()
+def assert_xla_compiles_exactly_the_plans_collectives(args, hardware, result, sharded):
     compiled = compiled_collectives(sharded.lower(*args).compile().as_text())
     comparison = compare_collectives(planned_collectives(result.plan, hardware.collective_seconds), compiled)
     assert comparison, "a tensor-parallel decoder communicates"
     for kind in comparison:
         assert (kind.plan_count, kind.plan_bytes_per_device) == (kind.xla_count, kind.xla_bytes_per_device), \
             kind.to_json()
+    return {kind.kind: kind.plan_count for kind in comparison}
+
+
+def test_xla_compiles_exactly_the_plans_collectives():
+    args, _, hardware, result, sharded = planned()
+    assert assert_xla_compiles_exactly_the_plans_collectives(args, hardware, result, sharded) == {"all-reduce": 5}
 
 
 def training_step(params, ids):
@@ -125,3 +132,18 @@ def test_the_decoders_training_step_imports_strict_and_computes_the_update():
     assert {"scatter_add", "embedding", "one_hot"} <= {op.kind for op in graph.ops}
     for got, want in zip(results, jax.tree_util.tree_leaves(training_step(*args)), strict=True):
         np.testing.assert_allclose(got, np.asarray(want), rtol=1e-4, atol=1e-5)
+
+
+def test_the_training_step_runs_under_its_plan_with_exactly_its_collectives():
+    with pytest.warns(UserWarning, match="layers are not kept"):  # imported again by shard, at the call
+        args, _, hardware, result, sharded = planned(training_step)
+        updated = jax.tree_util.tree_leaves(sharded(*args))
+    for got, want in zip(updated, jax.tree_util.tree_leaves(training_step(*args)), strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+    # the stacked weights, stored split, are delivered gathered for the forward and backward
+    # slices; the update reads them split again from that copy, a local slice
+    specs = sharded.shardings(*args)
+    assert {specs.imported.tensors[v] for v, spec in specs.delivered.items() if spec == P()} >= {
+        f"params['layers']['{w}']" for w in COLUMN_PARALLEL + ROW_PARALLEL}
+    kinds = assert_xla_compiles_exactly_the_plans_collectives(args, hardware, result, sharded)
+    assert "all-to-all" not in kinds and kinds["all-gather"] >= len(COLUMN_PARALLEL + ROW_PARALLEL)

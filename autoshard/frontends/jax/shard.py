@@ -3,7 +3,11 @@
 The function's program (`trace`) is evaluated primitive by primitive inside `jax.jit`, with
 `in_shardings` and `out_shardings` from the plan and a `with_sharding_constraint` on every value
 the plan shards where it is made, and on every operand the plan reshards before its consumer.
-XLA's partitioner then has nothing left to choose but how to move the data between them.
+A value the plan reshards once for several uses (its delivered copy, as `partition` makes it) is
+constrained once, at its first use, and the uses that read another sharding are resharded from
+that copy, as the plan does: a weight gathered for the forward is sliced locally where the
+update reads it split, not resharded again from its stored shards. XLA's partitioner then has
+nothing left to choose but how to move the data between them.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from autoshard.frontends.jax.trace import Const
 from autoshard.frontends.pipelined import refuse_pipelined
 from autoshard.planning.make_plan import PlanResult
 from autoshard.planning.plan import Plan
+from autoshard.resharding import Price
 
 
 class ShardedFunction:
@@ -24,8 +29,9 @@ class ShardedFunction:
     `lower(*args)` gives jax's `Lowered` (`.compile().as_text()` is the partitioned HLO), and
     `shardings(*args)` the specs used. One jitted function per argument shapes, made on first call."""
 
-    def __init__(self, f: Callable[..., Any], plan: dict[str, Any], mesh: Any, parameters: Sequence[int] | None):
-        self.f, self.plan, self.mesh, self.parameters = f, plan, mesh, parameters
+    def __init__(self, f: Callable[..., Any], plan: dict[str, Any], mesh: Any, parameters: Sequence[int] | None,
+                 price: Price | None):
+        self.f, self.plan, self.mesh, self.parameters, self.price = f, plan, mesh, parameters, price
         self._jitted: dict[Any, tuple[Any, Any, JaxShardings]] = {}
 
     def __call__(self, *args: Any) -> Any:
@@ -44,7 +50,7 @@ class ShardedFunction:
         leaves, tree = jax.tree_util.tree_flatten(tuple(args))
         key = (tree, tuple((tuple(x.shape), str(x.dtype)) for x in leaves))
         if key not in self._jitted:
-            specs = partition_specs(self.f, self.plan, *args, parameters=self.parameters)
+            specs = partition_specs(self.f, self.plan, *args, parameters=self.parameters, price=self.price)
             in_shardings, out_shardings = specs.named(self.mesh)
             body = _evaluator(specs, lambda spec: jax.sharding.NamedSharding(self.mesh, spec))
             self._jitted[key] = (jax.jit(body, in_shardings=in_shardings, out_shardings=out_shardings), in_shardings,
@@ -64,13 +70,22 @@ def _evaluator(specs: JaxShardings, named: Callable[[Any], Any]) -> Callable[...
     def body(*args: Any) -> Any:
         env: dict[int, Any] = {a.id: leaf for a, leaf in zip(program.arguments, jax.tree_util.tree_leaves(args))}
 
+        delivered: dict[int, Any] = {}  # value id -> its delivered copy, made at its first use
+
         def read(atom: Any) -> Any:
             return atom.value if isinstance(atom, Const) else env[atom]
+
+        def operand(atom: Any) -> Any:
+            if isinstance(atom, Const) or atom not in specs.delivered:
+                return read(atom)
+            if atom not in delivered:
+                delivered[atom] = constrain(env[atom], specs.delivered[atom])
+            return delivered[atom]
 
         for index, eqn in enumerate(program.eqns):
             if index not in live:
                 continue
-            ins = [read(a) for a in eqn.inputs]
+            ins = [operand(a) for a in eqn.inputs]
             for position in range(len(ins)):
                 if (index, position) in specs.required:
                     ins[position] = constrain(ins[position], specs.required[(index, position)])
@@ -82,10 +97,11 @@ def _evaluator(specs: JaxShardings, named: Callable[[Any], Any]) -> Callable[...
 
 
 def shard(f: Callable[..., Any], plan: PlanResult | Plan | dict[str, Any], mesh: Any,
-          parameters: Sequence[int] | None = None) -> ShardedFunction:
+          parameters: Sequence[int] | None = None, price: Price | None = None) -> ShardedFunction:
     """`f` jitted under `plan` on `mesh`, a `jax.sharding.Mesh` with the plan's axis names and sizes
     in the plan's order, of either axis type (explicit axes are run as auto ones: the plan fixes
-    every sharding XLA would otherwise infer). `parameters` as for `from_function`."""
+    every sharding XLA would otherwise infer). `parameters` as for `from_function`; `price` as for
+    `partition_specs` (the plan's own, `hardware.collective_seconds`, to deliver values as it does)."""
     refuse_pipelined(plan, "autoshard.frontends.jax.shard")
     jax = require_jax()
     document = plan_document(plan)
@@ -96,4 +112,4 @@ def shard(f: Callable[..., Any], plan: PlanResult | Plan | dict[str, Any], mesh:
         raise InputError(f"the plan is for mesh {ours}; got {given}", "mesh")
     auto = jax.sharding.AxisType.Auto
     mesh = jax.sharding.Mesh(mesh.devices, mesh.axis_names, axis_types=(auto,) * len(ours.shape))
-    return ShardedFunction(f, document, mesh, parameters)
+    return ShardedFunction(f, document, mesh, parameters, price)

@@ -21,19 +21,24 @@ from autoshard.mesh import Mesh
 from autoshard.planning.make_plan import PlanResult
 from autoshard.planning.plan import Plan, plan_to_json
 from autoshard.planning.plan_contract import read_plan
+from autoshard.planning.report import delivered_shardings
+from autoshard.resharding import Price, bytes_moved_price
 from autoshard.sharding import Sharding
 
 
 @dataclass(frozen=True)
 class JaxShardings:
     """`in_specs` / `out_specs`: pytrees of `PartitionSpec` shaped like the arguments and results;
-    `produced`: value id -> spec where the value is made; `required`: (eqn index, operand position)
-    -> spec an operand is resharded to before that equation; `constraints`: graph tensor -> spec, the
-    intermediates' as produced (for reading)."""
+    `produced`: value id -> spec where the value is made; `delivered`: value id -> spec of the one
+    copy its uses read it from, for a value the plan reshards once for several uses (a weight
+    gathered for its forward and backward reads); `required`: (eqn index, operand position) ->
+    spec an operand is resharded to before that equation, from the delivered copy if there is one;
+    `constraints`: graph tensor -> spec, the intermediates' as produced (for reading)."""
 
     in_specs: Any
     out_specs: Any
     produced: dict[int, Any]
+    delivered: dict[int, Any]
     required: dict[tuple[int, int], Any]
     constraints: dict[str, Any]
     imported: Imported
@@ -78,8 +83,10 @@ def to_partition_spec(sharding: Sharding) -> Any:
 
 
 def partition_specs(f: Any, plan: PlanResult | Plan | dict[str, Any], *args: Any,
-                    parameters: Sequence[int] | None = None) -> JaxShardings:
+                    parameters: Sequence[int] | None = None, price: Price | None = None) -> JaxShardings:
     """The plan's shardings for `f(*args)` (`args` may be arrays or `jax.ShapeDtypeStruct`s).
+    `price` chooses, as for `partition`, the sharding a value read by several uses is delivered in
+    (default: bytes moved); pass the one the plan was priced with (`hardware.collective_seconds`).
 
     Raises an InputError naming the value when an argument or result cannot be placed as planned
     (uneven, or explicit offsets); a partial intermediate gets no spec where it is produced (JAX
@@ -107,13 +114,17 @@ def partition_specs(f: Any, plan: PlanResult | Plan | dict[str, Any], *args: Any
     constraints = {t: to_partition_spec(read.produced(t)) for t in graph.producers
                    if spec_problem(read.produced(t), mesh, graph.tensors[t].shape, False) is None}
     produced = {value: constraints[t] for value, t in imported.tensors.items() if t in constraints}
+    delivery = {t: d for t, d in delivered_shardings(read, price or bytes_moved_price(mesh)).items()
+                 if d != read.produced(t) and spec_problem(d, mesh, graph.tensors[t].shape, False) is None}
+    delivered = {value: to_partition_spec(delivery[t]) for value, t in imported.tensors.items() if t in delivery}
     required = {}
     for index, reads in imported.reads.items():
         for position, op_name, input_index in reads:
             op = graph.op_by_name[op_name]
+            tensor = op.inputs[input_index]
             need = read.required(op, input_index)
-            if need != read.produced(op.inputs[input_index]):
+            if need != delivery.get(tensor, read.produced(tensor)):
                 required[(index, position)] = to_partition_spec(need)
     unflatten = jax.tree_util.tree_unflatten
     return JaxShardings(unflatten(imported.program.in_tree, in_leaves), unflatten(imported.program.out_tree, out_leaves),
-                        produced, required, constraints, imported, read)
+                        produced, delivered, required, constraints, imported, read)
