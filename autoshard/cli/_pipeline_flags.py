@@ -67,7 +67,7 @@ def flagged(error: InputError) -> InputError:
     return InputError([Problem(FLAGS.get(p.where, p.where), p.message) for p in error.problems])
 
 
-def print_pipeline(section: dict[str, Any]) -> None:
+def print_pipeline(section: dict[str, Any], indent: str = "  ") -> None:
     """The pipeline lines of `plan`'s summary: the schedule, the step and its bubble, then one line
     per stage with its layers, F/B/W, tail and memory."""
     stages = section["stages"]
@@ -75,7 +75,7 @@ def print_pipeline(section: dict[str, Any]) -> None:
     schedule = section["schedule"] + (f":{chunks}" if chunks > 1 else "")
     devices = sum(len(stage["devices"]) for stage in stages)
     count = section["stage_count"]
-    print(f"  pipeline: {count} stage{'s' if count > 1 else ''} on {devices} devices, schedule {schedule}, "
+    print(f"{indent}pipeline: {count} stage{'s' if count > 1 else ''} on {devices} devices, schedule {schedule}, "
           f"{section['microbatches']} microbatches: step {section['step_s'] * 1e3:.4g} ms, "
           f"bubble {100 * section['bubble_fraction']:.1f}% of busy time; memory budget "
           f"{size(section['memory_budget_bytes_per_device'])} per device")
@@ -84,7 +84,7 @@ def print_pipeline(section: dict[str, Any]) -> None:
                            else str(c["layers"][0]) for c in stage["chunks"])
         memory = stage["memory"]
         tail = sum(stage["tail_s"].values())
-        print(f"    stage {stage['stage']} (devices {stage['devices'][0]}-{stage['devices'][-1]}): layers {layers}; "
+        print(f"{indent}  stage {stage['stage']} (devices {stage['devices'][0]}-{stage['devices'][-1]}): layers {layers}; "
               f"per microbatch F {stage['forward_s'] * 1e3:.4g} ms, B {stage['backward_s'] * 1e3:.4g} ms, "
               f"W {stage['weight_s'] * 1e3:.4g} ms; tail {tail * 1e3:.4g} ms; peak memory "
               f"{size(memory['peak_bytes'])} (parameters {size(memory['parameter_bytes'])}, gradients "

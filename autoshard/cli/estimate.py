@@ -6,12 +6,17 @@ import argparse
 import json
 
 from autoshard.cli.args import add_hardware_args, hardware_from_args, integer_flag, mesh_from_args
+from autoshard.cli._pipeline_flags import print_pipeline
 from autoshard.cli.plan import print_roles
 from autoshard.cli.simulate import plan_mesh
 from autoshard.errors import InputError, Problem
 from autoshard.graph.schema import load_graph, read_json
 from autoshard.graph.summary import si, size
+from autoshard.phases import PhaseTimes
+from autoshard.planning.make_plan import PlanResult
 from autoshard.planning.microbatches import microbatch, stated_microbatches
+from autoshard.planning.pipeline_cut import read_cut
+from autoshard.planning.pipeline_plan import pipeline_mesh, price_cut
 from autoshard.planning.plan_contract import read_plan
 from autoshard.planning.report import estimate
 from autoshard.planning.roles import roles_document
@@ -40,10 +45,18 @@ def run(args: argparse.Namespace) -> int:
         raise InputError([Problem("--microbatches" if p.where == "microbatches" else p.where, p.message)
                           for p in error.problems]) from None
     plan = read_plan(document, microbatching.graph, mesh)
-    report = estimate(plan, hardware_from_args(args, mesh), microbatching if microbatching.count > 1 else None)
+    cut = read_cut(document, microbatching.graph) if "pipeline" in document else None
+    # a pipelined plan's machine is its stages times the stage's mesh, `pp` outermost, as `plan` bound it
+    hw = hardware_from_args(args, mesh if cut is None else pipeline_mesh(mesh, cut.orders.stages))
+    report = estimate(plan, hw, microbatching if microbatching.count > 1 else None)
     roles = roles_document(plan)
+    pipelined = None
+    if cut is not None:
+        result = PlanResult(plan, report, {}, PhaseTimes(), microbatching if microbatching.count > 1 else None)
+        pipelined = price_cut(result, mesh, hw, cut.orders, cut.part_of, hw.hbm_bytes, refuse_over_budget=False)
     if args.json:
-        print(json.dumps({**report.to_json(), "roles": roles}, indent=1))
+        print(json.dumps({**report.to_json(), "roles": roles,
+                          **({"pipeline": pipelined.to_json()} if pipelined else {})}, indent=1))
         return 0
     rows = [("op", "kind", "option", "compute", "bound", "communication")]
     for entry in report.ops:
@@ -60,4 +73,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"peak memory {size(report.peak_memory_bytes)} per device at op {report.peak_op!r} "
           f"(parameters {size(report.parameter_bytes)}, activations {size(report.activation_peak_bytes)})")
     print_roles(roles, indent="")
+    if pipelined is not None:
+        print("the whole step above is on one stage's mesh; its stages in the schedule (memory against the chip's HBM):")
+        print_pipeline(pipelined.to_json(), indent="")
     return 0

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -222,30 +222,60 @@ def price_pipeline(result: PlanResult, stage_mesh: Mesh, hw: Hardware, orders: S
                    budget: float) -> PipelinedPlan:
     """Steps 2 to 5 on an intra-stage plan: the cut, the seconds, the simulation and the memory."""
     graph = result.plan.graph
-    positions = op_positions(graph)
-    kinds = work_kinds(graph, positions)
-    per_run = seconds_per_run(result.report, graph)
-    seconds = {name: entry["compute"] + entry["communication"] for name, entry in per_run.items()}
+    work = StageWork.of(result)
     layers = layer_order(graph)
-    work = position_seconds(positions, {name: s for name, s in seconds.items() if kinds[name] != "tail"}, len(layers))
-    cuts = balanced_cuts(work, orders.virtual_stages)
+    per_position = position_seconds(work.positions, {name: s for name, s in work.seconds.items()
+                                                      if work.kinds[name] != "tail"}, len(layers))
+    cuts = balanced_cuts(per_position, orders.virtual_stages)
     part_at = {position: part for part, (start, end) in enumerate(cuts) for position in range(start, end)}
-    part_of = {name: part_at[position] for name, position in positions.items()}
+    part_of = {name: part_at[position] for name, position in work.positions.items()}
+    return price_cut(result, stage_mesh, hw, orders, part_of, budget, work)
+
+
+@dataclass(frozen=True)
+class StageWork:
+    """Each op's place in layer order, its kind (F, B, W or tail) and its seconds per run."""
+
+    positions: dict[str, int]
+    kinds: dict[str, str]
+    per_run: dict[str, dict[str, float]]
+
+    @property
+    def seconds(self) -> dict[str, float]:
+        return {name: entry["compute"] + entry["communication"] for name, entry in self.per_run.items()}
+
+    @classmethod
+    def of(cls, result: PlanResult) -> "StageWork":
+        graph = result.plan.graph
+        positions = op_positions(graph)
+        return cls(positions, work_kinds(graph, positions), seconds_per_run(result.report, graph))
+
+
+def price_cut(result: PlanResult, stage_mesh: Mesh, hw: Hardware, orders: StageOrders, part_of: Mapping[str, int],
+              budget: float, work: StageWork | None = None, refuse_over_budget: bool = True) -> PipelinedPlan:
+    """Steps 4 and 5 on a given cut (op -> virtual stage): a plan just cut, or one read back from
+    plan.json (`estimate`, which reports a stage over the budget instead of refusing it)."""
+    graph = result.plan.graph
+    work = StageWork.of(result) if work is None else work
+    kinds, seconds, layers = work.kinds, work.seconds, layer_order(graph)
+    count = orders.virtual_stages
     values = PartValues(result.plan, part_of, kinds)
-    saved = values.saved_bytes(len(cuts))
-    ops: list[list[str]] = [[] for _ in cuts]
+    saved = values.saved_bytes(count)
+    ops: list[list[str]] = [[] for _ in range(count)]
     for op in graph.order:
         ops[part_of[op.name]].append(op.name)
-    parts = tuple(Part(*orders.placement(part), (layers[start], layers[end - 1]), tuple(ops[part]),
+    spans = [(min(work.positions[name] for name in names), max(work.positions[name] for name in names))
+             if names else (0, 0) for names in ops]
+    parts = tuple(Part(*orders.placement(part), (layers[first], layers[last]), tuple(ops[part]),
                        *(sum((seconds[name] for name in ops[part] if kinds[name] == kind), 0.0)
-                         for kind in ("F", "B", "W")), saved[part]) for part, (start, end) in enumerate(cuts))
+                         for kind in ("F", "B", "W")), saved[part]) for part, (first, last) in enumerate(spans))
     transfer_s = {direction: [sum(hw.collective_seconds(TRANSFER, [STAGE_AXIS], values.bytes_of(t)) for t in crossing)
                               for crossing in boundaries]
-                  for direction, boundaries in values.crossing(len(cuts)).items()}
-    tail_s = _tail_seconds(per_run, kinds, {name: orders.placement(part)[0] for name, part in part_of.items()},
+                  for direction, boundaries in values.crossing(count).items()}
+    tail_s = _tail_seconds(work.per_run, kinds, {name: orders.placement(part)[0] for name, part in part_of.items()},
                            orders.stages)
     timeline = simulate_pipeline(orders, *_per_chunk(parts, orders),
-                                 transfer_s=[transfer_s[d] for d in DIRECTIONS] if len(cuts) > 1 else None,
+                                 transfer_s=[transfer_s[d] for d in DIRECTIONS] if count > 1 else None,
                                  tail_s=tail_s)
     accumulated = result.microbatching.accumulated if result.microbatching is not None else {}
     stored = values.stored_bytes({index: part.stage for index, part in enumerate(parts)},
@@ -253,7 +283,8 @@ def price_pipeline(result: PlanResult, stage_mesh: Mesh, hw: Hardware, orders: S
     held = activation_peaks(orders, [[parts[orders.virtual_stage(s, c)].saved_bytes for c in range(orders.chunks)]
                                      for s in range(orders.stages)])
     memory = tuple(StageMemory(stored[s], int(held[s]), timeline.inflight_peak[s]) for s in range(orders.stages))
-    _check_budget(memory, budget)
+    if refuse_over_budget:
+        _check_budget(memory, budget)
     return PipelinedPlan(result, stage_mesh, orders, parts, transfer_s, tail_s, memory, budget, timeline)
 
 
