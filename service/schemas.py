@@ -184,6 +184,8 @@ class Estimate(BaseModel):
     totals: dict[str, Any]
     ops: list[dict[str, Any]]
     reshardings: list[dict[str, Any]]
+    pipeline: dict[str, Any] | None = Field(None, description="a pipelined plan's stages priced on its own cut "
+                                                              "(step, bubble, per stage F/B/W, tail and memory)")
 
 
 class Validation(BaseModel):

@@ -351,6 +351,9 @@ def test_a_pipelined_plan_is_the_library_one_with_its_pipeline_section_and_wrong
         direct = plan_pipeline(graph_from_json(graph, mesh), mesh, bind_hardware("dgx-h100", pipeline_mesh(mesh, 2)),
                                SolveSettings(deterministic=True, microbatches=4), PipelineSettings(2, "interleaved", 2))
         assert section["step_s"] == direct.timeline.step_s
+        priced = client.estimate(graph, "dp=2", job.plan, "dgx-h100")
+        assert priced["pipeline"]["step_s"] == pytest.approx(section["step_s"], rel=1e-12)
+        assert [s["memory"] for s in priced["pipeline"]["stages"]] == [s["memory"] for s in section["stages"]]
         wrong = {"/options/pipeline/stages": {"pipeline": {"stages": 5}},
                  "/options/pipeline/schedule": {"pipeline": {"stages": 2, "schedule": "interleaved:1"}},
                  "/options/layer_once": {"pipeline": {"stages": 2}, "layer_once": True}}

@@ -5,7 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 
 from autoshard.errors import InputError, Problem
+from autoshard.phases import PhaseTimes
+from autoshard.planning.make_plan import PlanResult
 from autoshard.planning.microbatches import microbatch, stated_microbatches
+from autoshard.planning.pipeline_cut import read_cut
+from autoshard.planning.pipeline_plan import pipeline_mesh, price_cut
 from autoshard.planning.plan_contract import read_plan
 from autoshard.planning.report import estimate
 from service import deps
@@ -22,7 +26,6 @@ def estimate_plan(body: EstimateRequest, settings: Settings = Depends(deps.setti
     """Per-op compute, every resharding with its collectives, per-axis traffic and per-device peak memory."""
     mesh = parse_mesh(body.model_dump(mode="json")["mesh"], settings.max_devices)
     graph = parse_graph(body.graph, mesh, settings)
-    hardware = bind_topology(body.topology, body.topology_options.model_dump(exclude_none=True), mesh)
     try:
         microbatching = microbatch(graph, stated_microbatches(body.plan, body.microbatches))
     except InputError as error:
@@ -31,6 +34,17 @@ def estimate_plan(body: EstimateRequest, settings: Settings = Depends(deps.setti
         raise InputError([Problem(where.get(p.where, "/graph" + p.where), p.message) for p in error.problems]) from None
     try:
         plan = read_plan(body.plan, microbatching.graph, mesh)  # as the CLI's estimate, emit and simulate do
+        cut = read_cut(body.plan, microbatching.graph) if "pipeline" in body.plan else None
     except InputError as error:
         raise under("/plan", error) from None
-    return Estimate(**estimate(plan, hardware, microbatching if microbatching.count > 1 else None).to_json())
+    # a pipelined plan's machine is its stages times the request's mesh, as the plan was made on
+    machine = mesh if cut is None else pipeline_mesh(mesh, cut.orders.stages)
+    hardware = bind_topology(body.topology, body.topology_options.model_dump(exclude_none=True), machine)
+    microbatched = microbatching if microbatching.count > 1 else None
+    report = estimate(plan, hardware, microbatched)
+    pipelined = None
+    if cut is not None:
+        result = PlanResult(plan, report, {}, PhaseTimes(), microbatched)
+        pipelined = price_cut(result, mesh, hardware, cut.orders, cut.part_of, hardware.hbm_bytes,
+                              refuse_over_budget=False).to_json()
+    return Estimate(**report.to_json(), pipeline=pipelined)
