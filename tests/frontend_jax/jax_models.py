@@ -1,7 +1,7 @@
 """The functions the JAX tests plan, written with jax.numpy: an MLP, a LLaMA-style block (RMSNorm,
 rotary positions, grouped-query attention, SwiGLU), a training step (`jax.grad` of a loss) and a
 MaxText-style decoder (an embedding lookup, the blocks' parameters stacked on a leading layer axis
-and run by `jax.lax.scan`, logits)."""
+and run by `jax.lax.scan`, logits) and a mixture of experts routed by `top_k`."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import jax.numpy as jnp
 
 BATCH, SEQ, HIDDEN, HEADS, KV_HEADS, FFN = 2, 16, 64, 8, 4, 256
 LAYERS, VOCAB = 2, 512
+TOKENS, EXPERTS, TOP_K = 16, 8, 2
 HEAD_DIM = HIDDEN // HEADS
 
 
@@ -61,6 +62,16 @@ def decoder(params: dict[str, Any], ids: jax.Array) -> jax.Array:
     return rms_norm(x, params["final_norm"]) @ params["lm_head"]
 
 
+def moe(params: dict[str, Any], x: jax.Array) -> jax.Array:
+    """Experts [E, D, F] run on every token x [T, D], their outputs weighed by a combine matrix
+    [T, E]: each token's top-k router probabilities written at its experts (zero elsewhere)."""
+    weights, experts = jax.lax.top_k(x @ params["router"], TOP_K)
+    tokens = jnp.arange(x.shape[0])[:, None]
+    combine = jnp.zeros((x.shape[0], EXPERTS), x.dtype).at[tokens, experts].set(jax.nn.softmax(weights))
+    h = jax.nn.gelu(jnp.einsum("td,edf->tef", x, params["w_in"]))
+    return jnp.einsum("te,ted->td", combine, jnp.einsum("tef,efd->ted", h, params["w_out"]))
+
+
 def mlp_loss(params: dict[str, Any], x: jax.Array, y: jax.Array) -> jax.Array:
     return jnp.mean((mlp(params, x) - y) ** 2)
 
@@ -101,6 +112,13 @@ def decoder_args() -> tuple[Any, ...]:
               "layers": jax.tree_util.tree_map(lambda w: jnp.stack([(1.0 + 0.5 * i) * w for i in range(LAYERS)]),
                                                block)}
     return params, jax.random.randint(k[3], (BATCH, SEQ), 0, VOCAB, jnp.int32)
+
+
+def moe_args() -> tuple[Any, ...]:
+    k = jax.random.split(jax.random.key(5), 4)
+    params = {"router": _normal(k[0], (HIDDEN, EXPERTS), 1.0), "w_in": _normal(k[1], (EXPERTS, HIDDEN, FFN), HIDDEN ** -0.5),
+              "w_out": _normal(k[2], (EXPERTS, FFN, HIDDEN), FFN ** -0.5)}
+    return params, _normal(k[3], (TOKENS, HIDDEN), 1.0)
 
 
 def training_args() -> tuple[Any, ...]:

@@ -151,3 +151,22 @@ def test_splits_and_zero_padding_are_slices_and_pads():
 def test_a_padding_value_other_than_zero_is_refused_under_strict_naming_why():
     with pytest.raises(InputError, match="a padding value other than a constant zero"):
         import_function(lambda x: jax.lax.pad(x, 1.0, [(1, 1, 0), (0, 0, 0)]), (LOGITS,), strict=True)
+
+
+def test_entries_named_by_full_indices_are_rows_of_the_flattened_operand():
+    tokens = jnp.arange(6)[:, None]
+
+    def route(logits):
+        weights, experts = jax.lax.top_k(logits, 2)
+        return (jnp.zeros_like(logits).at[tokens, experts].set(weights),
+                jnp.put_along_axis(jnp.zeros_like(logits), experts, weights, axis=-1, inplace=False),
+                logits[tokens, experts], logits.at[tokens, experts].add(1.0),
+                # out of range: dropped, as jax does; clamped in clip mode
+                logits.at[jnp.array([0, 5, 6]), jnp.array([9, 7, 2])].add(3.0, mode="drop"),
+                logits.at[jnp.array([0, -7, 3]), jnp.array([9, 7, -12])].get(mode="clip"))
+
+    graph, ops = imported_values(route, LOGITS)
+    assert len(ops["scatter"]) == 2 and len(ops["scatter_add"]) == 2 and len(ops["embedding"]) == 2
+    for op in ops["scatter"] + ops["scatter_add"]:
+        assert graph.tensors[op.outputs[0]].shape == (6 * 8,)
+        assert op.nest.iterator_types[0] == PARALLEL  # the flattened entries split as rows

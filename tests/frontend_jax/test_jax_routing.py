@@ -1,0 +1,40 @@
+"""A mixture of experts routed by `top_k`, its combine matrix written by
+`.at[tokens, experts].set(...)` (a scatter of single entries), imports with strict; planned on
+dp=2,tp=4 with the tokens on dp and the experts on tp, the scatter writes each device's tokens
+only, and XLA runs it with the unsharded result and exactly the plan's collectives."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax_models import EXPERTS, TOKENS, moe, moe_args
+from proofs import TOPOLOGY, jax_mesh
+
+import autoshard
+from autoshard.frontends.jax import compare_collectives, compiled_collectives, planned_collectives, shard
+from autoshard.frontends.jax.importer import import_function
+from autoshard.graph.schema import graph_from_json
+
+MESH = autoshard.Mesh.parse("dp=2,tp=4")
+PINS = {"x": [["dp"]], "params['w_in']": [["tp"]], "params['w_out']": [["tp"]]}
+
+
+def test_a_routed_mixture_of_experts_runs_sharded_with_exactly_the_plans_collectives():
+    args = moe_args()
+    document = import_function(moe, args, strict=True).document
+    document["constraints"] += [{"tensor": t, "split_axes": s} for t, s in PINS.items()]
+    graph = graph_from_json(document, MESH)
+    hardware = autoshard.bind_hardware(TOPOLOGY, MESH)
+    result = autoshard.make_plan(graph, MESH, hardware, autoshard.SolveSettings(deterministic=True))
+    # the combine matrix is written into [tokens * experts] rows, each device its tokens' rows
+    (combine,) = [op for op in graph.ops if op.kind == "scatter"]
+    assert graph.tensors[combine.outputs[0]].shape == (TOKENS * EXPERTS,)
+    assert result.plan.options[combine.name].loop_axes[0] == ("dp",)
+    sharded = shard(moe, result, jax_mesh(MESH), price=hardware.collective_seconds)
+    np.testing.assert_allclose(np.asarray(sharded(*args)), np.asarray(jax.jit(moe)(*args)), rtol=1e-5, atol=1e-5)
+    compiled = compiled_collectives(sharded.lower(*args).compile().as_text())
+    comparison = compare_collectives(planned_collectives(result.plan, hardware.collective_seconds), compiled)
+    assert comparison, "experts split over tp reduce their combined outputs"
+    for kind in comparison:
+        assert (kind.plan_count, kind.plan_bytes_per_device) == (kind.xla_count, kind.xla_bytes_per_device), \
+            kind.to_json()
