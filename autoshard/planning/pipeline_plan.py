@@ -43,6 +43,7 @@ from autoshard.mesh import Mesh
 from autoshard.phases import PhaseTimes
 from autoshard.pipeline import PipelineTimeline, StageOrders, activation_peaks, simulate_pipeline, stage_orders
 from autoshard.planning.costs import Hardware
+from autoshard.planning.formulation import resharding_prices
 from autoshard.planning.make_plan import (MAX_MEMORY_BUDGET_BYTES, BestSoFar, PlanResult, SolveSettings,
                                           make_plan)
 from autoshard.planning.pipeline_cut import PipelineCut
@@ -198,10 +199,11 @@ def stage_plan(graph: Graph, stage_mesh: Mesh, hw: Hardware, settings: SolveSett
     budget = stage_budget_bytes(settings, hw)
     whole = min(budget * fit.stages, MAX_MEMORY_BUDGET_BYTES)
     found: list[tuple[float, PlanResult]] = []  # (worst stage's peak, plan) of each solve
+    prices = resharding_prices(stage_mesh, hw)  # found by the first solve's formulation, reused by the next
     for solve in range(FIT_ROUNDS):
         try:
             result = make_plan(graph, stage_mesh, hw, replace(settings, memory_budget_bytes=whole), progress=progress,
-                               phases=phases, best_so_far=best_so_far)
+                               phases=phases, best_so_far=best_so_far, prices=prices)
         except InfeasibleError as error:
             if found:  # nothing fits the shrunk budget
                 break
