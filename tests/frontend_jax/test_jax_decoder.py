@@ -91,6 +91,8 @@ def test_the_plan_shards_the_stacked_weights_keeping_the_layer_axis_whole():
     # the norms' stacked gammas [L, D] are the solver's to place: no layer's slice is split off
     assert all(not spec or spec[0] is None for spec in params["layers"].values())
     assert result.report.peak_memory_bytes < replicated_peak_bytes(graph, MESH, hardware)
+    # the plan's program, simulated device by device, computes the graph's values
+    assert autoshard.verify_plan(result.plan, hardware.collective_seconds).passed
 
 
 def test_the_sharded_decoder_gives_the_unsharded_logits():
@@ -145,5 +147,6 @@ def test_the_training_step_runs_under_its_plan_with_exactly_its_collectives():
     specs = sharded.shardings(*args)
     assert {specs.imported.tensors[v] for v, spec in specs.delivered.items() if spec == P()} >= {
         f"params['layers']['{w}']" for w in COLUMN_PARALLEL + ROW_PARALLEL}
+    assert autoshard.verify_plan(result.plan, hardware.collective_seconds).passed
     kinds = assert_xla_compiles_exactly_the_plans_collectives(args, hardware, result, sharded)
     assert "all-to-all" not in kinds and kinds["all-gather"] >= len(COLUMN_PARALLEL + ROW_PARALLEL)

@@ -30,6 +30,7 @@ def test_a_routed_mixture_of_experts_runs_sharded_with_exactly_the_plans_collect
     (combine,) = [op for op in graph.ops if op.kind == "scatter"]
     assert graph.tensors[combine.outputs[0]].shape == (TOKENS * EXPERTS,)
     assert result.plan.options[combine.name].loop_axes[0] == ("dp",)
+    assert autoshard.verify_plan(result.plan, hardware.collective_seconds).passed  # simulated device by device
     sharded = shard(moe, result, jax_mesh(MESH), price=hardware.collective_seconds)
     np.testing.assert_allclose(np.asarray(sharded(*args)), np.asarray(jax.jit(moe)(*args)), rtol=1e-5, atol=1e-5)
     compiled = compiled_collectives(sharded.lower(*args).compile().as_text())
