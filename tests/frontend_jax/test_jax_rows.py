@@ -170,3 +170,16 @@ def test_entries_named_by_full_indices_are_rows_of_the_flattened_operand():
     for op in ops["scatter"] + ops["scatter_add"]:
         assert graph.tensors[op.outputs[0]].shape == (6 * 8,)
         assert op.nest.iterator_types[0] == PARALLEL  # the flattened entries split as rows
+
+
+def test_rows_of_tables_of_any_rank_are_embeddings_of_the_flattened_rows():
+    heads = jax.random.normal(KEY[2], (10, 2, 3))
+    updates = jax.random.normal(KEY[3], (2, 3, 2, 3))
+
+    def f(table, scalars):
+        return table[IDS], scalars[IDS], table.at[IDS].add(updates)
+
+    graph, ops = imported_values(f, heads, TABLE[:, 0])
+    assert sorted(graph.tensors[op.inputs[1]].shape for op in ops["embedding"]) == [(10, 1), (10, 6)]
+    (summed,) = ops["scatter_add"]
+    assert graph.tensors[summed.outputs[0]].shape == (10, 2, 3)

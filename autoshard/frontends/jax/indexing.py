@@ -2,8 +2,9 @@
 and routing.
 
 - Rows of a table picked by ids (`jnp.take(table, ids, axis=0)`, `table[ids]`, a router's
-  `x[token_ids]`): the op table's `embedding` (ids [...], table [V, D]), whose V loop splits as a
-  sum of masked lookups (vocabulary-parallel) and whose other loops are the ids' and D.
+  `x[token_ids]`): the op table's `embedding` (ids [...], table [V, D]; a table of other rank
+  flattened to that), whose V loop splits as a sum of masked lookups (vocabulary-parallel) and
+  whose other loops are the ids' and D.
 - One entry per row picked along the last dim (`jnp.take_along_axis(x, idx, axis=-1)`, how the
   top-k probabilities are read back): a `dot_general` of `one_hot(idx)` with `x`, batched over
   the leading dims, contracting the picked dim (2 FLOPs per candidate entry, exact values).
@@ -46,8 +47,8 @@ def gather(e: Emit, eqn: FlatEqn) -> list[str]:
         return [e.op("reshape", [rows], shape=list(e.shape(eqn.outputs[0])))]
     if ids_shape[-1] != 1:
         raise Unsupported(f"gather {numbers} indexes {ids_shape[-1]} of {len(shape)} dims per index")
-    # rows: a table [V] or [V, D], each id picking a whole row (D lands after the ids' dims)
-    if (not numbers.operand_batching_dims and tuple(numbers.collapsed_slice_dims) == (0,) and len(shape) in (1, 2)
+    # rows: a table [V, ...], each id picking a whole row (its dims land after the ids' dims)
+    if (not numbers.operand_batching_dims and tuple(numbers.collapsed_slice_dims) == (0,)
             and sizes == (1,) + shape[1:] and tuple(numbers.offset_dims) == tuple(range(ids_rank, ids_rank + last))):
         return [_rows(e, eqn, operand, indices)]
     # along the last dim: every leading dim a batch dim shared with the ids, one entry picked per id
@@ -104,10 +105,12 @@ def _entry_ids(e: Emit, eqn: FlatEqn, indices: Atom, shape: Sequence[int]) -> st
 
 
 def _rows(e: Emit, eqn: FlatEqn, operand: Atom, indices: Atom) -> str:
+    """An embedding of the table's rows, each flattened to one dim."""
     shape = e.shape(operand)
-    table = e.tensor(operand) if len(shape) == 2 else e.op("reshape", [e.tensor(operand)], shape=[shape[0], 1])
+    flat = len(shape) != 2
+    table = e.op("reshape", [e.tensor(operand)], shape=[shape[0], _size(shape[1:])]) if flat else e.tensor(operand)
     rows = e.op("embedding", [_ids(e, eqn, indices, shape[0]), table])
-    return rows if len(shape) == 2 else e.op("reshape", [rows], shape=list(e.shape(eqn.outputs[0])))
+    return e.op("reshape", [rows], shape=list(e.shape(eqn.outputs[0]))) if flat else rows
 
 
 def _along_last(e: Emit, eqn: FlatEqn, operand: Atom, indices: Atom) -> str:
