@@ -89,8 +89,10 @@ def test_the_stage_axis_is_outermost_across_nodes_and_the_sub_mesh_keeps_its_pla
 
 
 @pytest.mark.parametrize("extra, flag, said", [
-    (["--pipeline", "2"], "--pipeline", "search takes --pipeline auto"),
+    (["--pipeline", "1"], "--pipeline", "or a number of stages of at least 2, got '1'"),
     (["--pipeline", "yes"], "--pipeline", "got 'yes'"),
+    (["--pipeline", "3"], "--pipeline", "3 stages do not fit: S must divide the 8 devices"),
+    (["--pipeline", "8"], "--pipeline", "possible: [2, 4]"),
 ])
 def test_bad_pipeline_flags_are_named(tmp_path, capsys, extra, flag, said):
     assert main(search_args(gpt_file(tmp_path), *extra)) == 2
@@ -132,3 +134,11 @@ def test_a_time_budget_spent_leaves_the_pipelined_configurations_unsolved(tmp_pa
     section = json.loads((tmp_path / "out" / "ranking.json").read_text())["pipeline"]
     assert {row["outcome"] for row in section["configurations"]} == {"unsolved"}
     assert section["certified_lower_bound_step_s"] == 0 and section["chosen"]["step_s"] is None
+
+
+def test_a_given_stage_count_is_the_only_one_searched(tmp_path):
+    out = tmp_path / "out"
+    assert main(search_args(gpt_file(tmp_path), "--pipeline", "4", "-o", str(out))) == 0
+    rows = json.loads((out / "ranking.json").read_text())["pipeline"]["configurations"]
+    assert rows and {row["stages"] for row in rows} == {4}
+    assert {row["microbatches"] for row in rows} == set(microbatch_counts(4, {GPT.batch}, (2,)))

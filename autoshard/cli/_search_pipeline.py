@@ -14,37 +14,48 @@ from autoshard.errors import InputError, Problem
 from autoshard.graph.schema import load_graph
 from autoshard.planning.pipeline_stages import layer_order
 from autoshard.search.pipeline_ranking import pipeline_section, pipeline_table
-from autoshard.search.pipelined import PipelineSearch, search_pipelines
+from autoshard.search.pipelined import PipelineSearch, check_stage_count, search_pipelines
 from autoshard.search.stage_tasks import StageTask
 from autoshard.search.run import SearchOptions, SearchResult
 
 
 def add_pipeline_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--pipeline", metavar="auto",
+    parser.add_argument("--pipeline", metavar="auto|S",
                         help="also pipeline: 'auto' chooses the stages, microbatches, schedule and each stage's mesh "
-                             "(S = 1 is the plain search); needs ops with a `layer`")
+                             "(S = 1 is the plain search); a number S searches S stages only; needs ops with a "
+                             "`layer`")
 
 
 def pipeline_problems(args: argparse.Namespace) -> list[Problem]:
-    if args.pipeline is not None and args.pipeline.strip().lower() != "auto":
-        return [Problem("--pipeline", f"search takes --pipeline auto (it chooses S), got {args.pipeline!r}; "
-                                      f"`autoshard plan --pipeline S` plans a given S")]
+    text = (args.pipeline or "").strip().lower()
+    if args.pipeline is not None and text != "auto" and not (text.isascii() and text.isdigit() and int(text) >= 2):
+        return [Problem("--pipeline", f"expected auto (the search chooses S) or a number of stages of at least 2, "
+                                      f"got {args.pipeline!r}")]
     return []
 
 
-def check_pipelinable(document: dict[str, Any]) -> None:
-    """A graph without layers refused before the plain search runs, naming --pipeline."""
+def searched_stages(args: argparse.Namespace) -> int | None:
+    """The stage count `--pipeline S` fixes; None for `auto`."""
+    text = args.pipeline.strip().lower()
+    return None if text == "auto" else int(text)
+
+
+def check_pipelinable(document: dict[str, Any], stages: int | None, devices: int) -> None:
+    """A graph without layers, or a stage count that does not fit it and the devices, refused
+    before the plain search runs, naming --pipeline."""
     try:
-        layer_order(load_graph(document))
+        layers = len(layer_order(load_graph(document)))
+        if stages is not None:
+            check_stage_count(stages, devices, layers)
     except InputError as error:
         raise InputError(error.problems[0].message, "--pipeline") from None
 
 
 def search_pipelined(document: dict[str, Any], options: SearchOptions, plain: SearchResult,
-                     ranking: dict[str, Any]) -> PipelineSearch:
+                     ranking: dict[str, Any], stages: int | None = None) -> PipelineSearch:
     """The pipelined configurations priced; their section in `ranking` and their table printed."""
     try:
-        found = search_pipelines(document, options, plain, progress=_progress)
+        found = search_pipelines(document, options, plain, progress=_progress, stages=stages)
     except InputError as error:
         raise InputError([Problem("--pipeline" if p.where == "pipeline" else p.where, p.message)
                           for p in error.problems]) from None

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from autoshard.cli._search_pipeline import (add_pipeline_arg, check_pipelinable, deliver_pipelined, pipeline_problems,
-                                            search_pipelined)
+                                            search_pipelined, searched_stages)
 from autoshard.cli.args import integer_flag, number_flag
 from autoshard.cli.plan import add_solve_args, checked_settings, print_summary, write_deliverables
 from autoshard.delivery.deliver import deliver
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     document = read_json(args.graph)
     stages = tuple(dict.fromkeys(part.strip() for part in args.emit.split(",") if part.strip()))
     if args.pipeline:
-        check_pipelinable(document)
+        check_pipelinable(document, searched_stages(args), options.devices)
     progress = SearchProgress()
     try:
         result = search(document, options, progress=progress)
@@ -119,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"{counts['placements']} placements in {counts['candidates']} candidates: {counts['pruned']} pruned, "
           f"{counts['solved']} solved, {counts['infeasible']} infeasible, {counts['unsolved']} unsolved; "
           f"{result.wall_s:.1f} s on {result.where}")
-    pipelined = search_pipelined(document, options, result, ranking) if args.pipeline else None
+    pipelined = (search_pipelined(document, options, result, ranking, searched_stages(args))
+                 if args.pipeline else None)
     if args.output:
         (Path(args.output) / "ranking.json").write_text(document_text(ranking))
     if pipelined is not None and pipelined.best is not None:

@@ -86,12 +86,15 @@ StageProgress = Callable[[int, int, StageTask, str], None]  # (done, total, task
 
 
 def search_pipelines(graph_document: dict[str, Any], options: SearchOptions, plain: SearchResult,
-                     progress: StageProgress | None = None) -> PipelineSearch:
+                     progress: StageProgress | None = None, stages: int | None = None) -> PipelineSearch:
     """Every pipelined configuration priced and ranked beside the plain search's winner; the
-    intra-stage plans solved on the search's workers."""
+    intra-stage plans solved on the search's workers. `stages`: search that stage count only."""
     graph = load_graph(graph_document)
     layers = len(layer_order(graph))
-    tasks = stage_tasks(options, layers, batch_sizes(graph))
+    if stages is not None:
+        check_stage_count(stages, options.devices, layers)
+    counts = [stages] if stages is not None else stage_counts(options.devices, layers)
+    tasks = stage_tasks(options, layers, batch_sizes(graph), counts)
     solved = _solve_all(SearchInputs(graph_document, options.topology, options.settings), tasks, options,
                         plain.wall_s, progress)
     priced: list[Priced] = []
@@ -110,10 +113,10 @@ def search_pipelines(graph_document: dict[str, Any], options: SearchOptions, pla
     return PipelineSearch(priced, plain, best, min(floors, default=0.0))
 
 
-def stage_tasks(options: SearchOptions, layers: int, batches: set[int]) -> list[StageTask]:
-    """One intra-stage plan per S, sub-mesh (the search's candidates on N/S devices) and M."""
+def stage_tasks(options: SearchOptions, layers: int, batches: set[int], counts: list[int]) -> list[StageTask]:
+    """One intra-stage plan per S of `counts`, sub-mesh (the search's candidates on N/S devices) and M."""
     tasks = []
-    for stages in stage_counts(options.devices, layers):
+    for stages in counts:
         try:
             candidates = enumerate_candidates(options.topology, options.devices // stages,
                                               max_axes=options.max_axes, fixed=options.fixed).candidates
@@ -151,6 +154,13 @@ def _solve_all(inputs: SearchInputs, tasks: list[StageTask], options: SearchOpti
         raise
     pool.close()
     return solved
+
+
+def check_stage_count(stages: int, devices: int, layers: int) -> None:
+    counts = stage_counts(devices, layers)
+    if stages not in counts:
+        raise InputError(f"{stages} stages do not fit: S must divide the {devices} devices, leave at least 2 a stage "
+                         f"and be at most the {layers} layers (possible: {counts})", "pipeline")
 
 
 def stage_counts(devices: int, layers: int) -> list[int]:
