@@ -51,6 +51,8 @@ from autoshard.planning.pipeline_stages import balanced_cuts, layer_order, op_po
 from autoshard.pipeline.seconds import DIRECTIONS
 from autoshard.planning.pipeline_values import PartValues, StoredBytes
 from autoshard.planning.pipeline_work import seconds_per_run, work_kinds
+from autoshard.planning.report import PlanShardings
+from autoshard.sharding import Sharding
 
 STAGE_AXIS = "pp"  # the machine mesh's outermost axis, one position per stage
 TRANSFER = "send_recv"
@@ -221,10 +223,11 @@ def stage_plan(graph: Graph, stage_mesh: Mesh, hw: Hardware, settings: SolveSett
 
 
 def price_pipeline(result: PlanResult, stage_mesh: Mesh, hw: Hardware, orders: StageOrders,
-                   budget: float) -> PipelinedPlan:
-    """Steps 2 to 5 on an intra-stage plan: the cut, the seconds, the simulation and the memory."""
+                   budget: float, work: StageWork | None = None) -> PipelinedPlan:
+    """Steps 2 to 5 on an intra-stage plan: the cut, the seconds, the simulation and the memory.
+    `work`: `StageWork.of(result)`, when one plan is priced under many schedules."""
     graph = result.plan.graph
-    work = StageWork.of(result)
+    work = StageWork.of(result) if work is None else work
     layers = layer_order(graph)
     per_position = position_seconds(work.positions, {name: s for name, s in work.seconds.items()
                                                       if work.kinds[name] != "tail"}, len(layers))
@@ -236,11 +239,13 @@ def price_pipeline(result: PlanResult, stage_mesh: Mesh, hw: Hardware, orders: S
 
 @dataclass(frozen=True)
 class StageWork:
-    """Each op's place in layer order, its kind (F, B, W or tail) and its seconds per run."""
+    """What pricing a plan's pipeline needs whatever the cut: each op's place in layer order, its
+    kind (F, B, W or tail) and its seconds per run, and each value's sharding as produced."""
 
     positions: dict[str, int]
     kinds: dict[str, str]
     per_run: dict[str, dict[str, float]]
+    produced: Mapping[str, Sharding]
 
     @property
     def seconds(self) -> dict[str, float]:
@@ -250,7 +255,8 @@ class StageWork:
     def of(cls, result: PlanResult) -> "StageWork":
         graph = result.plan.graph
         positions = op_positions(graph)
-        return cls(positions, work_kinds(graph, positions), seconds_per_run(result.report, graph))
+        return cls(positions, work_kinds(graph, positions), seconds_per_run(result.report, graph),
+                   PlanShardings.of(result.plan).produced)
 
 
 def price_cut(result: PlanResult, stage_mesh: Mesh, hw: Hardware, orders: StageOrders, part_of: Mapping[str, int],
@@ -261,7 +267,7 @@ def price_cut(result: PlanResult, stage_mesh: Mesh, hw: Hardware, orders: StageO
     work = StageWork.of(result) if work is None else work
     kinds, seconds, layers = work.kinds, work.seconds, layer_order(graph)
     count = orders.virtual_stages
-    values = PartValues(result.plan, part_of, kinds)
+    values = PartValues(result.plan, part_of, kinds, work.produced)
     saved = values.saved_bytes(count)
     ops: list[list[str]] = [[] for _ in range(count)]
     for op in graph.order:

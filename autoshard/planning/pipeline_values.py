@@ -26,6 +26,7 @@ from autoshard.planning.costs import tensor_bytes
 from autoshard.planning.plan import Plan
 from autoshard.planning.report import PlanShardings
 from autoshard.planning.roles import tensor_roles
+from autoshard.sharding import Sharding
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,9 +42,11 @@ class PartValues:
     """The values of `plan` on its parts: `part_of` gives each op's part; `kinds` (`work_kinds`)
     tells the optimizer (`tail`) and the forward (`F`) from the backward."""
 
-    def __init__(self, plan: Plan, part_of: Mapping[str, int], kinds: Mapping[str, str]):
+    def __init__(self, plan: Plan, part_of: Mapping[str, int], kinds: Mapping[str, str],
+                 produced: Mapping[str, Sharding] | None = None):
         self.plan, self.part_of, self.kinds = plan, part_of, kinds
-        self.produced = PlanShardings.of(plan).produced
+        # each value's sharding as produced; derived here unless the caller has it (one plan, many cuts)
+        self.produced = PlanShardings.of(plan).produced if produced is None else produced
 
     def bytes_of(self, tensor: str) -> int:
         t = self.plan.graph.tensors[tensor]

@@ -24,8 +24,8 @@ from autoshard.graph.model import Graph
 from autoshard.graph.schema import load_graph
 from autoshard.planning.formulation import PICOSECONDS, TIE_BREAK_PS_PER_BYTE, Weights
 from autoshard.planning.make_plan import PlanResult, SolveSettings
-from autoshard.planning.pipeline_plan import (PipelinedPlan, PipelineSettings, checked_orders, price_pipeline,
-                                              stage_budget_bytes)
+from autoshard.planning.pipeline_plan import (PipelinedPlan, PipelineSettings, StageWork, checked_orders,
+                                              price_pipeline, stage_budget_bytes)
 from autoshard.planning.pipeline_stages import layer_order
 from autoshard.search.candidates import Candidate, enumerate_candidates
 from autoshard.search.fanout import open_pool
@@ -199,19 +199,20 @@ def _outcomes(found: list[Configuration], solved: dict[str, Any], graph: Graph, 
     """One (S, sub-mesh, M)'s configurations from its intra-stage plan, or why it has none."""
     if "result" in solved:
         assert placement is not None, "the worker bound the same machine"
-        return [_priced(c, graph, solved["result"], placement, settings) for c in found]
+        work = StageWork.of(solved["result"])  # the same for every schedule priced on this plan
+        return [_priced(c, graph, solved["result"], placement, settings, work) for c in found]
     outcome = "unsolved" if "unsolved" in solved else "infeasible"
     return [Priced(c, outcome, 0.0, solved[outcome]) for c in found]
 
 
 def _priced(configuration: Configuration, graph: Graph, result: PlanResult, placement: StagePlacement,
-            settings: SolveSettings) -> Priced:
+            settings: SolveSettings, work: StageWork) -> Priced:
     orders = checked_orders(graph, PipelineSettings(configuration.stages, configuration.schedule,
                                                     configuration.chunks), configuration.microbatches)
     bound_s = pipelined_step_bound_s(result, graph, settings.weights, configuration)
     try:
         pipelined = price_pipeline(result, configuration.candidate.mesh, placement.hardware, orders,
-                                   stage_budget_bytes(settings, placement.hardware))
+                                   stage_budget_bytes(settings, placement.hardware), work)
     except InfeasibleError as error:  # a stage over the budget with this plan; another plan might fit: bound kept
         return Priced(configuration, "over budget", bound_s, str(error))
     return Priced(configuration, "priced", bound_s, pipelined=pipelined, placement=placement)
