@@ -11,6 +11,8 @@ Two checks tie the maps to the numpy semantics:
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -25,6 +27,10 @@ rng = np.random.default_rng(7)
 
 def gelu(x):
     return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def normal_cdf(x):
+    return np.vectorize(lambda v: 0.5 * math.erfc(-v / math.sqrt(2)))(x)
 
 
 def sigmoid(x):
@@ -99,6 +105,8 @@ CASES = [
     ("cos", [(3, 4)], {}, np.cos),
     ("relu", [(3, 4)], {}, lambda x: np.maximum(x, 0)),
     ("gelu", [(3, 4)], {}, gelu),
+    ("gelu_erf", [(3, 4)], {}, lambda x: x * normal_cdf(x)),
+    ("erf", [(3, 4)], {}, lambda x: 2 * normal_cdf(x * math.sqrt(2)) - 1),
     ("silu", [(3, 4)], {}, lambda x: x * sigmoid(x)),
     ("sigmoid", [(3, 4)], {}, sigmoid),
     ("cast", [(3, 4)], {"dtype": "f16"}, lambda x: x.astype(np.float16)),

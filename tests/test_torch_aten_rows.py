@@ -1,7 +1,9 @@
 """Rows of the aten table written for the layers of transformers architectures: `select` (BLOOM's
 fused query, key and value), `stack` and `repeat_interleave` (GPT-J's and Cohere's rotary),
-`baddbmm` (BLOOM's attention scores), `type_as` (Gemma's norms) and `index` by a constant list of
-positions (Falcon's multi-query key and value). Each is lowered to rows of
+`baddbmm` (BLOOM's attention scores), `type_as` (Gemma's norms), `index` by a constant list of
+positions (Falcon's multi-query key and value), `masked_fill` and `bitwise_not` (DeBERTa-v2's
+attention mask), gelu's exact form with `erf`, and `new_empty`, `copy`, `slice_scatter` and an
+unsorted `topk` (DeepSeek-V2's attention heads written in two parts, and its router). Each is lowered to rows of
 the op table: the graph computes what PyTorch computes, the FLOPs are the contraction's and the
 elementwise ops', and a plan forced to shard splits the new ops, simulates and runs under DTensor
 with the unsharded result and the plan's collectives."""
@@ -18,6 +20,7 @@ torch = pytest.importorskip("torch")
 from support.dtensor import CollectiveLog, planned_collectives, sharded_plan, simulated_ranks, traffic  # noqa: E402
 from support.torch_models import exported  # noqa: E402
 from test_torch_import import graph_inputs  # noqa: E402
+from test_torch_training_import import assert_step_is_torchs  # noqa: E402
 from torch import nn  # noqa: E402
 
 from autoshard.frontends.torch import import_program, parallelize  # noqa: E402
@@ -133,3 +136,66 @@ def test_constant_evenly_spaced_positions_are_a_strided_slice_and_other_picks_st
         shuffled = import_program(exported(Picks([2, 0]).eval(), (x,)))
     assert [n.target for n in shuffled.opaque] == ["index.Tensor"]
     assert "positions [2, 0] are not evenly spaced and ascending" in shuffled.opaque[0].reason and caught
+
+
+class Masked(nn.Module):
+    """Scores masked where a bool mask is false (DeBERTa-v2's `masked_fill(~mask, min)`), gelu's
+    exact form (torch's default) and erf."""
+
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = nn.Linear(8, 8), nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        y = nn.functional.gelu(self.up(x)).masked_fill(~mask, -3.0)
+        return self.down(torch.erf(y) + y)
+
+
+def test_masks_exact_gelu_and_erf_compute_and_differentiate_as_pytorch():
+    generator = torch.Generator().manual_seed(3)
+    torch.manual_seed(0)
+    module = Masked().eval()
+    args = (torch.randn(4, 8, generator=generator), torch.rand(4, 8, generator=generator) > 0.3)
+    program = exported(module, args)
+    imported = import_program(program, strict=True)
+    ops = imported.graph.op_by_name
+    assert ops["bitwise_not"].kind == "compare" and ops["bitwise_not"].attrs["direction"] == "eq"
+    assert ops["masked_fill"].kind == "select" and ops["masked_fill"].inputs[:2] == ("bitwise_not", "gelu")
+    assert ops["gelu"].kind == "gelu_erf" and ops["erf"].kind == "erf"
+    values = evaluate_graph(imported.graph, graph_inputs(imported, program, args) | {"mask": args[1].numpy()})
+    np.testing.assert_allclose(values[imported.outputs[0]], module(*args).detach().numpy(), rtol=1e-6, atol=1e-6)
+    # the training step's gradients through the mask, erf and gelu are autograd's (to float rounding)
+    assert_step_is_torchs(module, args)
+
+
+class Written(nn.Module):
+    """A value made empty and written in two parts (DeepSeek-V2's `q[..., :nope] = q_nope`), then
+    an unsorted top-k whose picks are summed, so their order does not matter."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.up(x)
+        out = y.new_empty(4, 12)
+        out[:, :8] = y
+        out[:, 8:] = y[:, :4] * 2
+        picked, _ = torch.topk(out, 3, sorted=False)
+        return picked.sum(-1, keepdim=True) * out
+
+
+def test_a_value_written_in_parts_and_an_unsorted_top_k_compute_and_differentiate_as_pytorch():
+    torch.manual_seed(0)
+    module, args = Written().eval(), (torch.randn(4, 8, generator=torch.Generator().manual_seed(4)),)
+    program = exported(module, args)
+    targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+    assert {"aten.new_empty.default", "aten.copy.default", "aten.slice_scatter.default"} <= targets
+    imported = import_program(program, strict=True)
+    ops = imported.graph.op_by_name
+    assert ops["new_empty"].kind == "broadcast_in_dim" and ops["new_empty"].flops() == 0
+    assert ops["slice_scatter"].kind == "concat" and ops["slice_scatter.after"].attrs["starts"] == [0, 8]
+    assert {op.kind for op in imported.graph.ops} >= {"top_k_values", "top_k_indices"}
+    values = evaluate_graph(imported.graph, graph_inputs(imported, program, args))
+    np.testing.assert_allclose(values[imported.outputs[0]], module(*args).detach().numpy(), rtol=1e-5, atol=1e-6)
+    assert_step_is_torchs(module, args)

@@ -84,7 +84,7 @@ def assert_step_is_torchs(module: nn.Module, args: tuple, kwargs: dict | None = 
     computed = evaluate_graph(imported.graph, given)
 
     out = module(*args, **kwargs)
-    out = out.logits if hasattr(out, "logits") else out
+    out = out if isinstance(out, torch.Tensor) else out[0]  # the loss is on the first output
     optimizer = torch.optim.Adam(module.parameters(), lr=LR, betas=BETAS, eps=EPS)
     optimizer.zero_grad()
     (out * torch.from_numpy(given["labels"])).sum().backward()

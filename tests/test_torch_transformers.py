@@ -1,14 +1,14 @@
-"""Architectures of the transformers library, built from small configs with random weights
-(nothing downloaded): each exports, imports, plans on dp=2,tp=2 (forced to shard), simulates and
-runs under DTensor with the unsharded model's outputs and the plan's collectives. The README's
-table says which import with no opaque op inside their layers and, for the others, which ops stay
-opaque there; this test measures both and holds the table to them."""
+"""Architectures of the transformers library (`support.architectures`), built from small configs
+with random weights: the README's table says, for each, which ops stay opaque inside its layers,
+whether its forward planned on dp=2,tp=2 (forced to shard) simulates PASS and runs under DTensor
+with the unsharded output and exactly the plan's collectives, and whether its training step gives
+the unsharded module's gradients and update. These tests measure each row and hold the table to it;
+the routed experts of the MoE models are planned as a dense dispatch."""
 
 from __future__ import annotations
 
 import re
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,8 +16,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from support.dtensor import CollectiveLog, planned_collectives, sharded_plan, simulated_ranks, traffic  # noqa: E402
-
+from support.architectures import (ARCHITECTURES, IN_LAYERS, README, Row, build, measure_forward,  # noqa: E402
+                                   measure_training, opaque_inside, readme_rows)
+from support.dtensor import sharded_plan, simulated_ranks  # noqa: E402
 from torch.distributed.tensor import Shard  # noqa: E402
 
 from autoshard.errors import InputError  # noqa: E402
@@ -25,121 +26,26 @@ from autoshard.frontends.torch import import_program, parallelize  # noqa: E402
 from autoshard.graph.evaluate import evaluate_graph  # noqa: E402
 from autoshard.sim.program import verify_plan  # noqa: E402
 
-README = (Path(__file__).parent.parent / "README.md").read_text()
-SMALL = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
-TOKENS = (torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0)),)
-
-# README name -> (model, example args, example kwargs)
-ARCHITECTURES = {
-    "Llama": lambda: (transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMALL, num_key_value_heads=2)),
-                      TOKENS, {"use_cache": False}),
-    "Qwen2": lambda: (transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**SMALL, num_key_value_heads=2)),
-                      TOKENS, {"use_cache": False}),
-    "Mistral": lambda: (transformers.MistralForCausalLM(transformers.MistralConfig(**SMALL, num_key_value_heads=2)),
-                        TOKENS, {"use_cache": False}),
-    "GPT-2": lambda: (transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=128, n_embd=64, n_layer=2, n_head=4,
-                                                                           n_positions=32, bos_token_id=0, eos_token_id=0)),
-                      TOKENS, {"use_cache": False}),
-    "GPT-NeoX": lambda: (transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**SMALL)), TOKENS, {"use_cache": False}),
-    "Mixtral": lambda: (transformers.MixtralForCausalLM(transformers.MixtralConfig(**SMALL, num_key_value_heads=2,
-                                                                                   num_local_experts=4,
-                                                                                   num_experts_per_tok=2)),
-                        TOKENS, {"use_cache": False}),
-    "Qwen2-MoE": lambda: (transformers.Qwen2MoeForCausalLM(transformers.Qwen2MoeConfig(**SMALL, num_key_value_heads=2,
-                                                                                       num_experts=4, num_experts_per_tok=2,
-                                                                                       moe_intermediate_size=32,
-                                                                                       shared_expert_intermediate_size=64)),
-                          TOKENS, {"use_cache": False}),
-    "OLMoE": lambda: (transformers.OlmoeForCausalLM(transformers.OlmoeConfig(**SMALL, num_key_value_heads=2, num_experts=4,
-                                                                             num_experts_per_tok=2)),
-                      TOKENS, {"use_cache": False}),
-    "BERT": lambda: (transformers.BertModel(transformers.BertConfig(**SMALL, max_position_embeddings=32)), TOKENS, {}),
-    "Phi": lambda: (transformers.PhiForCausalLM(transformers.PhiConfig(**SMALL, partial_rotary_factor=0.5)), TOKENS,
-                    {"use_cache": False}),
-    "StableLM": lambda: (transformers.StableLmForCausalLM(transformers.StableLmConfig(**SMALL, num_key_value_heads=2)),
-                         TOKENS, {"use_cache": False}),
-    "Granite": lambda: (transformers.GraniteForCausalLM(transformers.GraniteConfig(**SMALL, num_key_value_heads=2)),
-                        TOKENS, {"use_cache": False}),
-    "StarCoder2": lambda: (transformers.Starcoder2ForCausalLM(transformers.Starcoder2Config(**SMALL, num_key_value_heads=2)),
-                           TOKENS, {"use_cache": False}),
-    "CLIP vision": lambda: (transformers.CLIPVisionModel(transformers.CLIPVisionConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8)),
-        (torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0)),), {}),
-    "Gemma": lambda: (transformers.GemmaForCausalLM(transformers.GemmaConfig(**SMALL, num_key_value_heads=2, head_dim=16)),
-                      TOKENS, {"use_cache": False}),
-    "Gemma 3": lambda: (transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(**SMALL, num_key_value_heads=2,
-                                                                                     head_dim=16, sliding_window=8)),
-                        TOKENS, {"use_cache": False}),
-    "Cohere": lambda: (transformers.CohereForCausalLM(transformers.CohereConfig(**SMALL, num_key_value_heads=2,
-                                                                                eos_token_id=0)),
-                       TOKENS, {"use_cache": False}),
-    "GPT-J": lambda: (transformers.GPTJForCausalLM(transformers.GPTJConfig(vocab_size=128, n_embd=64, n_layer=2, n_head=4,
-                                                                           rotary_dim=8, n_positions=32, bos_token_id=0,
-                                                                           eos_token_id=0)),
-                      TOKENS, {"use_cache": False}),
-    "BLOOM": lambda: (transformers.BloomForCausalLM(transformers.BloomConfig(vocab_size=128, hidden_size=64, n_layer=2,
-                                                                             n_head=4)),
-                      TOKENS, {"use_cache": False}),
-    "Falcon": lambda: (transformers.FalconForCausalLM(transformers.FalconConfig(vocab_size=128, hidden_size=64,
-                                                                                num_hidden_layers=2, num_attention_heads=4)),
-                       TOKENS, {"use_cache": False}),
-    "ViT": lambda: (transformers.ViTModel(transformers.ViTConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                                                 num_attention_heads=4, image_size=32, patch_size=8)),
-                    (torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0)),), {}),
-}
-
-# a module inside a stack of layers: `model.layers.0.mlp`, `transformer.h.1.attn`, `encoder.layer.0`
-IN_LAYERS = re.compile(r"(^|\.)(layers|layer|h|blocks)\.\d+(\.|$)")
 # architecture -> its experts' weights, which the plan must shard (a replicated MoE proves little)
 EXPERT_WEIGHTS = {name: re.compile(r"\.experts\.(gate_up_proj|down_proj)$") for name in ("Mixtral", "OLMoE", "Qwen2-MoE")}
 
 
-def readme_table() -> dict[str, str]:
-    """Architecture -> its "opaque ops inside the layers" cell, from the README's table."""
-    section = README.split("### Architectures of transformers\n", 1)[1]
-    rows = re.findall(r"^\| (.+?) \| `transformers\.\w+` \| (.+?) \|$", section, re.M)
-    return {name: cell for name, cell in rows}
-
-
 @pytest.mark.parametrize("name", sorted(ARCHITECTURES))
-def test_architecture_runs_under_dtensor_as_planned(name):
-    torch.manual_seed(0)
-    model, args, kwargs = ARCHITECTURES[name]()
-    model = model.eval()
-    program = torch.export.export(model, args, kwargs).run_decompositions({})
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the mask and position bookkeeping outside the layers is opaque
-        imported = import_program(program, name=name)
-    inside = sorted({n.target.split(".")[0] for n in imported.opaque if IN_LAYERS.search(n.module)})
-    cell = readme_table()[name]
-    assert cell == ("none" if not inside else ", ".join(f"`{op}`" for op in inside)), name
+def test_the_readme_row_of_an_architecture_is_what_it_measures(name):
+    forward = measure_forward(name)
+    model, _, _ = build(name)
+    row = Row(type(model).__name__, opaque_inside(forward.imported), forward.status, measure_training(name))
+    assert row.line(name) == readme_rows(README.read_text()).get(name), "python -m support.architectures writes the row"
     if name in EXPERT_WEIGHTS:
-        assert inside == [], f"the routed experts of {name} are planned, not opaque"
-
-    result = sharded_plan(imported.document, "dp=2,tp=2", memory_s_per_byte=1e-9)
-    assert verify_plan(result.plan).passed  # every device's share computes the whole op's (the simulator)
-    expected = model(*args, **kwargs)[0]
-    with simulated_ranks("dp=2,tp=2") as mesh:
-        program_on_mesh = parallelize(program, result, mesh)
-        with CollectiveLog() as log:
-            out = program_on_mesh(*args, **kwargs)
-        first = out[0] if isinstance(out, tuple) else out
-        full = first.full_tensor()._local_tensors[0]
-    torch.testing.assert_close(full, expected, rtol=1e-4, atol=1e-5)
-    assert program_on_mesh.mismatches == []
-    if name in EXPERT_WEIGHTS:
-        experts = [t for t in imported.parameters if EXPERT_WEIGHTS[name].search(t)]
+        assert row.opaque == "none", f"the routed experts of {name} are planned, not opaque"
+        experts = [t for t in forward.imported.parameters if EXPERT_WEIGHTS[name].search(t)]
         assert len(experts) == 2 * 2  # two layers
         for tensor in experts:
-            assert any(isinstance(p, Shard) for p in program_on_mesh.stored(tensor).placements), tensor
-        assert log.collectives
-    issued, planned = traffic(log.collectives), traffic(planned_collectives(result))
-    assert {k: n for k, (n, _) in issued.items()} == {k: n for k, (n, _) in planned.items()}
-    assert {k: b for k, (_, b) in issued.items()} == pytest.approx({k: b for k, (_, b) in planned.items()}, rel=0.1)
+            assert any(isinstance(p, Shard) for p in forward.program_on_mesh.stored(tensor).placements), tensor
 
 
 def test_the_readme_table_lists_every_architecture_tried():
-    assert sorted(readme_table()) == sorted(ARCHITECTURES)
+    assert sorted(readme_rows(README.read_text())) == sorted(ARCHITECTURES)
 
 
 def moe_block():

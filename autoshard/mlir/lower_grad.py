@@ -68,6 +68,12 @@ def _gelu_slope(a: _Arith, x: str) -> str:
     return a.op("add", left, right)
 
 
+def _gelu_erf_slope(a: _Arith, x: str) -> str:
+    phi = a.mul(a.const(0.3989422804014327), a.op("exp", a.mul(a.const(-0.5), x, x)))
+    cdf = a.mul(a.const(0.5), a.op("add", a.const(1.0), a.op("erf", a.mul(a.const(0.7071067811865476), x))))
+    return a.op("add", cdf, a.mul(x, phi))
+
+
 # d f(x) / dx for the elementwise kinds with a gradient rule, as in autoshard.ops.grads.SLOPES.
 SLOPES: dict[str, Callable[[_Arith, str], str]] = {
     "neg": lambda a, x: a.const(-1.0),
@@ -81,6 +87,8 @@ SLOPES: dict[str, Callable[[_Arith, str], str]] = {
     "cos": lambda a, x: a.op("neg", a.op("sin", x)),
     "relu": lambda a, x: _step(a, x),
     "gelu": _gelu_slope,
+    "erf": lambda a, x: a.mul(a.const(1.1283791670955126), a.op("exp", a.mul(a.const(-1.0), x, x))),
+    "gelu_erf": _gelu_erf_slope,
     "sigmoid": lambda a, x: a.mul(_sigmoid(a, x), a.op("sub", a.const(1.0), _sigmoid(a, x))),
     "silu": lambda a, x: _silu_slope(a, x),
     "square": lambda a, x: a.mul(a.const(2.0), x),

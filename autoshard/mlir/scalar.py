@@ -63,6 +63,14 @@ def _gelu(b: Body, x: str, dtype: str) -> str:
     return _op(b, "arith.mulf", [hx, _op(b, "arith.addf", [one, t], dtype, "t")], dtype, "gelu")
 
 
+def _gelu_erf(b: Body, x: str, dtype: str) -> str:
+    # 0.5 * x * (1 + erf(x / sqrt(2))), as the payload table.
+    scaled = _op(b, "arith.mulf", [x, constant(b, 0.7071067811865476, dtype)], dtype, "t")
+    e = _op(b, "math.erf", [scaled], dtype, "erf")
+    hx = _op(b, "arith.mulf", [constant(b, 0.5, dtype, "half"), x], dtype, "hx")
+    return _op(b, "arith.mulf", [hx, _op(b, "arith.addf", [constant(b, 1.0, dtype, "one"), e], dtype, "t")], dtype, "gelu")
+
+
 _REAL_ONLY: dict[str, Callable[[Body, str, str], str]] = {
     "exp": lambda b, x, t: _op(b, "math.exp", [x], t, "exp"),
     "log": lambda b, x, t: _op(b, "math.log", [x], t, "log"),
@@ -72,6 +80,8 @@ _REAL_ONLY: dict[str, Callable[[Body, str, str], str]] = {
     "sin": lambda b, x, t: _op(b, "math.sin", [x], t, "sin"),
     "cos": lambda b, x, t: _op(b, "math.cos", [x], t, "cos"),
     "gelu": _gelu,
+    "erf": lambda b, x, t: _op(b, "math.erf", [x], t, "erf"),
+    "gelu_erf": _gelu_erf,
     "sigmoid": _sigmoid,
     "silu": lambda b, x, t: _op(b, "arith.mulf", [x, _sigmoid(b, x, t)], t, "silu"),
 }

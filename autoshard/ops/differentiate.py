@@ -167,6 +167,15 @@ def _mul(b: GraphBuilder, op: OpDecl, index: int, dy: str) -> str:
     return unbroadcast(b, grad, b.shape(op.inputs[index]), _name(op, index))
 
 
+def _select(b: GraphBuilder, op: OpDecl, index: int, dy: str) -> str:
+    """The output gradient where the selector picked case `index`, zero where it picked another
+    (input 0, the selector, is a bool or an integer: it has none)."""
+    zeros = b.op("sub", [dy, dy], f"{_name(op, index)}.zero")
+    cases = [dy if case == index else zeros for case in range(1, len(op.inputs))]
+    grad = b.op("select", [op.inputs[0], *cases], f"{_name(op, index)}.pick")
+    return unbroadcast(b, grad, b.shape(op.inputs[index]), _name(op, index))
+
+
 def _div(b: GraphBuilder, op: OpDecl, index: int, dy: str) -> str:
     # d(a/b)/da = 1/b; d(a/b)/db = -(a/b)/b
     name = _name(op, index)
@@ -319,7 +328,7 @@ def _pool(b: GraphBuilder, op: OpDecl, index: int, dy: str) -> str:
 RULES: dict[str, Rule] = {
     "conv1d": _conv, "conv2d": _conv, "conv3d": _conv, "max_pool2d": _pool, "avg_pool2d": _pool,
     "matmul": _contraction, "batch_matmul": _contraction, "dot_general": _contraction,
-    "add": _add, "sub": _sub, "mul": _mul, "div": _div, "exp": _exp, "neg": _neg, "softmax": _softmax,
+    "add": _add, "sub": _sub, "mul": _mul, "div": _div, "select": _select, "exp": _exp, "neg": _neg, "softmax": _softmax,
     "reshape": _reshape, "transpose": _transpose, "cast": _cast, "reduce_sum": _reduce_sum,
     "broadcast_in_dim": _broadcast_in_dim, "layer_norm": _norm, "concat": _concat,
     "slice": _slice, "pad": _pad_grad,

@@ -52,6 +52,11 @@ def _gelu_slope(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * a * x * x)
 
 
+def _gelu_erf_slope(x: np.ndarray) -> np.ndarray:
+    # d/dx x * Phi(x) = Phi(x) + x * phi(x), phi the normal density
+    return 0.5 * (1.0 + PAYLOADS["erf"].fn(x * 0.7071067811865476)) + x * np.exp(-0.5 * x * x) * 0.3989422804014327
+
+
 def _silu_slope(x: np.ndarray) -> np.ndarray:
     s = _sigmoid(x)
     return s * (1.0 + x * (1.0 - s))
@@ -69,6 +74,8 @@ SLOPES: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "cos": lambda x: -np.sin(x),
     "relu": lambda x: (x > 0).astype(x.dtype),
     "gelu": _gelu_slope,
+    "erf": lambda x: 1.1283791670955126 * np.exp(-x * x),  # 2 / sqrt(pi) * exp(-x^2)
+    "gelu_erf": _gelu_erf_slope,
     "sigmoid": lambda x: _sigmoid(x) * (1.0 - _sigmoid(x)),
     "silu": _silu_slope,
     "square": lambda x: 2.0 * x,

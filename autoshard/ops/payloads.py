@@ -14,6 +14,7 @@ A payload is an elementwise function of its operands. How a `generic` op uses it
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -25,6 +26,19 @@ from autoshard.reductions import BY_COMBINER
 def _gelu(x: np.ndarray) -> np.ndarray:
     # tanh approximation, as used by GPT-2/3
     return 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3)))
+
+
+_ERF = np.frompyfunc(math.erf, 1, 1)  # numpy has no erf; math's is exact to the double
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x)
+    return _ERF(x).astype(x.dtype)
+
+
+def _gelu_erf(x: np.ndarray) -> np.ndarray:
+    # the exact form, torch's default: x * Phi(x), Phi the normal distribution function
+    return 0.5 * x * (1.0 + _erf(x * np.asarray(0.7071067811865476, x.dtype)))
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -59,6 +73,8 @@ PAYLOADS: dict[str, Payload] = {p.name: p for p in (
     Payload("cos", 1, np.cos, 4),
     Payload("relu", 1, lambda x: np.maximum(x, 0), 1),
     Payload("gelu", 1, _gelu, 8),
+    Payload("erf", 1, _erf, 4),
+    Payload("gelu_erf", 1, _gelu_erf, 8),
     Payload("sigmoid", 1, _sigmoid, 4),
     Payload("silu", 1, lambda x: x * _sigmoid(x), 5),
     Payload("square", 1, np.square),

@@ -147,14 +147,16 @@ def _matmul(lw: Lowering, node: Any) -> str:
 
 # --- elementwise -----------------------------------------------------------------------
 _UNARY = {"neg": "neg", "exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "tanh": "tanh",
-          "relu": "relu", "sigmoid": "sigmoid", "silu": "silu", "abs": "abs", "gelu": "gelu"}
+          "relu": "relu", "sigmoid": "sigmoid", "silu": "silu", "abs": "abs", "gelu": "gelu", "erf": "erf"}
 
 
 def _unary(kind: str) -> Row:
     def lower(lw: Lowering, node: Any) -> str:
-        # gelu's erf and tanh forms are one payload to the planner: the same loops and maps
         rest, kwargs = node.args[1:], dict(node.kwargs)
-        return lw.op(kind, [lw.tensor(node.args[0])], node.name, lambda x: node.target(x, *rest, **kwargs))
+        # gelu is the exact form (x * Phi(x)) unless it asks for the tanh approximation
+        exact = kind == "gelu" and arg(node, 1, "approximate", "none") == "none"
+        return lw.op("gelu_erf" if exact else kind, [lw.tensor(node.args[0])], node.name,
+                     lambda x: node.target(x, *rest, **kwargs))
     return lower
 
 
@@ -209,6 +211,27 @@ def _complex_part(lw: Lowering, x: str, part: int, name: str) -> str:
     starts, limits = [0] * len(shape), list(shape)
     starts[-1], limits[-1] = part, part + 1
     return lw.op("slice", [x], name, lambda t: aten.slice.Tensor(t, -1, part, part + 1), starts=starts, limits=limits)
+
+
+@row("masked_fill.Scalar")
+def _masked_fill(lw: Lowering, node: Any) -> str:
+    """The value where the (broadcast) mask is true, else the input: a select whose second case
+    is the value, a scalar input."""
+    x, mask, value = lw.tensor(node.args[0]), lw.tensor(node.args[1]), node.args[2]
+    if lw.builder.dtype_of(mask) != "bool":
+        raise Unsupported("a mask that is not bool")
+    fill = lw.scalar(value, x, f"{node.name}.value")
+    return lw.op("select", [mask, x, fill], node.name, lambda m, t, _: aten.masked_fill.Scalar(t, m, value))
+
+
+@row("bitwise_not.default")
+def _bitwise_not(lw: Lowering, node: Any) -> str:
+    """On bool values (masks), logical not: x == false."""
+    x = lw.tensor(node.args[0])
+    if lw.builder.dtype_of(x) != "bool":
+        raise Unsupported("bitwise not of integers")
+    false = lw.scalar(False, x, f"{node.name}.false")
+    return lw.op("compare", [x, false], node.name, lambda t, _: aten.bitwise_not.default(t), direction="eq")
 
 
 @row("pow.Tensor_Scalar")
@@ -398,11 +421,12 @@ def _split(lw: Lowering, node: Any) -> str:
 @row("topk.default")
 def _topk(lw: Lowering, node: Any) -> str:
     """Values and indices are two ops, `<node>.values` and `<node>.indices`; `getitem` picks one.
-    Only the sorted k largest of the last dim have one exact answer (ties aside)."""
+    The k largest of the last dim, largest first: one exact answer (ties aside)."""
     x = lw.tensor(node.args[0])
     k, dim = node.args[1], arg(node, 2, "dim", -1)
-    if dim % rank(lw, x) != rank(lw, x) - 1 or not arg(node, 3, "largest", True) or not arg(node, 4, "sorted", True):
-        raise Unsupported("topk of another dim than the last, of the smallest, or unsorted")
+    # unsorted asks for the k largest in any order: largest first is one of them
+    if dim % rank(lw, x) != rank(lw, x) - 1 or not arg(node, 3, "largest", True):
+        raise Unsupported("topk of another dim than the last, or of the smallest")
     for i, kind in enumerate(("top_k_values", "top_k_indices")):
         lw.values[f"{node.name}#{i}"] = lw.op(kind, [x], f"{node.name}.{kind.removeprefix('top_k_')}",
                                               lambda t, i=i: aten.topk.default(t, k, -1)[i], k=k)
@@ -459,6 +483,56 @@ def _repeat_interleave(lw: Lowering, node: Any) -> str:
               broadcast_dimensions=list(range(len(wide))))
     shape = out_shape(node)
     return lw.op("reshape", [y], node.name, lambda a: aten.reshape.default(a, shape), shape=shape)
+
+
+@row("new_empty.default")
+def _new_empty(lw: Lowering, node: Any) -> str:
+    """A value of unspecified contents, which the program overwrites (`slice_scatter`): zeros, a
+    scalar input broadcast, so that the graph computes one deterministic value."""
+    like = lw.tensor(node.args[0])
+    if node.kwargs.get("dtype") is not None and dtype_name(node.kwargs["dtype"]) != lw.builder.dtype_of(like):
+        raise Unsupported("new_empty of another dtype")
+    shape = out_shape(node)
+    zero = lw.scalar(0.0, like, f"{node.name}.zero")
+    return lw.op("broadcast_in_dim", [zero], node.name, lambda z: aten.expand.default(z, shape), shape=shape,
+                 broadcast_dimensions=[])
+
+
+@row("copy.default")
+def _copy(lw: Lowering, node: Any) -> str:
+    """Functionalised `dst.copy_(src)`: the value is src's, in dst's shape and dtype."""
+    dst, src = lw.tensor(node.args[0]), lw.tensor(node.args[1])
+    if lw.shape(dst) != lw.shape(src):
+        raise Unsupported("a copy that broadcasts")
+    if lw.builder.dtype_of(dst) != lw.builder.dtype_of(src):
+        target = node.meta["val"].dtype
+        return lw.op("cast", [src], node.name, lambda t: aten._to_copy.default(t, dtype=target),
+                     dtype=dtype_name(target))
+    return src
+
+
+@row("slice_scatter.default")
+def _slice_scatter(lw: Lowering, node: Any) -> str:
+    """src written over positions [start, end) of dim `dim` of the input: the input's slices
+    before and after them (`<node>.before`, `<node>.after`) concatenated around src."""
+    x, src = lw.tensor(node.args[0]), lw.tensor(node.args[1])
+    shape = lw.shape(x)
+    dim = arg(node, 2, "dim", 0) % len(shape)
+    start, end, step = slice(arg(node, 3, "start"), arg(node, 4, "end"), arg(node, 5, "step", 1)).indices(shape[dim])
+    if step != 1:
+        raise Unsupported("slice_scatter with a step")
+    pieces = []
+    for part, a, b in (("before", 0, start), ("src", start, end), ("after", end, shape[dim])):
+        if part == "src":
+            pieces.append(src)
+        elif b > a:
+            starts, limits = [0] * len(shape), list(shape)
+            starts[dim], limits[dim] = a, b
+            pieces.append(lw.op("slice", [x], f"{node.name}.{part}",
+                                lambda t, a=a, b=b: aten.slice.Tensor(t, dim, a, b), starts=starts, limits=limits))
+    if len(pieces) == 1:
+        return src
+    return lw.op("concat", pieces, node.name, lambda *ts: aten.cat.default(list(ts), dim), axis=dim)
 
 
 @row("embedding.default")
