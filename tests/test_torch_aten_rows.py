@@ -3,7 +3,8 @@ fused query, key and value), `stack` and `repeat_interleave` (GPT-J's and Cohere
 `baddbmm` (BLOOM's attention scores), `type_as` (Gemma's norms), `index` by a constant list of
 positions (Falcon's multi-query key and value), `masked_fill` and `bitwise_not` (DeBERTa-v2's
 attention mask), gelu's exact form with `erf`, and `new_empty`, `copy`, `slice_scatter` and an
-unsorted `topk` (DeepSeek-V2's attention heads written in two parts, and its router). Each is lowered to rows of
+unsorted `topk` (DeepSeek-V2's attention heads written in two parts, and its router), and
+`conv1d` (Whisper's front end, a strided convolution whose input gradient is spread by its stride). Each is lowered to rows of
 the op table: the graph computes what PyTorch computes, the FLOPs are the contraction's and the
 elementwise ops', and a plan forced to shard splits the new ops, simulates and runs under DTensor
 with the unsharded result and the plan's collectives."""
@@ -199,3 +200,38 @@ def test_a_value_written_in_parts_and_an_unsorted_top_k_compute_and_differentiat
     values = evaluate_graph(imported.graph, graph_inputs(imported, program, args))
     np.testing.assert_allclose(values[imported.outputs[0]], module(*args).detach().numpy(), rtol=1e-5, atol=1e-6)
     assert_step_is_torchs(module, args)
+
+
+class FrontEnd(nn.Module):
+    """Whisper's front end: two convolutions over time, the second strided, then time-major."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv1d(4, 8, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv1d(8, 8, kernel_size=3, stride=2, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.gelu(self.conv2(nn.functional.gelu(self.conv1(x)))).permute(0, 2, 1)
+
+
+@pytest.mark.parametrize("frames", [16, 15])  # the strides reach the last frame, or leave it out
+def test_a_strided_conv1d_computes_differentiates_and_runs_sharded_as_pytorch(frames):
+    torch.manual_seed(0)
+    module, args = FrontEnd().eval(), (torch.randn(4, 4, frames, generator=torch.Generator().manual_seed(5)),)
+    program = exported(module, args)
+    imported = import_program(program, strict=True)
+    assert [op.kind for op in imported.graph.ops if op.name.endswith(".conv")] == ["conv1d", "conv1d"]
+    values = evaluate_graph(imported.graph, graph_inputs(imported, program, args))
+    np.testing.assert_allclose(values[imported.outputs[0]], module(*args).detach().numpy(), rtol=1e-5, atol=1e-6)
+    step = assert_step_is_torchs(module, args)
+    assert "conv1d" in {op.kind for op in step.graph.ops if op.name.startswith("grad.conv1d_1.conv")}
+    result = sharded_plan(imported.document, "dp=2,tp=2", memory_s_per_byte=1e-9)
+    assert verify_plan(result.plan).passed
+    with simulated_ranks("dp=2,tp=2") as mesh:
+        program_on_mesh = parallelize(program, result, mesh)
+        with CollectiveLog() as log:
+            out = program_on_mesh(*args)
+        full = out.full_tensor()._local_tensors[0]
+    torch.testing.assert_close(full, module(*args), rtol=1e-5, atol=1e-6)
+    issued, planned = traffic(log.collectives), traffic(planned_collectives(result))
+    assert {k: n for k, (n, _) in issued.items()} == {k: n for k, (n, _) in planned.items()}

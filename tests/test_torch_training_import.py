@@ -88,12 +88,12 @@ def assert_step_is_torchs(module: nn.Module, args: tuple, kwargs: dict | None = 
     optimizer = torch.optim.Adam(module.parameters(), lr=LR, betas=BETAS, eps=EPS)
     optimizer.zero_grad()
     (out * torch.from_numpy(given["labels"])).sum().backward()
-    expected = {name: p.grad.clone() for name, p in module.named_parameters()}
+    expected = {name: p.grad.clone() for name, p in module.named_parameters() if p.requires_grad}
     optimizer.step()
     gradients = imported.graph.gradients
     assert sorted(gradients) == sorted(expected)  # a tied weight is one parameter
     scale = max(float(g.abs().max()) for g in expected.values())
-    updated = {name: p.detach().numpy() for name, p in module.named_parameters()}
+    updated = {name: p.detach().numpy() for name, p in module.named_parameters() if p.requires_grad}
     for name, grad in expected.items():
         np.testing.assert_allclose(computed[gradients[name]], grad.numpy(), rtol=1e-4, atol=1e-5 * scale, err_msg=name)
         # Adam's first step moves each weight by about lr times the sign of its gradient; where the
@@ -208,3 +208,13 @@ def test_a_tied_llama_under_dtensor_holds_the_tied_weight_once_and_its_gradient_
     assert sorted(grads) == sorted(expected) and "lm_head.weight" not in grads
     for name, grad in grads.items():
         torch.testing.assert_close(grad, expected[name].grad, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_a_frozen_parameter_is_an_input_the_step_neither_differentiates_nor_updates():
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 4))
+    module[0].weight.requires_grad_(False)
+    imported = assert_step_is_torchs(module, (torch.randn(2, 8),))
+    graph = imported.graph
+    assert graph.tensors["0.weight"].role == "input" and "0.weight" not in graph.gradients
+    assert "0.weight.new" not in graph.outputs and "0.bias.new" in graph.outputs

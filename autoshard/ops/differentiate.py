@@ -291,24 +291,30 @@ def _norm(b: GraphBuilder, op: OpDecl, index: int, dy: str) -> str:
 
 # --- windows ------------------------------------------------------------------------------
 def _conv(b: GraphBuilder, op: OpDecl, index: int, dy: str) -> str:
-    """The filter's gradient is a `grad` op; the input's, for unit strides, is the convolution of
-    dy with the filter reversed in space and its channels swapped, padded by kernel - 1 - pad on
-    each side (a full correlation), so it splits with halos as the forward one does."""
+    """The filter's gradient is a `grad` op; the input's is the convolution of dy, spread out by
+    the strides (zeros between its elements), with the filter reversed in space and its channels
+    swapped, padded by kernel - 1 - pad on each side (a full correlation; after the input's end
+    also by the positions past the last window the strides reached), so it splits with halos as
+    the forward one does."""
     if index == 1:
         return _grad_op(b, op, index, dy)
-    w_shape = b.shape(op.inputs[1])
+    w_shape, x_shape, y_shape = b.shape(op.inputs[1]), b.shape(op.inputs[0]), b.shape(dy)
     rank = len(w_shape) - 2
     strides = list(op.attrs.get("strides", [1] * rank))
     pad = [list(p) for p in op.attrs.get("padding", [[0, 0]] * rank)]
-    grown = [[k - 1 - a, k - 1 - c] for k, (a, c) in zip(w_shape, pad)]
-    if any(s != 1 for s in strides) or min(v for p in grown for v in p) < 0:
-        raise ValueError(f"op {op.name!r}: the input gradient of a convolution needs unit strides and padding at "
-                         f"most kernel - 1 per side; got strides {strides}, padding {pad}")
+    past = [n + a + c - k - (m - 1) * s for n, m, k, s, (a, c) in zip(x_shape[1:], y_shape[1:], w_shape, strides, pad)]
+    grown = [[k - 1 - a, k - 1 - c + r] for k, (a, c), r in zip(w_shape, pad, past)]
+    if min(v for p in grown for v in p) < 0:
+        raise ValueError(f"op {op.name!r}: the input gradient of a convolution needs padding at most kernel - 1 per "
+                         f"side; got padding {pad}")
     name = _name(op, index)
+    for d, stride in enumerate(strides):
+        if stride != 1:
+            dy = _spread(b, dy, 1 + d, stride, (y_shape[1 + d] - 1) * stride + 1, f"{name}.spread{d}")
     flipped = b.op("reverse", [op.inputs[1]], f"{name}.reverse", dims=list(range(rank)))
     perm = list(range(rank)) + [rank + 1, rank]
     swapped = b.op("transpose", [flipped], f"{name}.filter", perm=perm)
-    return b.op(op.kind, [dy, swapped], name, strides=strides, padding=grown)
+    return b.op(op.kind, [dy, swapped], name, strides=[1] * rank, padding=grown)
 
 
 def _pool(b: GraphBuilder, op: OpDecl, index: int, dy: str) -> str:

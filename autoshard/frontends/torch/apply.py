@@ -131,7 +131,7 @@ def plan_of_ops(document: Mapping[str, Any], graph: Graph, mesh: Mesh) -> Plan:
 
 
 TORCH_DTYPES = {ours: getattr(torch, name) for name, ours in DTYPES.items()}
-BLOCKWISE = ("reshape", "broadcast_in_dim", "dot_general", "matmul", "batch_matmul", "conv2d", "one_hot")
+BLOCKWISE = ("reshape", "broadcast_in_dim", "dot_general", "matmul", "batch_matmul", "conv1d", "conv2d", "one_hot")
 
 
 class ShardedProgram(torch.nn.Module):

@@ -615,6 +615,40 @@ def _conv2d(lw: Lowering, node: Any) -> str:
     return lw.op("add", [y, b], node.name, aten.add.Tensor)
 
 
+@row("conv1d.default")
+def _conv1d(lw: Lowering, node: Any) -> str:
+    """NCW and [F, C, KW] in PyTorch (Whisper's front end); the op table's conv1d is NWC with
+    [KW, C, F]."""
+    x, w = lw.tensor(node.args[0]), lw.tensor(node.args[1])
+    bias = arg(node, 2, "bias")
+    stride, padding = _single(arg(node, 3, "stride", 1)), arg(node, 4, "padding", 0)
+    if isinstance(padding, str) or _single(arg(node, 5, "dilation", 1)) != 1 or arg(node, 6, "groups", 1) != 1:
+        raise Unsupported("conv1d with string padding, dilation or groups")
+    padding = _single(padding)
+    nwc = lw.op("transpose", [x], f"{node.name}.input", lambda t: aten.permute.default(t, [0, 2, 1]), perm=[0, 2, 1])
+    filt = lw.op("transpose", [w], f"{node.name}.filter", lambda t: aten.permute.default(t, [2, 1, 0]), perm=[2, 1, 0])
+
+    def conv(a: Any, f: Any) -> Any:
+        out = aten.conv1d.default(aten.permute.default(a, [0, 2, 1]), aten.permute.default(f, [2, 1, 0]),
+                                  None, [stride], [padding])
+        return aten.permute.default(out, [0, 2, 1])
+    y = lw.op("conv1d", [nwc, filt], f"{node.name}.conv", conv, strides=[stride], padding=[[padding, padding]])
+    name = f"{node.name}.ncw" if bias is not None else node.name
+    y = lw.op("transpose", [y], name, lambda t: aten.permute.default(t, [0, 2, 1]), perm=[0, 2, 1])
+    if bias is None:
+        return y
+    f = lw.shape(lw.tensor(bias))[0]
+    b = lw.op("reshape", [lw.tensor(bias)], f"{node.name}.bias", lambda t: aten.reshape.default(t, [f, 1]), shape=[f, 1])
+    return lw.op("add", [y, b], node.name, aten.add.Tensor)
+
+
+def _single(value: Any) -> int:
+    values = [value] if isinstance(value, int) else list(value)
+    if len(values) != 1:
+        raise Unsupported(f"expected one value, got {value!r}")
+    return int(values[0])
+
+
 def _pair(value: Any) -> list[int]:
     values = [value, value] if isinstance(value, int) else list(value)
     if len(values) != 2:

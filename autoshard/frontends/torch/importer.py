@@ -148,6 +148,9 @@ def _add_placeholders(ep: Any, lw: Lowering, batch_dim: int | None) -> tuple[lis
     """The program's arguments, parameters and buffers as graph inputs and parameters; returns the
     user inputs in order and the parameters and buffers (graph tensor -> qualified name).
 
+    A frozen parameter (`requires_grad=False`, as Whisper's position table) is an input, as a
+    buffer is: a training step neither differentiates nor updates it.
+
     A tied weight (one tensor under two names, as a language model's embedding and head) is one
     graph parameter under its first name, read by both uses: its gradient sums both, and it is
     updated once. torch.export gives it a placeholder per name and may read it through either."""
@@ -167,13 +170,13 @@ def _add_placeholders(ep: Any, lw: Lowering, batch_dim: int | None) -> tuple[lis
             raise InputError(f"{kind.lower().replace('_', ' ')} {graph_name!r} has shape {_shape(node)}, with a "
                              "zero-size dim: export with example inputs of the sizes to plan for",
                              f"/inputs/{graph_name}")
-        if kind == "PARAMETER":
+        if kind == "PARAMETER" and ep.state_dict[spec.target].requires_grad:  # a frozen one is never trained
             stored = id(ep.state_dict[spec.target])
             if stored in tied:
                 lw.values[node.name] = tied[stored]
                 continue
             lw.values[node.name] = tied[stored] = builder.parameter(graph_name, _shape(node), _dtype(node))
-        else:  # buffers and constants hold no batch
+        else:  # buffers, frozen parameters and constants hold no batch
             lw.values[node.name] = builder.input(graph_name, _shape(node), _dtype(node),
                                                  batch_dim=batch_dim if kind == "USER_INPUT" else None)
             if kind == "CONSTANT_TENSOR":
