@@ -4,7 +4,8 @@ fused query, key and value), `stack` and `repeat_interleave` (GPT-J's and Cohere
 positions (Falcon's multi-query key and value), `masked_fill` and `bitwise_not` (DeBERTa-v2's
 attention mask), gelu's exact form with `erf`, and `new_empty`, `copy`, `slice_scatter` and an
 unsorted `topk` (DeepSeek-V2's attention heads written in two parts, and its router), and
-`conv1d` (Whisper's front end, a strided convolution whose input gradient is spread by its stride). Each is lowered to rows of
+`conv1d` (Whisper's front end, a strided convolution whose input gradient is spread by its stride),
+and `zeros_like`, `scatter` of a value and `gather` along the last dim (DeepSeek-V3's router). Each is lowered to rows of
 the op table: the graph computes what PyTorch computes, the FLOPs are the contraction's and the
 elementwise ops', and a plan forced to shard splits the new ops, simulates and runs under DTensor
 with the unsharded result and the plan's collectives."""
@@ -235,3 +236,41 @@ def test_a_strided_conv1d_computes_differentiates_and_runs_sharded_as_pytorch(fr
     torch.testing.assert_close(full, module(*args), rtol=1e-5, atol=1e-6)
     issued, planned = traffic(log.collectives), traffic(planned_collectives(result))
     assert {k: n for k, (n, _) in issued.items()} == {k: n for k, (n, _) in planned.items()}
+
+
+class GroupRouter(nn.Module):
+    """DeepSeek-V3's router: expert groups picked by their best score (`scatter` of ones into
+    `zeros_like`), the other groups' experts masked, the top experts picked on biased scores and
+    their unbiased scores read back by `gather`."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = nn.Linear(8, 8)
+        self.register_buffer("bias", torch.linspace(-0.1, 0.1, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = self.gate(x).sigmoid()  # [T, 8 experts] in 4 groups of 2
+        biased = scores + self.bias
+        group_best = biased.view(-1, 4, 2).amax(-1)
+        groups = torch.topk(group_best, 2, dim=-1, sorted=False)[1]
+        mask = torch.zeros_like(group_best).scatter(1, groups, 1).bool()
+        mask = mask.unsqueeze(-1).expand(-1, 4, 2).reshape(-1, 8)
+        picked = torch.topk(biased.masked_fill(~mask, 0.0), 3, dim=-1, sorted=False)[1]
+        weights = scores.gather(1, picked)
+        return weights.sum(-1, keepdim=True) * scores  # in any order the picks come
+
+
+def test_a_group_limited_router_computes_and_differentiates_as_pytorch():
+    torch.manual_seed(0)
+    module, args = GroupRouter().eval(), (torch.randn(6, 8, generator=torch.Generator().manual_seed(6)),)
+    program = exported(module, args)
+    targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+    assert {"aten.zeros_like.default", "aten.scatter.value", "aten.gather.default"} <= targets
+    imported = import_program(program, strict=True)
+    ops = imported.graph.op_by_name
+    assert ops["gather"].kind == "dot_general" and ops["gather.one_hot"].kind == "one_hot"
+    assert ops["scatter"].kind == "select" and ops["scatter.named"].kind == "reduce_max"
+    assert ops["zeros_like"].kind == "broadcast_in_dim"
+    values = evaluate_graph(imported.graph, graph_inputs(imported, program, args))
+    np.testing.assert_allclose(values[imported.outputs[0]], module(*args).detach().numpy(), rtol=1e-5, atol=1e-6)
+    assert_step_is_torchs(module, args)

@@ -535,6 +535,58 @@ def _slice_scatter(lw: Lowering, node: Any) -> str:
     return lw.op("concat", pieces, node.name, lambda *ts: aten.cat.default(list(ts), dim), axis=dim)
 
 
+@row("zeros_like.default")
+def _zeros_like(lw: Lowering, node: Any) -> str:
+    """Zeros of the input's shape: a scalar input broadcast (the graph format has no constants)."""
+    like = lw.tensor(node.args[0])
+    if node.kwargs.get("dtype") is not None and dtype_name(node.kwargs["dtype"]) != lw.builder.dtype_of(like):
+        raise Unsupported("zeros_like of another dtype")
+    shape = out_shape(node)
+    zero = lw.scalar(0, like, f"{node.name}.zero")
+    return lw.op("broadcast_in_dim", [zero], node.name, lambda z: aten.expand.default(z, shape), shape=shape,
+                 broadcast_dimensions=[])
+
+
+def _last_dim_ids(lw: Lowering, node: Any, x: str, ids: str) -> int:
+    """The classes of a gather or scatter along the last dim, whose ids have the input's other dims."""
+    r = rank(lw, x)
+    if node.args[1] % r != r - 1 or rank(lw, ids) != r or lw.shape(ids)[:-1] != lw.shape(x)[:-1]:
+        raise Unsupported("a gather or scatter along another dim than the last, or with ids of other leading dims")
+    return lw.shape(x)[-1]
+
+
+@row("gather.default")
+def _gather(lw: Lowering, node: Any) -> str:
+    """x[..., ids[..., j]] along the last dim (DeepSeek-V3's picked experts' scores): the ids made
+    one-hot rows [..., k, C] (`<node>.one_hot`), contracted with x over the classes, so the
+    class dim splits into partial sums as a contraction's does."""
+    x, ids = lw.tensor(node.args[0]), lw.tensor(node.args[2])
+    classes, lead = _last_dim_ids(lw, node, x, ids), rank(lw, x) - 1
+    target = node.meta["val"].dtype
+    hot = lw.op("one_hot", [ids], f"{node.name}.one_hot",
+                lambda i: torch.nn.functional.one_hot(i, classes).to(target),
+                num_classes=classes, dtype=lw.builder.dtype_of(x))
+    batch = list(range(lead))
+    return lw.op("dot_general", [hot, x], node.name, lambda h, t: torch.einsum("...kc,...c->...k", h, t),
+                 lhs_batch_dims=batch, rhs_batch_dims=batch, lhs_contracting_dims=[lead + 1],
+                 rhs_contracting_dims=[lead])
+
+
+@row("scatter.value")
+def _scatter_value(lw: Lowering, node: Any) -> str:
+    """The value written at x[..., ids[..., j]] along the last dim (DeepSeek-V3's mask of picked
+    expert groups): whether any id names a class (one-hot rows, their max over the ids), then a
+    select of the value there."""
+    x, ids, value = lw.tensor(node.args[0]), lw.tensor(node.args[2]), node.args[3]
+    classes, lead = _last_dim_ids(lw, node, x, ids), rank(lw, x) - 1
+    hot = lw.op("one_hot", [ids], f"{node.name}.one_hot", lambda i: torch.nn.functional.one_hot(i, classes).bool(),
+                num_classes=classes, dtype="bool")
+    named = lw.op("reduce_max", [hot], f"{node.name}.named", lambda h: aten.any.dim(h, lead), dims=[lead],
+                  keepdims=False)
+    fill = lw.scalar(value, x, f"{node.name}.value")
+    return lw.op("select", [named, x, fill], node.name, lambda m, t, _: aten.masked_fill.Scalar(t, m, value))
+
+
 @row("embedding.default")
 def _embedding(lw: Lowering, node: Any) -> str:
     table, ids = lw.tensor(node.args[0]), lw.tensor(node.args[1])
