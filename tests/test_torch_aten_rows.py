@@ -5,7 +5,9 @@ positions (Falcon's multi-query key and value), `masked_fill` and `bitwise_not` 
 attention mask), gelu's exact form with `erf`, and `new_empty`, `copy`, `slice_scatter` and an
 unsorted `topk` (DeepSeek-V2's attention heads written in two parts, and its router), and
 `conv1d` (Whisper's front end, a strided convolution whose input gradient is spread by its stride),
-and `zeros_like`, `scatter` of a value and `gather` along the last dim (DeepSeek-V3's router). Each is lowered to rows of
+`zeros_like`, `scatter` of a value and `gather` along the last dim (DeepSeek-V3's router), and T5's
+position bias: `where`, comparisons with numbers, `min`, `full_like`, `zeros`, and the gradient of
+an attention's added mask. Each is lowered to rows of
 the op table: the graph computes what PyTorch computes, the FLOPs are the contraction's and the
 elementwise ops', and a plan forced to shard splits the new ops, simulates and runs under DTensor
 with the unsharded result and the plan's collectives."""
@@ -274,3 +276,35 @@ def test_a_group_limited_router_computes_and_differentiates_as_pytorch():
     values = evaluate_graph(imported.graph, graph_inputs(imported, program, args))
     np.testing.assert_allclose(values[imported.outputs[0]], module(*args).detach().numpy(), rtol=1e-5, atol=1e-6)
     assert_step_is_torchs(module, args)
+
+
+class PositionBias(nn.Module):
+    """T5's attention: a learned bias per head and clipped relative position (`where`, `gt`, `lt`,
+    `min`, `full_like`) added to the scores as the attention's mask, so it trains through it."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.bias = nn.Linear(8, 24), nn.Embedding(5, 2)
+        self.register_buffer("relative", torch.arange(4)[None, :] - torch.arange(4)[:, None])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        r = self.relative
+        clipped = torch.where(r.abs() < 2, r.abs(), torch.min(r.abs(), torch.full_like(r, 2)))
+        buckets = clipped + (r > 0).long() * 2 + torch.zeros(4, 4, dtype=torch.long)
+        bias = self.bias(buckets).permute(2, 0, 1).unsqueeze(0)  # [1, heads, S, T]
+        qkv = self.qkv(x).view(2, 4, 3, 2, 4).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias).sum(1)
+
+
+def test_a_learned_position_bias_computes_and_trains_through_the_attention_mask():
+    torch.manual_seed(0)
+    module, args = PositionBias().eval(), (torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(7)),)
+    program = exported(module, args)
+    imported = import_program(program, strict=True)
+    kinds = {op.kind for op in imported.graph.ops}
+    assert {"select", "compare", "min", "broadcast_in_dim", "attention"} <= kinds
+    values = evaluate_graph(imported.graph, graph_inputs(imported, program, args))
+    np.testing.assert_allclose(values[imported.outputs[0]], module(*args).detach().numpy(), rtol=1e-5, atol=1e-6)
+    step = assert_step_is_torchs(module, args)
+    assert any(op.kind == "grad" and op.attrs["of"] == "attention" and op.attrs["wrt"] == 3 for op in step.graph.ops)

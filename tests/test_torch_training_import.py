@@ -49,13 +49,14 @@ class EveryOther(nn.Module):
         return self.down(turned * y.pow(3)[:, 1::3].sum(1, keepdim=True))
 
 
-def step_values(imported, program, args: tuple) -> dict[str, np.ndarray]:
+def step_values(imported, program, args: tuple, kwargs: dict | None = None) -> dict[str, np.ndarray]:
     """The inputs of the imported training step: the program's weights and arguments, Adam's
     first step (zero moments), labels, and the values opaque ops compute (run by PyTorch, as when
     a plan runs)."""
     state = program.state_dict | dict(program.constants)
     values = {name: state[target].detach() for name, target in imported.parameters.items()}
     values |= dict(zip(imported.user_inputs, args))
+    values |= {name: value for name, value in (kwargs or {}).items() if name in imported.user_inputs}
     values |= {name: torch.tensor(number) for name, (number, _) in imported.scalars.items()}
     with torch.no_grad():
         for step in imported.steps:
@@ -80,7 +81,7 @@ def assert_step_is_torchs(module: nn.Module, args: tuple, kwargs: dict | None = 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # mask and rotary bookkeeping is opaque: computed by PyTorch
         imported = import_program(program, training=True)
-    given = step_values(imported, program, args)
+    given = step_values(imported, program, args, kwargs)
     computed = evaluate_graph(imported.graph, given)
 
     out = module(*args, **kwargs)

@@ -151,7 +151,8 @@ def _attention_grad(inputs: list[np.ndarray], dy: np.ndarray, ctx: Context, wrt:
     """Recompute the weights P, then dS = P * (dP - rowsum(P * dP)) with dP = dy v^T.
 
     Every gradient is linear in dy and v over the value features e, and a sum over queries for
-    k and v, so blocks of those loops give partial sums.
+    k and v, so blocks of those loops give partial sums. An added float mask's gradient is dS
+    before the scale.
     """
     q, k, v = inputs[:3]
     scale = ctx.attrs.get("scale", 1.0 / np.sqrt(ctx.block.extents[5]))
@@ -159,7 +160,12 @@ def _attention_grad(inputs: list[np.ndarray], dy: np.ndarray, ctx: Context, wrt:
     if wrt == 2:
         return np.einsum("bhst,bhse->bhte", p, dy)
     dp = np.einsum("bhse,bhte->bhst", dy, v)
-    ds = p * (dp - np.sum(p * dp, axis=-1, keepdims=True)) * scale
+    ds = p * (dp - np.sum(p * dp, axis=-1, keepdims=True))
+    if wrt == 3:  # an added mask (T5's position bias): the scores' gradient, summed where it broadcast
+        mask = inputs[3]
+        ds = ds.sum(axis=tuple(range(ds.ndim - mask.ndim)))
+        return ds.sum(axis=tuple(d for d, n in enumerate(mask.shape) if n == 1 and ds.shape[d] != 1), keepdims=True)
+    ds = ds * scale
     if wrt == 0:
         return np.einsum("bhst,bhtd->bhsd", ds, k)
     return np.einsum("bhst,bhsd->bhtd", ds, q)
@@ -169,10 +175,12 @@ def _attention_grad_flops(nest: LoopNest, wrt: int) -> float:
     b, h, s, e, t, d = nest.extents
     scores, values, softmax = 2.0 * b * h * s * t * d, 2.0 * b * h * s * t * e, 5.0 * b * h * s * t
     # each gradient recomputes the weights; q and k also need dP and the softmax backward
+    if wrt == 3:  # dP and the softmax backward
+        return scores + softmax + values + 3.0 * b * h * s * t
     return scores + softmax + values + (values + scores + 3.0 * b * h * s * t if wrt in (0, 1) else 0.0)
 
 
-GRAD_RULES["attention"] = GradRule(_attention_grad, (0, 1, 2), _attention_grad_flops)
+GRAD_RULES["attention"] = GradRule(_attention_grad, (0, 1, 2, 3), _attention_grad_flops)
 
 
 # --- embedding: scatter-add of the output gradient into the looked-up rows -----------------

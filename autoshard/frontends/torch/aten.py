@@ -234,6 +234,52 @@ def _bitwise_not(lw: Lowering, node: Any) -> str:
     return lw.op("compare", [x, false], node.name, lambda t, _: aten.bitwise_not.default(t), direction="eq")
 
 
+@row("gt.Scalar", "lt.Scalar")
+def _compare_scalar(lw: Lowering, node: Any) -> str:
+    """A comparison with a number of the program (T5's relative position buckets)."""
+    x, number = lw.tensor(node.args[0]), node.args[1]
+    direction = target_key(node.target).split(".")[0]
+    other = lw.scalar(number, x, f"{node.name}.other")
+    return lw.op("compare", [x, other], node.name, lambda t, _: node.target(t, number), direction=direction)
+
+
+@row("min.other")
+def _min_other(lw: Lowering, node: Any) -> str:
+    a, b = (lw.tensor(t) for t in node.args[:2])
+    return lw.op("min", [a, b], node.name, aten.minimum.default)
+
+
+@row("where.self", "where.ScalarOther", "where.ScalarSelf")
+def _where(lw: Lowering, node: Any) -> str:
+    """x where the condition holds, else y (either may be a number): a select, whose second case
+    is the one a true selector picks."""
+    condition, x, y = node.args[:3]
+    like = lw.tensor(x) if not isinstance(x, (int, float)) else lw.tensor(y)
+    picked = [lw.operand(y, like, f"{node.name}.other"), lw.operand(x, like, f"{node.name}.self")]
+    return lw.op("select", [lw.tensor(condition), *picked], node.name,
+                 lambda c, otherwise, then: aten.where.self(c, then, otherwise))
+
+
+@row("full_like.default")
+def _full_like(lw: Lowering, node: Any) -> str:
+    """The input's shape filled with a number: a scalar input broadcast."""
+    like, number = lw.tensor(node.args[0]), node.args[1]
+    if node.kwargs.get("dtype") is not None and dtype_name(node.kwargs["dtype"]) != lw.builder.dtype_of(like):
+        raise Unsupported("full_like of another dtype")
+    shape = out_shape(node)
+    fill = lw.scalar(number, like, f"{node.name}.value")
+    return lw.op("broadcast_in_dim", [fill], node.name, lambda v: aten.expand.default(v, shape), shape=shape,
+                 broadcast_dimensions=[])
+
+
+@row("zeros.default")
+def _zeros(lw: Lowering, node: Any) -> str:
+    shape, dtype = out_shape(node), dtype_name(node.meta["val"].dtype)
+    zero = lw.scalar(0, "", f"{node.name}.zero", dtype=dtype)
+    return lw.op("broadcast_in_dim", [zero], node.name, lambda z: aten.expand.default(z, shape), shape=shape,
+                 broadcast_dimensions=[])
+
+
 @row("pow.Tensor_Scalar")
 def _pow(lw: Lowering, node: Any) -> str:
     x, exponent = lw.tensor(node.args[0]), node.args[1]

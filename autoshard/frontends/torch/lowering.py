@@ -64,10 +64,10 @@ class Lowering:
         self.steps.append(Step((out,), tuple(inputs), call))
         return out
 
-    def scalar(self, value: Any, like: str, name: str) -> str:
-        """A Python number operand as a rank-0 input of the dtype of tensor `like` (the graph
-        format has no constants; the runner feeds the number itself)."""
-        dtype = self.builder.dtype_of(like)
+    def scalar(self, value: Any, like: str, name: str, dtype: str | None = None) -> str:
+        """A Python number operand as a rank-0 input of the dtype of tensor `like` (or `dtype`:
+        the graph format has no constants; the runner feeds the number itself)."""
+        dtype = dtype or self.builder.dtype_of(like)
         tensor = self.builder.input(name, (), dtype)
         self.scalars[tensor] = (value, dtype)
         return tensor
