@@ -194,15 +194,14 @@ def stage_plan(graph: Graph, stage_mesh: Mesh, hw: Hardware, settings: SolveSett
                phases: PhaseTimes | None = None, best_so_far: BestSoFar | None = None) -> PlanResult:
     """Step 1: the intra-stage plan of the whole graph, within `stages` budgets per device, solved
     again under a shrunk budget (at most `FIT_ROUNDS` solves) while a stage of the schedule `fit`
-    is over one budget and the last solve brought its worst stage down. The plan does not depend
-    on the schedule otherwise, so one plan prices every schedule and V (the search's use, fitted
-    to its least-memory schedule). When no solve fits, the one closest to fitting is returned and
-    the caller's pricing names its stages over."""
+    is over one budget. The plan does not depend on the schedule otherwise, so one plan prices
+    every schedule and V (the search's use, fitted to its least-memory schedule). When no solve
+    fits, the one closest to fitting is returned and the caller's pricing names its stages over."""
     budget = stage_budget_bytes(settings, hw)
     whole = min(budget * fit.stages, MAX_MEMORY_BUDGET_BYTES)
     found: list[tuple[float, PlanResult]] = []  # (worst stage's peak, plan) of each solve
     prices = resharding_prices(stage_mesh, hw)  # found by the first solve's formulation, reused by the next
-    for solve in range(FIT_ROUNDS):
+    for _ in range(FIT_ROUNDS):
         try:
             result = make_plan(graph, stage_mesh, hw, replace(settings, memory_budget_bytes=whole), progress=progress,
                                phases=phases, best_so_far=best_so_far, prices=prices)
@@ -214,10 +213,10 @@ def stage_plan(graph: Graph, stage_mesh: Mesh, hw: Hardware, settings: SolveSett
         worst = max(m.peak_bytes for m in price_pipeline(result, stage_mesh, hw, fit, math.inf).memory)
         if worst <= budget:
             return result
-        if found and worst >= found[-1][0] * FIT_MARGIN:  # shrinking the whole graph does not reach the stages
-            found.append((worst, result))
-            break
         found.append((worst, result))
+        # the stages' peaks follow the whole graph's loosely (a stage holds its microbatches in
+        # flight, the whole graph one microbatch of every layer): each round shrinks from the last
+        # plan's peak, so a round that moved the stages too little is followed by a harder one
         whole = result.report.peak_memory_bytes * budget / worst * FIT_MARGIN
     return min(found, key=lambda entry: entry[0])[1]
 
