@@ -60,6 +60,17 @@ def test_the_gradient_of_pow_computes_what_the_graph_means():
     assert_module_computes(graph, inputs)
 
 
+def test_gelus_exact_form_and_erf_and_their_gradients_compute_what_the_graph_means():
+    """torch's default gelu (x * Phi(x), with math.erf) and erf itself, forward and backward."""
+    b = GraphBuilder("erf_step", "f32")
+    x, w = b.parameter("x", (3, 4), "f32"), b.parameter("w", (3, 4), "f32")
+    y = b.op("add", [b.op("gelu_erf", [x], "gelu"), b.op("erf", [x], "erf")], "y")
+    loss, seeds = weighted_sum_loss(b, b.op("mul", [y, w], "z"), batch_dim=None)
+    add_training_step(b, loss, seeds)
+    graph = graph_from_json(b.document(), ONE)
+    assert_module_computes(graph, training_inputs(graph))
+
+
 def assert_module_computes(graph, inputs: dict[str, np.ndarray]) -> None:
     """The one-device module of `graph`, run on `inputs`, gives the numpy evaluation's outputs."""
     plan = Plan(graph, ONE, {op.name: enumerate_options(op.nest, ONE)[0] for op in graph.ops},
