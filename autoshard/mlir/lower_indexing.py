@@ -14,18 +14,13 @@ from typing import TYPE_CHECKING
 
 from autoshard.affine import AffineExpr, AffineMap
 from autoshard.mlir.linalg import Operand, generic, linalg_index, reduction_init
+from autoshard.mlir.lower_selection import select_scalar
 from autoshard.mlir.scalar import combine, constant, identity_value
 from autoshard.mlir.text import Body, elem_type
 from autoshard.ops.table import normalize_dim
 
 if TYPE_CHECKING:
     from autoshard.mlir.lower import LoweringContext
-
-
-def _select(b: Body, hit: str, value: str, otherwise: str, dtype: str) -> str:
-    name = b.name("picked")
-    b.emit(f"{name} = arith.select {hit}, {value}, {otherwise} : {elem_type(dtype)}")
-    return name
 
 
 def cumulative(b: Body, ctx: LoweringContext) -> list[Operand]:
@@ -40,7 +35,7 @@ def cumulative(b: Body, ctx: LoweringContext) -> list[Operand]:
     def region(b: Body, args: list[str], acc: str) -> str:
         folded = b.name("folded")
         b.emit(f"{folded} = arith.cmpi {reached}, {linalg_index(b, rank, None)}, {linalg_index(b, dim, None)} : index")
-        value = _select(b, folded, args[0], constant(b, identity_value(kind, dtype), dtype, "identity"), dtype)
+        value = select_scalar(b, folded, args[0], constant(b, identity_value(kind, dtype), dtype, "identity"), dtype)
         return combine(b, kind, acc, value, dtype, ctx.where)
     return [generic(b, [reads, writes], ["parallel"] * rank + ["reduction"], [x], reduction_init(b, ctx.out, kind),
                     region, hint=ctx.op.outputs[0])]
@@ -61,7 +56,8 @@ def scatter(b: Body, ctx: LoweringContext) -> list[Operand]:
         b.emit(f"{row} = arith.index_cast {args[0]} : {elem_type(ids.dtype)} to index")
         b.emit(f"{hit} = arith.cmpi eq, {row}, {linalg_index(b, 0, first_row)} : index")
         if not adds:
-            return _select(b, hit, args[1], acc, dtype)
-        return combine(b, "sum", acc, _select(b, hit, args[1], constant(b, 0, dtype, "zero"), dtype), dtype, ctx.where)
+            return select_scalar(b, hit, args[1], acc, dtype)
+        picked = select_scalar(b, hit, args[1], constant(b, 0, dtype, "zero"), dtype)
+        return combine(b, "sum", acc, picked, dtype, ctx.where)
     maps = [*nest.input_maps[-2:], nest.output_maps[0]]
     return [generic(b, maps, iterators, [ids, updates], init, region, hint=ctx.op.outputs[0])]

@@ -31,7 +31,8 @@ def _index_as_i64(b: Body, loop: int) -> str:
     return name
 
 
-def _select(b: Body, hit: str, value: str, otherwise: str, dtype: str) -> str:
+def select_scalar(b: Body, hit: str, value: str, otherwise: str, dtype: str) -> str:
+    """`hit ? value : otherwise` on scalars of `dtype` inside a region."""
     name = b.name("picked")
     b.emit(f"{name} = arith.select {hit}, {value}, {otherwise} : {elem_type(dtype)}")
     return name
@@ -46,7 +47,7 @@ def one_hot(b: Body, ctx: LoweringContext) -> list[Operand]:
     def region(b: Body, args: list[str], acc: str) -> str:
         hit = b.name("hit")
         b.emit(f"{hit} = arith.cmpi eq, {args[0]}, {_cast_index(b, c_loop, offset, ids.dtype)} : {elem_type(ids.dtype)}")
-        return _select(b, hit, constant(b, 1, dtype, "one"), constant(b, 0, dtype, "zero"), dtype)
+        return select_scalar(b, hit, constant(b, 1, dtype, "one"), constant(b, 0, dtype, "zero"), dtype)
     return [generic(b, ctx.op.nest.maps, ["parallel"] * ctx.op.nest.num_loops, [ids], empty(b, ctx.out), region,
                     hint=ctx.op.outputs[0])]
 
@@ -93,7 +94,8 @@ def top_k(b: Body, ctx: LoweringContext) -> list[Operand]:
         entry, rank = args
         hit = b.name("hit")
         b.emit(f"{hit} = arith.cmpi eq, {rank}, {_index_as_i64(b, lead)} : i64")
-        picked = _select(b, hit, entry if values else _index_as_i64(b, lead + 1), constant(b, 0, dtype, "zero"), dtype)
+        chosen = entry if values else _index_as_i64(b, lead + 1)
+        picked = select_scalar(b, hit, chosen, constant(b, 0, dtype, "zero"), dtype)
         return combine(b, "sum", acc, picked, dtype, "")
     maps = [nest.input_maps[0], nest.input_maps[0], nest.output_maps[0]]
     return [generic(b, maps, ["parallel"] * (lead + 1) + ["reduction"], [x, ranks], reduction_init(b, ctx.out, "sum"),
@@ -111,7 +113,7 @@ def top_k_values_grad(b: Body, ctx: LoweringContext, of: str, wrt: int) -> list[
         rank, grad = args
         hit = b.name("hit")
         b.emit(f"{hit} = arith.cmpi eq, {rank}, {_index_as_i64(b, lead)} : i64")
-        return combine(b, "sum", acc, _select(b, hit, grad, constant(b, 0, dtype, "zero"), dtype), dtype, "")
+        return combine(b, "sum", acc, select_scalar(b, hit, grad, constant(b, 0, dtype, "zero"), dtype), dtype, "")
     maps = [nest.input_maps[0], nest.input_maps[1], nest.output_maps[0]]
     iterators = ["parallel"] * lead + ["reduction", "parallel"]
     return [generic(b, maps, iterators, [ranks, dy], reduction_init(b, ctx.out, "sum"), region, hint=ctx.op.outputs[0])]
