@@ -374,5 +374,8 @@ def _average_as_sum(result: Any, planned: tuple[Any, ...], device_mesh: Any) -> 
     if not averaged or any(_plain(g) != _plain(p) for i, (g, p) in enumerate(zip(got, planned)) if i not in averaged):
         return result
     group = math.prod(device_mesh.size(i) for i in averaged)
-    return DTensor.from_local(result.to_local() / group, device_mesh, planned, run_check=False,
-                              shape=result.shape, stride=result.stride())
+    # the gradient coming back is each device's share of the whole mean's (divided by the group
+    # with the rescaling): summed over the group, not averaged as the result's placements say
+    grad_placements = tuple(Partial("sum") if i in averaged else p for i, p in enumerate(got))
+    return DTensor.from_local(result.to_local(grad_placements=grad_placements) / group, device_mesh, planned,
+                              run_check=False, shape=result.shape, stride=result.stride())
