@@ -219,3 +219,29 @@ def test_a_frozen_parameter_is_an_input_the_step_neither_differentiates_nor_upda
     graph = imported.graph
     assert graph.tensors["0.weight"].role == "input" and "0.weight" not in graph.gradients
     assert "0.weight.new" not in graph.outputs and "0.bias.new" in graph.outputs
+
+
+def test_a_tied_embedding_stored_over_two_mesh_axes_is_looked_up_on_one_as_dtensor_runs_it():
+    """DTensor's embedding keeps one mask of the ids per placement: a vocabulary split over two
+    mesh dims fails inside it. Plans for DTensor (`mesh_order_splits`) split an embedding's
+    vocabulary over one axis at most; the table may still be stored over both."""
+    import autoshard
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    model = transformers.LlamaForCausalLM(config).eval()
+    program = torch.export.export(model, (IDS,), {"use_cache": False})
+    document = import_program(program).document
+    document["constraints"].append({"tensor": "model.embed_tokens.weight", "split_axes": [["dp", "tp"], []]})
+    mesh = autoshard.Mesh.parse("dp=2,tp=2")
+    graph = autoshard.load_graph(document, mesh)
+    result = autoshard.make_plan(graph, mesh, autoshard.bind_hardware("dgx-h100", mesh),
+                                 autoshard.SolveSettings(deterministic=True, mesh_order_splits=True))
+    assert result.plan.storage["model.embed_tokens.weight"].dim_axes(0) == ("dp", "tp")
+    lookups = [op for op in graph.ops if op.kind == "embedding"]
+    assert lookups and all(len(result.plan.options[op.name].loop_axes[-1]) <= 1 for op in lookups)
+    with simulated_ranks("dp=2,tp=2") as device_mesh:
+        out = parallelize(program, result, device_mesh)(IDS, use_cache=False)
+        full = out.full_tensor()._local_tensors[0]
+    torch.testing.assert_close(full, model(IDS, use_cache=False).logits, rtol=1e-4, atol=1e-5)

@@ -23,7 +23,7 @@ from typing import Iterator, Mapping, Sequence
 
 from autoshard.errors import ShardingError
 from autoshard.mesh import Mesh
-from autoshard.ops.loops import INVALID, LoopNest, loop_position
+from autoshard.ops.loops import INVALID, REDUCTION, LoopNest, loop_position
 from autoshard.planning.symmetry import consecutive
 from autoshard.sharding import Sharding
 
@@ -199,6 +199,18 @@ def enumerate_options(nest: LoopNest, mesh: Mesh, mesh_order: bool = False,
         if _fits(nest, loop_axes, mesh, merged) and (not runs or consecutive(loop_axes, mesh)):
             options.append(ShardingOption(tuple(loop_axes)))
     return options
+
+
+# Ops whose reduction DTensor runs split over one mesh axis at most: its embedding keeps one mask
+# of the ids a device holds per placement, and a vocabulary split over two mesh dims makes two
+# masks that conflict ("MaskBuffer has been materialized with conflicting data")
+ONE_AXIS_REDUCTIONS = frozenset({"embedding"})
+
+
+def dtensor_runs(kind: str, nest: LoopNest, option: ShardingOption) -> bool:
+    """Whether DTensor executes `option` of an op of `kind` (the plans `mesh_order` asks for)."""
+    return kind not in ONE_AXIS_REDUCTIONS or all(len(option.loop_axes[l]) <= 1
+                                                  for l, t in enumerate(nest.iterator_types) if t == REDUCTION)
 
 
 def _merged_loops(nest: LoopNest) -> set[int]:
