@@ -142,12 +142,12 @@ def canonical_plan_request(request: Mapping[str, Any], settings: Settings) -> di
     """Check a plan request (graph, mesh, topology, options); return its canonical form."""
     mesh = parse_mesh(request["mesh"], settings.max_devices)
     graph = parse_graph(request["graph"], mesh, settings)
-    options = fill_options(request.get("options", {}), settings)
-    pipeline = pipeline_of(options)
+    given = request.get("options", {})
+    pipeline = pipeline_of(given)
     machine = mesh
     if pipeline is not None:  # the stages against the graph's layers; the machine is the stages times the mesh
         try:
-            checked_orders(graph, pipeline, options.get("microbatches", 1))
+            checked_orders(graph, pipeline, given.get("microbatches", 1))
         except InputError as error:
             raise InputError([Problem(PIPELINE_POINTERS.get(p.where, "/options/pipeline"), p.message)
                               for p in error.problems]) from None
@@ -158,7 +158,7 @@ def canonical_plan_request(request: Mapping[str, Any], settings: Settings) -> di
     topology_options = {k: v for k, v in request.get("topology_options", {}).items() if v is not None}
     bind_topology(request["topology"], topology_options, machine)
     return {"graph": graph_to_json(graph), "mesh": mesh_text(mesh), "topology": request["topology"],
-            "topology_options": topology_options, "options": options}
+            "topology_options": topology_options, "options": fill_options(given, settings)}
 
 
 # Where the planner names a pipeline setting -> its field in a plan request

@@ -26,6 +26,8 @@ def estimate_plan(body: EstimateRequest, settings: Settings = Depends(deps.setti
     """Per-op compute, every resharding with its collectives, per-axis traffic and per-device peak memory."""
     mesh = parse_mesh(body.model_dump(mode="json")["mesh"], settings.max_devices)
     graph = parse_graph(body.graph, mesh, settings)
+    placed = body.topology_options.model_dump(exclude_none=True)
+    hardware = bind_topology(body.topology, placed, mesh)  # the topology's problems before the plan's
     try:
         microbatching = microbatch(graph, stated_microbatches(body.plan, body.microbatches))
     except InputError as error:
@@ -37,9 +39,8 @@ def estimate_plan(body: EstimateRequest, settings: Settings = Depends(deps.setti
         cut = read_cut(body.plan, microbatching.graph) if "pipeline" in body.plan else None
     except InputError as error:
         raise under("/plan", error) from None
-    # a pipelined plan's machine is its stages times the request's mesh, as the plan was made on
-    machine = mesh if cut is None else pipeline_mesh(mesh, cut.orders.stages)
-    hardware = bind_topology(body.topology, body.topology_options.model_dump(exclude_none=True), machine)
+    if cut is not None:  # a pipelined plan's machine is its stages times the request's mesh, as it was made on
+        hardware = bind_topology(body.topology, placed, pipeline_mesh(mesh, cut.orders.stages))
     microbatched = microbatching if microbatching.count > 1 else None
     report = estimate(plan, hardware, microbatched)
     pipelined = None
