@@ -535,13 +535,7 @@ def _repeat_interleave(lw: Lowering, node: Any) -> str:
 def _new_empty(lw: Lowering, node: Any) -> str:
     """A value of unspecified contents, which the program overwrites (`slice_scatter`): zeros, a
     scalar input broadcast, so that the graph computes one deterministic value."""
-    like = lw.tensor(node.args[0])
-    if node.kwargs.get("dtype") is not None and dtype_name(node.kwargs["dtype"]) != lw.builder.dtype_of(like):
-        raise Unsupported("new_empty of another dtype")
-    shape = out_shape(node)
-    zero = lw.scalar(0.0, like, f"{node.name}.zero")
-    return lw.op("broadcast_in_dim", [zero], node.name, lambda z: aten.expand.default(z, shape), shape=shape,
-                 broadcast_dimensions=[])
+    return _zeros_like_input(lw, node, "new_empty", 0.0)
 
 
 @row("copy.default")
@@ -584,11 +578,16 @@ def _slice_scatter(lw: Lowering, node: Any) -> str:
 @row("zeros_like.default")
 def _zeros_like(lw: Lowering, node: Any) -> str:
     """Zeros of the input's shape: a scalar input broadcast (the graph format has no constants)."""
+    return _zeros_like_input(lw, node, "zeros_like", 0)
+
+
+def _zeros_like_input(lw: Lowering, node: Any, what: str, zero_value: float) -> str:
+    """Zeros of the node's shape in its input's dtype: a scalar input broadcast."""
     like = lw.tensor(node.args[0])
     if node.kwargs.get("dtype") is not None and dtype_name(node.kwargs["dtype"]) != lw.builder.dtype_of(like):
-        raise Unsupported("zeros_like of another dtype")
+        raise Unsupported(f"{what} of another dtype")
     shape = out_shape(node)
-    zero = lw.scalar(0, like, f"{node.name}.zero")
+    zero = lw.scalar(zero_value, like, f"{node.name}.zero")
     return lw.op("broadcast_in_dim", [zero], node.name, lambda z: aten.expand.default(z, shape), shape=shape,
                  broadcast_dimensions=[])
 
