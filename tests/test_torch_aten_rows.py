@@ -63,13 +63,25 @@ def module_and_args() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     return Rows().eval(), (torch.randn(B, T, H * D, generator=generator), torch.randn(B * H, 1, T, generator=generator))
 
 
+def strict_import(module: nn.Module, args: tuple, aten_targets: set[str]):
+    """The export of `module` (holding `aten_targets`, the rows under test) and its strict import."""
+    program = exported(module, args)
+    assert aten_targets <= {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+    return program, import_program(program, strict=True)
+
+
+def assert_computes_and_steps_as_pytorch(module: nn.Module, args: tuple, program, imported) -> None:
+    """The imported graph's output is the module's, and its training step autograd's and Adam's."""
+    values = evaluate_graph(imported.graph, graph_inputs(imported, program, args))
+    np.testing.assert_allclose(values[imported.outputs[0]], module(*args).detach().numpy(), rtol=1e-5, atol=1e-6)
+    assert_step_is_torchs(module, args)
+
+
 def test_the_rows_compute_what_pytorch_computes_with_nothing_opaque():
     module, args = module_and_args()
-    program = exported(module, args)
-    targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
-    assert {"aten.select.int", "aten.stack.default", "aten.repeat_interleave.self_int", "aten.baddbmm.default",
-            "aten.type_as.default"} <= targets
-    imported = import_program(program, strict=True)
+    program, imported = strict_import(module, args, {"aten.select.int", "aten.stack.default",
+                                                     "aten.repeat_interleave.self_int", "aten.baddbmm.default",
+                                                     "aten.type_as.default"})
     graph = imported.graph
     values = evaluate_graph(graph, graph_inputs(imported, program, args))
     (out,) = imported.outputs
@@ -192,17 +204,13 @@ class Written(nn.Module):
 def test_a_value_written_in_parts_and_an_unsorted_top_k_compute_and_differentiate_as_pytorch():
     torch.manual_seed(0)
     module, args = Written().eval(), (torch.randn(4, 8, generator=torch.Generator().manual_seed(4)),)
-    program = exported(module, args)
-    targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
-    assert {"aten.new_empty.default", "aten.copy.default", "aten.slice_scatter.default"} <= targets
-    imported = import_program(program, strict=True)
+    program, imported = strict_import(module, args, {"aten.new_empty.default", "aten.copy.default",
+                                                     "aten.slice_scatter.default"})
     ops = imported.graph.op_by_name
     assert ops["new_empty"].kind == "broadcast_in_dim" and ops["new_empty"].flops() == 0
     assert ops["slice_scatter"].kind == "concat" and ops["slice_scatter.after"].attrs["starts"] == [0, 8]
     assert {op.kind for op in imported.graph.ops} >= {"top_k_values", "top_k_indices"}
-    values = evaluate_graph(imported.graph, graph_inputs(imported, program, args))
-    np.testing.assert_allclose(values[imported.outputs[0]], module(*args).detach().numpy(), rtol=1e-5, atol=1e-6)
-    assert_step_is_torchs(module, args)
+    assert_computes_and_steps_as_pytorch(module, args, program, imported)
 
 
 class FrontEnd(nn.Module):
@@ -265,17 +273,13 @@ class GroupRouter(nn.Module):
 def test_a_group_limited_router_computes_and_differentiates_as_pytorch():
     torch.manual_seed(0)
     module, args = GroupRouter().eval(), (torch.randn(6, 8, generator=torch.Generator().manual_seed(6)),)
-    program = exported(module, args)
-    targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
-    assert {"aten.zeros_like.default", "aten.scatter.value", "aten.gather.default"} <= targets
-    imported = import_program(program, strict=True)
+    program, imported = strict_import(module, args, {"aten.zeros_like.default", "aten.scatter.value",
+                                                     "aten.gather.default"})
     ops = imported.graph.op_by_name
     assert ops["gather"].kind == "dot_general" and ops["gather.one_hot"].kind == "one_hot"
     assert ops["scatter"].kind == "select" and ops["scatter.named"].kind == "reduce_max"
     assert ops["zeros_like"].kind == "broadcast_in_dim"
-    values = evaluate_graph(imported.graph, graph_inputs(imported, program, args))
-    np.testing.assert_allclose(values[imported.outputs[0]], module(*args).detach().numpy(), rtol=1e-5, atol=1e-6)
-    assert_step_is_torchs(module, args)
+    assert_computes_and_steps_as_pytorch(module, args, program, imported)
 
 
 class PositionBias(nn.Module):

@@ -19,6 +19,7 @@ import autoshard
 from autoshard.frontends.jax import compare_collectives, compiled_collectives, from_function, planned_collectives, shard
 from autoshard.frontends.jax.collectives import KindComparison
 from autoshard.frontends.jax.hlo import Collective
+from autoshard.frontends.jax.importer import import_function
 from autoshard.graph.model import Graph
 from autoshard.graph.schema import graph_from_json
 from autoshard.planning.make_plan import PlanResult
@@ -84,3 +85,14 @@ def prove(case: str, mesh_text: str) -> Proof:
     planned = planned_collectives(result.plan, hardware.collective_seconds)
     return Proof(case, mesh_text, result, replicated_peak_bytes(graph, mesh, hardware), error, planned, compiled,
                  compare_collectives(planned, compiled))
+
+
+def pinned_plan(f: Any, args: Any, mesh: autoshard.Mesh,
+                pins: dict[str, list[list[str]]]) -> tuple[Graph, Any, PlanResult]:
+    """`f` imported with strict, `pins` (tensor -> split axes) added as constraints, planned
+    deterministically on `mesh` of `TOPOLOGY`: the graph, the hardware and the plan."""
+    document = import_function(f, args, strict=True).document
+    document["constraints"] += [{"tensor": t, "split_axes": s} for t, s in pins.items()]
+    graph = graph_from_json(document, mesh)
+    hardware = autoshard.bind_hardware(TOPOLOGY, mesh)
+    return graph, hardware, autoshard.make_plan(graph, mesh, hardware, autoshard.SolveSettings(deterministic=True))

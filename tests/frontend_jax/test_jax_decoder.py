@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 from jax_models import LAYERS, decoder, decoder_args, llama_args, llama_block
-from proofs import TOPOLOGY, jax_mesh, replicated_peak_bytes
+from proofs import jax_mesh, pinned_plan, replicated_peak_bytes
 from test_jax_import import run_graph
 
 import autoshard
@@ -40,11 +40,7 @@ PINS = {"ids": [["dp"]], "params['embed']": [["tp"], []], "params['lm_head']": [
 @functools.lru_cache(maxsize=None)
 def planned(f=decoder):
     args = decoder_args()
-    document = import_function(f, args, strict=True).document
-    document["constraints"] += [{"tensor": t, "split_axes": s} for t, s in PINS.items()]
-    graph = graph_from_json(document, MESH)
-    hardware = autoshard.bind_hardware(TOPOLOGY, MESH)
-    result = autoshard.make_plan(graph, MESH, hardware, autoshard.SolveSettings(deterministic=True))
+    graph, hardware, result = pinned_plan(f, args, MESH, PINS)
     return args, graph, hardware, result, shard(f, result, jax_mesh(MESH), price=hardware.collective_seconds)
 
 

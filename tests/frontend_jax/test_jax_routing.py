@@ -8,12 +8,10 @@ from __future__ import annotations
 import jax
 import numpy as np
 from jax_models import EXPERTS, TOKENS, moe, moe_args
-from proofs import TOPOLOGY, jax_mesh
+from proofs import jax_mesh, pinned_plan
 
 import autoshard
 from autoshard.frontends.jax import compare_collectives, compiled_collectives, planned_collectives, shard
-from autoshard.frontends.jax.importer import import_function
-from autoshard.graph.schema import graph_from_json
 
 MESH = autoshard.Mesh.parse("dp=2,tp=4")
 PINS = {"x": [["dp"]], "params['w_in']": [["tp"]], "params['w_out']": [["tp"]]}
@@ -21,11 +19,7 @@ PINS = {"x": [["dp"]], "params['w_in']": [["tp"]], "params['w_out']": [["tp"]]}
 
 def test_a_routed_mixture_of_experts_runs_sharded_with_exactly_the_plans_collectives():
     args = moe_args()
-    document = import_function(moe, args, strict=True).document
-    document["constraints"] += [{"tensor": t, "split_axes": s} for t, s in PINS.items()]
-    graph = graph_from_json(document, MESH)
-    hardware = autoshard.bind_hardware(TOPOLOGY, MESH)
-    result = autoshard.make_plan(graph, MESH, hardware, autoshard.SolveSettings(deterministic=True))
+    graph, hardware, result = pinned_plan(moe, args, MESH, PINS)
     # the combine matrix is written into [tokens * experts] rows, each device its tokens' rows
     (combine,) = [op for op in graph.ops if op.kind == "scatter"]
     assert graph.tensors[combine.outputs[0]].shape == (TOKENS * EXPERTS,)
