@@ -12,11 +12,9 @@ from autoshard.cli.simulate import plan_mesh
 from autoshard.errors import InputError, Problem
 from autoshard.graph.schema import load_graph, read_json
 from autoshard.graph.summary import si, size
-from autoshard.phases import PhaseTimes
-from autoshard.planning.make_plan import PlanResult
 from autoshard.planning.microbatches import microbatch, stated_microbatches
 from autoshard.planning.pipeline_cut import read_cut
-from autoshard.planning.pipeline_plan import pipeline_mesh, price_cut
+from autoshard.planning.pipeline_plan import estimate_cut, pipeline_mesh
 from autoshard.planning.plan_contract import read_plan
 from autoshard.planning.report import estimate
 from autoshard.planning.roles import roles_document
@@ -48,12 +46,10 @@ def run(args: argparse.Namespace) -> int:
     cut = read_cut(document, microbatching.graph) if "pipeline" in document else None
     # a pipelined plan's machine is its stages times the stage's mesh, `pp` outermost, as `plan` bound it
     hw = hardware_from_args(args, mesh if cut is None else pipeline_mesh(mesh, cut.orders.stages))
-    report = estimate(plan, hw, microbatching if microbatching.count > 1 else None)
+    microbatched = microbatching if microbatching.count > 1 else None
+    report = estimate(plan, hw, microbatched)
     roles = roles_document(plan)
-    pipelined = None
-    if cut is not None:
-        result = PlanResult(plan, report, {}, PhaseTimes(), microbatching if microbatching.count > 1 else None)
-        pipelined = price_cut(result, mesh, hw, cut.orders, cut.part_of, hw.hbm_bytes, refuse_over_budget=False)
+    pipelined = estimate_cut(plan, report, microbatched, mesh, hw, cut) if cut is not None else None
     if args.json:
         print(json.dumps({**report.to_json(), "roles": roles,
                           **({"pipeline": pipelined.to_json()} if pipelined else {})}, indent=1))

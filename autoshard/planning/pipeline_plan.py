@@ -51,7 +51,9 @@ from autoshard.planning.pipeline_stages import balanced_cuts, layer_order, op_po
 from autoshard.pipeline.seconds import DIRECTIONS
 from autoshard.planning.pipeline_values import PartValues, StoredBytes
 from autoshard.planning.pipeline_work import seconds_per_run, work_kinds
-from autoshard.planning.report import PlanShardings
+from autoshard.planning.microbatches import Microbatching
+from autoshard.planning.plan import Plan
+from autoshard.planning.report import PlanShardings, Report
 from autoshard.sharding import Sharding
 
 STAGE_AXIS = "pp"  # the machine mesh's outermost axis, one position per stage
@@ -293,6 +295,14 @@ def price_cut(result: PlanResult, stage_mesh: Mesh, hw: Hardware, orders: StageO
     if refuse_over_budget:
         _check_budget(memory, budget)
     return PipelinedPlan(result, stage_mesh, orders, parts, transfer_s, tail_s, memory, budget, timeline)
+
+
+def estimate_cut(plan: Plan, report: Report, microbatching: Microbatching | None, stage_mesh: Mesh, hw: Hardware,
+                 cut: PipelineCut) -> PipelinedPlan:
+    """A plan read back with its cut (plan.json's `pipeline`), priced as `estimate` priced it:
+    each stage's memory reported against the chip's HBM, not refused."""
+    result = PlanResult(plan, report, {}, PhaseTimes(), microbatching)
+    return price_cut(result, stage_mesh, hw, cut.orders, cut.part_of, hw.hbm_bytes, refuse_over_budget=False)
 
 
 def _tail_seconds(per_run: dict[str, dict[str, float]], kinds: dict[str, str], stage_of: dict[str, int],

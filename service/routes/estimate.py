@@ -5,11 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 
 from autoshard.errors import InputError, Problem
-from autoshard.phases import PhaseTimes
-from autoshard.planning.make_plan import PlanResult
 from autoshard.planning.microbatches import microbatch, stated_microbatches
 from autoshard.planning.pipeline_cut import read_cut
-from autoshard.planning.pipeline_plan import pipeline_mesh, price_cut
+from autoshard.planning.pipeline_plan import estimate_cut, pipeline_mesh
 from autoshard.planning.plan_contract import read_plan
 from autoshard.planning.report import estimate
 from service import deps
@@ -43,9 +41,5 @@ def estimate_plan(body: EstimateRequest, settings: Settings = Depends(deps.setti
         hardware = bind_topology(body.topology, placed, pipeline_mesh(mesh, cut.orders.stages))
     microbatched = microbatching if microbatching.count > 1 else None
     report = estimate(plan, hardware, microbatched)
-    pipelined = None
-    if cut is not None:
-        result = PlanResult(plan, report, {}, PhaseTimes(), microbatched)
-        pipelined = price_cut(result, mesh, hardware, cut.orders, cut.part_of, hardware.hbm_bytes,
-                              refuse_over_budget=False).to_json()
+    pipelined = estimate_cut(plan, report, microbatched, mesh, hardware, cut).to_json() if cut is not None else None
     return Estimate(**report.to_json(), pipeline=pipelined)
