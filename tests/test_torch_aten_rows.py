@@ -77,6 +77,20 @@ def assert_computes_and_steps_as_pytorch(module: nn.Module, args: tuple, program
     assert_step_is_torchs(module, args)
 
 
+def run_on_dp2_tp2(program, result, module: nn.Module, args: tuple):
+    """`program` run under DTensor on dp=2,tp=2 as `result` plans: its output is the module's and
+    its collectives are the plan's in kind and count; the sharded program and both traffics."""
+    with simulated_ranks("dp=2,tp=2") as mesh:
+        program_on_mesh = parallelize(program, result, mesh)
+        with CollectiveLog() as log:
+            out = program_on_mesh(*args)
+        full = out.full_tensor()._local_tensors[0]
+    torch.testing.assert_close(full, module(*args), rtol=1e-5, atol=1e-6)
+    issued, planned = traffic(log.collectives), traffic(planned_collectives(result))
+    assert {k: n for k, (n, _) in issued.items()} == {k: n for k, (n, _) in planned.items()}
+    return program_on_mesh, issued, planned
+
+
 def test_the_rows_compute_what_pytorch_computes_with_nothing_opaque():
     module, args = module_and_args()
     program, imported = strict_import(module, args, {"aten.select.int", "aten.stack.default",
@@ -114,15 +128,8 @@ def test_a_plan_that_shards_the_rows_runs_under_dtensor_with_the_plans_collectiv
     split = {name for name in ("select.slice", "stack", "baddbmm.bmm", "baddbmm")
              if result.plan.options[name].used_axes()}
     assert split == {"select.slice", "stack", "baddbmm.bmm", "baddbmm"}
-    with simulated_ranks("dp=2,tp=2") as mesh:
-        program_on_mesh = parallelize(program, result, mesh)
-        with CollectiveLog() as log:
-            out = program_on_mesh(*args)
-        full = out.full_tensor()._local_tensors[0]
-    torch.testing.assert_close(full, module(*args), rtol=1e-5, atol=1e-6)
+    program_on_mesh, issued, planned = run_on_dp2_tp2(program, result, module, args)
     assert program_on_mesh.mismatches == []
-    issued, planned = traffic(log.collectives), traffic(planned_collectives(result))
-    assert {k: n for k, (n, _) in issued.items()} == {k: n for k, (n, _) in planned.items()}
     assert {k: b for k, (_, b) in issued.items()} == pytest.approx({k: b for k, (_, b) in planned.items()}, rel=0.1)
 
 
@@ -238,14 +245,7 @@ def test_a_strided_conv1d_computes_differentiates_and_runs_sharded_as_pytorch(fr
     assert "conv1d" in {op.kind for op in step.graph.ops if op.name.startswith("grad.conv1d_1.conv")}
     result = sharded_plan(imported.document, "dp=2,tp=2", memory_s_per_byte=1e-9)
     assert verify_plan(result.plan).passed
-    with simulated_ranks("dp=2,tp=2") as mesh:
-        program_on_mesh = parallelize(program, result, mesh)
-        with CollectiveLog() as log:
-            out = program_on_mesh(*args)
-        full = out.full_tensor()._local_tensors[0]
-    torch.testing.assert_close(full, module(*args), rtol=1e-5, atol=1e-6)
-    issued, planned = traffic(log.collectives), traffic(planned_collectives(result))
-    assert {k: n for k, (n, _) in issued.items()} == {k: n for k, (n, _) in planned.items()}
+    run_on_dp2_tp2(program, result, module, args)
 
 
 class GroupRouter(nn.Module):
