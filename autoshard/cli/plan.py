@@ -185,24 +185,24 @@ class ProgressLine:
 
 def run(args: argparse.Namespace) -> int:
     phases = PhaseTimes(announce=lambda text: print(f"  {text}", file=sys.stderr, flush=True))
-    with phases.phase("load"):  # and validate: the graph, the mesh, the machine, every flag
-        mesh = mesh_from_args(args)
-        problems: list[Problem] = []
-        pipeline = pipeline_settings(args, problems)
-        if problems:
-            raise InputError(problems)
-        graph = load_graph(args.graph, mesh)
-        if pipeline is None:
-            hw = hardware_from_args(args, mesh)
-        else:  # the stages against the graph's layers first; the machine is the stages times one's mesh
-            try:
-                checked_orders(graph, pipeline, args.microbatches)
-                hw = pipeline_hardware(args, mesh, pipeline.stages)
-            except InputError as error:
-                raise flagged(error) from None
-        settings, stages = checked_settings(args)
     best, result, pipelined = BestSoFar(), None, None
-    try:
+    try:  # from the first step: a Ctrl-C while the graph loads is said as any before a plan is found
+        with phases.phase("load"):  # and validate: the graph, the mesh, the machine, every flag
+            mesh = mesh_from_args(args)
+            problems: list[Problem] = []
+            pipeline = pipeline_settings(args, problems)
+            if problems:
+                raise InputError(problems)
+            graph = load_graph(args.graph, mesh)
+            if pipeline is None:
+                hw = hardware_from_args(args, mesh)
+            else:  # the stages against the graph's layers first; the machine is the stages times one's mesh
+                try:
+                    checked_orders(graph, pipeline, args.microbatches)
+                    hw = pipeline_hardware(args, mesh, pipeline.stages)
+                except InputError as error:
+                    raise flagged(error) from None
+            settings, stages = checked_settings(args)
         if pipeline is not None:
             try:
                 pipelined = plan_pipeline(graph, mesh, hw, settings, pipeline, progress=ProgressLine(), phases=phases,
