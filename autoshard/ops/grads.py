@@ -23,7 +23,7 @@ import numpy as np
 from autoshard.affine import AffineMap
 from autoshard.ops.attributes import attribute_problems
 from autoshard.ops.loops import INVALID, PARALLEL, REDUCTION, LoopNest, map_extent
-from autoshard.ops.nn import attention_weights, window_params, windows
+from autoshard.ops.nn import attention_pairs, attention_weights, window_params, windows
 from autoshard.ops.payloads import PAYLOADS
 from autoshard.ops.selection import top_k_order
 from autoshard.ops.table import OP_KINDS, Attrs, Context, OpError, OpKind, Shape, normalize_dim, register
@@ -36,7 +36,7 @@ GradCompute = Callable[[list[np.ndarray], np.ndarray, Context, int], np.ndarray]
 class GradRule:
     compute: GradCompute
     differentiable: tuple[int, ...]  # the inputs a gradient exists for
-    flops: Callable[[LoopNest, int], float]  # of the forward nest, per differentiated input
+    flops: Callable[[LoopNest, Attrs, int], float]  # of the forward nest and attributes, per differentiated input
 
 
 GRAD_RULES: dict[str, GradRule] = {}
@@ -85,7 +85,7 @@ SLOPES: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 def _elementwise_rule(name: str) -> GradRule:
     slope = SLOPES[name]
     return GradRule(lambda inputs, dy, ctx, wrt: dy * slope(inputs[0]), (0,),
-                    lambda nest, wrt: (PAYLOADS[name].flops + 1.0) * nest.points())
+                    lambda nest, attrs, wrt: (PAYLOADS[name].flops + 1.0) * nest.points())
 
 
 for _name in SLOPES:
@@ -101,7 +101,7 @@ def _pow_grad(inputs: list[np.ndarray], dy: np.ndarray, ctx: Context, wrt: int) 
     return grad.sum(axis=tuple(d for d, n in enumerate(x.shape) if n == 1 and grad.shape[d] != 1), keepdims=True)
 
 
-GRAD_RULES["pow"] = GradRule(_pow_grad, (0,), lambda nest, wrt: (PAYLOADS["pow"].flops + 2.0) * nest.points())
+GRAD_RULES["pow"] = GradRule(_pow_grad, (0,), lambda nest, attrs, wrt: (PAYLOADS["pow"].flops + 2.0) * nest.points())
 
 
 # --- reduce_mean: the output gradient spread over the reduced dims, over their count ------
@@ -112,7 +112,7 @@ def _reduce_mean_grad(inputs: list[np.ndarray], dy: np.ndarray, ctx: Context, wr
     return np.broadcast_to(dy.reshape(kept), ctx.block.sizes) / count
 
 
-GRAD_RULES["reduce_mean"] = GradRule(_reduce_mean_grad, (0,), lambda nest, wrt: float(nest.points()))
+GRAD_RULES["reduce_mean"] = GradRule(_reduce_mean_grad, (0,), lambda nest, attrs, wrt: float(nest.points()))
 
 
 # --- layer_norm / rms_norm ---------------------------------------------------------------
@@ -142,8 +142,8 @@ def _norm_grad(centred: bool) -> GradCompute:
     return compute
 
 
-GRAD_RULES["layer_norm"] = GradRule(_norm_grad(True), (0, 1, 2), lambda nest, wrt: (10.0 if wrt == 0 else 3.0) * nest.points())
-GRAD_RULES["rms_norm"] = GradRule(_norm_grad(False), (0, 1), lambda nest, wrt: (8.0 if wrt == 0 else 3.0) * nest.points())
+GRAD_RULES["layer_norm"] = GradRule(_norm_grad(True), (0, 1, 2), lambda nest, attrs, wrt: (10.0 if wrt == 0 else 3.0) * nest.points())
+GRAD_RULES["rms_norm"] = GradRule(_norm_grad(False), (0, 1), lambda nest, attrs, wrt: (8.0 if wrt == 0 else 3.0) * nest.points())
 
 
 # --- attention ---------------------------------------------------------------------------
@@ -171,13 +171,13 @@ def _attention_grad(inputs: list[np.ndarray], dy: np.ndarray, ctx: Context, wrt:
     return np.einsum("bhst,bhsd->bhtd", ds, q)
 
 
-def _attention_grad_flops(nest: LoopNest, wrt: int) -> float:
-    b, h, s, e, t, d = nest.extents
-    scores, values, softmax = 2.0 * b * h * s * t * d, 2.0 * b * h * s * t * e, 5.0 * b * h * s * t
+def _attention_grad_flops(nest: LoopNest, attrs: Attrs, wrt: int) -> float:
+    pairs, e, d = attention_pairs(nest, attrs), nest.extents[3], nest.extents[5]
+    scores, values, softmax = 2.0 * pairs * d, 2.0 * pairs * e, 5.0 * pairs
     # each gradient recomputes the weights; q and k also need dP and the softmax backward
     if wrt == 3:  # dP and the softmax backward
-        return scores + softmax + values + 3.0 * b * h * s * t
-    return scores + softmax + values + (values + scores + 3.0 * b * h * s * t if wrt in (0, 1) else 0.0)
+        return scores + softmax + values + 3.0 * pairs
+    return scores + softmax + values + (values + scores + 3.0 * pairs if wrt in (0, 1) else 0.0)
 
 
 GRAD_RULES["attention"] = GradRule(_attention_grad, (0, 1, 2, 3), _attention_grad_flops)
@@ -193,7 +193,7 @@ def _embedding_grad(inputs: list[np.ndarray], dy: np.ndarray, ctx: Context, wrt:
     return out
 
 
-GRAD_RULES["embedding"] = GradRule(_embedding_grad, (1,), lambda nest, wrt: float(np.prod(nest.extents[:-1])))
+GRAD_RULES["embedding"] = GradRule(_embedding_grad, (1,), lambda nest, attrs, wrt: float(np.prod(nest.extents[:-1])))
 
 
 # --- convolution (filter) and pooling (input) ---------------------------------------------
@@ -211,7 +211,7 @@ def _conv_filter_grad(inputs: list[np.ndarray], dy: np.ndarray, ctx: Context, wr
 
 
 for _rank in (1, 2, 3):
-    GRAD_RULES[f"conv{_rank}d"] = GradRule(_conv_filter_grad, (1,), lambda nest, wrt: 2.0 * nest.points())
+    GRAD_RULES[f"conv{_rank}d"] = GradRule(_conv_filter_grad, (1,), lambda nest, attrs, wrt: 2.0 * nest.points())
 
 
 def _pool_grad(is_max: bool) -> GradCompute:
@@ -230,8 +230,8 @@ def _pool_grad(is_max: bool) -> GradCompute:
     return compute
 
 
-GRAD_RULES["max_pool2d"] = GradRule(_pool_grad(True), (0,), lambda nest, wrt: 2.0 * nest.points())
-GRAD_RULES["avg_pool2d"] = GradRule(_pool_grad(False), (0,), lambda nest, wrt: float(nest.points()))
+GRAD_RULES["max_pool2d"] = GradRule(_pool_grad(True), (0,), lambda nest, attrs, wrt: 2.0 * nest.points())
+GRAD_RULES["avg_pool2d"] = GradRule(_pool_grad(False), (0,), lambda nest, attrs, wrt: float(nest.points()))
 
 
 # --- top k values: the output gradient back at the picked positions ------------------------
@@ -242,7 +242,8 @@ def _top_k_values_grad(inputs: list[np.ndarray], dy: np.ndarray, ctx: Context, w
     return dx
 
 
-GRAD_RULES["top_k_values"] = GradRule(_top_k_values_grad, (0,), lambda nest, wrt: float(nest.points() // nest.extents[-2]))
+GRAD_RULES["top_k_values"] = GradRule(_top_k_values_grad, (0,),
+                                      lambda nest, attrs, wrt: float(nest.points() // nest.extents[-2]))
 
 
 # --- the row -----------------------------------------------------------------------------
@@ -300,7 +301,7 @@ def _grad_compute(inputs: list[np.ndarray], ctx: Context) -> list[np.ndarray]:
 
 def _grad_flops(nest: LoopNest, attrs: Attrs) -> float:
     kind, rule, forward, wrt = _forward(attrs)
-    return rule.flops(nest, wrt)
+    return rule.flops(nest, forward, wrt)
 
 
 def _grad_dtype(in_dtypes: Sequence[str], attrs: Attrs) -> tuple[str, ...]:

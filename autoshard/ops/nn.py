@@ -68,9 +68,25 @@ def _sdpa(inputs: list[np.ndarray], ctx: Context) -> list[np.ndarray]:
     return [np.einsum("bhst,bhte->bhse", attention_weights(inputs, ctx), inputs[2])]
 
 
+def causal_pairs(queries: int, keys: int, first_query: int = 0) -> int:
+    """(query, key) pairs the causal mask keeps for `queries` consecutive queries from position
+    `first_query` over `keys` keys from position 0: query i sees keys 0..i."""
+    def seen_before(n: int) -> int:  # pairs of queries 0..n-1
+        return n * (n + 1) // 2 if n <= keys else keys * (keys + 1) // 2 + (n - keys) * keys
+    return seen_before(first_query + queries) - seen_before(first_query)
+
+
+def attention_pairs(nest: LoopNest, attrs: Attrs) -> float:
+    """(batch, head, query, key) points attention computes: every pair, or under the causal
+    mask only the unmasked ones (about half the square plus its diagonal); the masked ones cost
+    nothing in a kernel that skips them, as flash attention's causal kernels do."""
+    b, h, s, _, t, _ = nest.extents
+    return float(b * h * (causal_pairs(s, t) if attrs.get("causal", False) else s * t))
+
+
 def _sdpa_flops(nest: LoopNest, attrs: Attrs) -> float:
-    b, h, s, e, t, d = nest.extents
-    return 2.0 * b * h * s * t * (d + e) + 5.0 * b * h * s * t
+    d, e = nest.extents[5], nest.extents[3]
+    return (2.0 * (d + e) + 5.0) * attention_pairs(nest, attrs)
 
 
 register(OpKind("attention", (3, 4), _sdpa_loops, _sdpa, _sdpa_flops, attrs=("causal", "scale"), float_only=True,
