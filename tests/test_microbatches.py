@@ -55,7 +55,7 @@ def data_parallel_plan(graph, mesh: Mesh, axis: str = "dp") -> Plan:
 
 def test_the_step_on_one_microbatch_divides_every_batch_dim_and_nothing_else(step):
     m = microbatch(step, 4)
-    assert m.graph.tensors["ids"].shape == (2, 64) and m.graph.tensors["labels"].shape == (2, 64, 64)
+    assert m.graph.tensors["ids"].shape == (2, 64) and m.graph.tensors["labels"].shape == (2, 64)
     assert m.graph.tensors["layer0.attn.q"].shape == (2, 64, 32)
     assert m.graph.op_by_name["layer0.attn.q.split"].attrs["shape"] == [2, 64, 2, 16]
     for t in step.tensors.values():

@@ -108,7 +108,8 @@ def test_mlp_and_moe_parameter_counts():
     m = MoEConfig(layers=2, batch=2, seq=8, hidden=16, ffn=32, experts=4, top_k=2, capacity_factor=1.5)
     graph = graph_from_json(moe(m))
     assert sum(math.prod(t.shape) for t in graph.tensors_with_role("parameter")) == 2 * (16 * 4 + 2 * 4 * 16 * 32)
-    assert m.capacity == math.ceil(2 * 16 * 1.5 / 4) == graph.tensors["layer0.dispatch"].shape[2]
+    # one group per sequence: 2 groups of 8 tokens, each with its own slots
+    assert m.capacity == math.ceil(2 * 8 * 1.5 / 4) and graph.tensors["layer0.dispatch"].shape == (2, 8, 4, m.capacity)
 
 
 def test_unet_levels_halve_the_resolution_and_double_the_channels():
@@ -128,9 +129,10 @@ def test_unet_levels_halve_the_resolution_and_double_the_channels():
 def test_moe_experts_are_a_loop_expert_parallelism_can_split():
     graph = graph_from_json(moe(MoEConfig(batch=2, seq=8, hidden=16, experts=4)))
     ops = graph.op_by_name
-    for name in ("layer0.dispatch_tokens", "layer0.experts.fc1", "layer0.experts.act", "layer0.experts.fc2"):
+    for name, dim in (("layer0.dispatch_tokens", 1), ("layer0.experts.fc1", 0), ("layer0.experts.act", 0),
+                      ("layer0.experts.fc2", 0)):
         nest = ops[name].nest
-        experts = nest.output_maps[0].results[0].single_loop()  # every expert op's result is [E, ...]
+        experts = nest.output_maps[0].results[dim].single_loop()  # [G, E, ...] as dispatched, [E, G, ...] after
         assert nest.extents[experts] == 4 and nest.iterator_types[experts] == PARALLEL
         assert experts in nest.splittable_loops()
     combine = ops["layer0.combine"].nest  # summing the experts' outputs: partial over the experts axis

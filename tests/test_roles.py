@@ -73,9 +73,9 @@ def test_batch_sequence_and_expert_dims_propagate_through_the_indexing_maps():
     assert labels["embed.position"] == ["sequence", None]
     assert labels["lm_head.w"] == labels["adam.lm_head.w.m"] == [None, None]
     labels = dim_labels(graph_from_json(moe(MoEConfig(layers=1, batch=2, seq=8, hidden=16, experts=4), training=True)))
-    assert labels["layer0.experts.w1"] == labels["adam.layer0.experts.w1.new_m"] == ["expert", None, None]
-    assert labels["layer0.dispatch"] == ["batch", "expert", None]
-    assert labels["tokens"] == ["batch", None] and labels["layer0.router.w"] == [None, "expert"]
+    assert labels["layer0.experts.fc1.w"] == labels["adam.layer0.experts.fc1.w.new_m"] == ["expert", None, None]
+    assert labels["layer0.dispatch"] == ["batch", None, "expert", None]
+    assert labels["tokens"] == ["batch", None, None] and labels["layer0.router.w"] == [None, "expert"]
 
 
 def test_op_classes():
@@ -170,7 +170,7 @@ def test_megatron_attention_and_context_parallel_gpt_steps():
 def test_an_expert_parallel_moe_step():
     pins = {"x": [["dp"]], "labels": [["dp"]], "layer0.dispatch": [["dp"]], "layer0.experts.act": [["ep"]],
             "layer0.router": [["dp"]], "layer0.combine": [["dp"]]}
-    pins |= state_pins(["layer0.experts.w1", "layer0.experts.w2"], [["ep"]])
+    pins |= state_pins(["layer0.experts.fc1.w", "layer0.experts.fc2.w"], [["ep"]])
     config = MoEConfig(layers=1, batch=4, seq=8, hidden=32, experts=4)
     plan = pinned_plan(moe(config, training=True), "dp=2,ep=2", pins)
     roles = plan_roles(plan)

@@ -21,6 +21,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     for flag in ("layers", "hidden", "heads", "seq", "batch", "vocab", "ffn"):
         _int(p, flag, defaults)
     p.add_argument("--style", default=defaults.style, help=f"one of {', '.join(STYLES)} (default %(default)s)")
+    _int(p, "kv_heads", defaults, "K/V heads, each shared by heads / kv-heads query heads (1: multi-query; default heads)")
+    _int(p, "moe_experts", defaults, "routed experts in every layer's MLP (default 0: a dense MLP)")
+    _int(p, "moe_top_k", defaults, "experts each token is routed to (default %(default)s)")
+    _int(p, "moe_ffn", defaults, "features of each expert's MLP (fine-grained experts: many narrow ones; default ffn)")
+    _int(p, "moe_shared_experts", defaults, "experts every token goes through besides the routed ones (default 0)")
+    p.add_argument("--moe-capacity-factor", type=number_flag, default=defaults.moe_capacity_factor,
+                   help="expert slots per routed token (default %(default)s)")
+    _int(p, "moe_group_size", defaults, "tokens routed together, each group with its own capacity (default seq)")
     p.set_defaults(run=_runner(GPTConfig, gpt))
 
     defaults = MLPConfig()
@@ -36,6 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         _int(p, flag, defaults)
     p.add_argument("--capacity-factor", type=number_flag, default=defaults.capacity_factor,
                    help="expert slots per routed token (default %(default)s)")
+    _int(p, "group_size", defaults, "tokens routed together, each group with its own capacity (default seq)")
     p.add_argument("--activation", default=defaults.activation, help="expert MLP activation (default %(default)s)")
     p.set_defaults(run=_runner(MoEConfig, moe))
 
@@ -55,10 +64,10 @@ def _model_parser(models: argparse._SubParsersAction, name: str, help: str, defa
     return p
 
 
-def _int(parser: argparse.ArgumentParser, field: str, defaults: Any) -> None:
+def _int(parser: argparse.ArgumentParser, field: str, defaults: Any, help: str | None = None) -> None:
     default = getattr(defaults, field)
     parser.add_argument(_flag(field), dest=field, type=integer_flag, default=default,
-                        help=f"default {default}" if default is not None else "default 4 * hidden")
+                        help=help or (f"default {default}" if default is not None else "default 4 * hidden"))
 
 
 def _flag(field: str) -> str:

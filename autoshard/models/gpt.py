@@ -2,9 +2,21 @@
 style (rms norm, no biases, SwiGLU MLP; rotary positions are left out: they are elementwise
 per head and change no sharding choice).
 
-Per layer: norm, Q/K/V projections [B,S,H] x [H,H], heads as a reshaped dim
-([B,S,H] -> [B,S,heads,hd] -> [B,heads,S,hd]), causal attention, back to [B,S,H], output
-projection, residual; norm, MLP, residual. Then a final norm and the LM head to [B,S,vocab].
+Per layer: norm, Q/K/V projections [B,S,H] x [H,heads*hd], heads as a reshaped dim
+([B,S,heads*hd] -> [B,S,heads,hd] -> [B,heads,S,hd]), causal attention, back to [B,S,H], output
+projection, residual; norm, MLP, residual. Then a final norm and the LM head to [B,S,vocab], and
+for a training step the token cross-entropy against integer labels.
+
+Grouped-query attention (`kv_heads` < `heads`; 1 is multi-query): K and V are projected to
+kv_heads * hd and each K/V head serves heads / kv_heads consecutive query heads, repeated by a
+broadcast and a reshape in front of the attention; both are views, so K and V are held at kv
+heads and a resharding moves them at that size.
+
+An MoE MLP (`moe_experts` > 0) replaces the dense one in every layer: the tokens in groups of
+`moe_group_size` (default one sequence) routed to `moe_top_k` of the experts, each an MLP of
+the style's form with `moe_ffn` features (fine-grained experts are many narrow ones), plus
+`moe_shared_experts` experts every token goes through, as one dense MLP of moe_shared_experts
+* moe_ffn features (see `models/moe.py` for the dispatch).
 """
 
 from __future__ import annotations
@@ -15,6 +27,7 @@ from typing import Any
 from autoshard.errors import Problem
 from autoshard.graph.builder import GraphBuilder
 from autoshard.models.checks import float_dtype, one_of, positive_ints, raise_problems
+from autoshard.models.moe import capacity, expert_linear, routed_experts, routing_problems
 from autoshard.models.training import add_training_step, cross_entropy_loss
 
 STYLES = ("gpt", "llama")
@@ -31,17 +44,48 @@ class GPTConfig:
     ffn: int | None = None  # default 4 * hidden
     dtype: str = "bf16"
     style: str = "gpt"
+    kv_heads: int | None = None  # default heads
+    moe_experts: int = 0  # 0: a dense MLP
+    moe_top_k: int = 2
+    moe_ffn: int | None = None  # default ffn
+    moe_shared_experts: int = 0
+    moe_capacity_factor: float = 1.25
+    moe_group_size: int | None = None  # default seq
 
     def __post_init__(self) -> None:
-        problems = positive_ints(self, "layers", "hidden", "heads", "seq", "batch", "vocab",
-                                 *(("ffn",) if self.ffn is not None else ()))
+        optional = tuple(f for f in ("ffn", "kv_heads", "moe_ffn") if getattr(self, f) is not None)
+        problems = positive_ints(self, "layers", "hidden", "heads", "seq", "batch", "vocab", *optional)
         if not problems and self.hidden % self.heads:
             problems.append(Problem("heads", f"must divide hidden ({self.hidden}), got {self.heads}"))
+        if not problems and self.kv_heads is not None and self.heads % self.kv_heads:
+            problems.append(Problem("kv_heads", f"must divide heads ({self.heads}), got {self.kv_heads}"))
+        for name in ("moe_experts", "moe_shared_experts"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                problems.append(Problem(name, f"must be a non-negative integer, got {value!r}"))
+        if not problems and self.moe_experts:
+            problems += routing_problems(self, "moe_")
         raise_problems(problems + float_dtype(self.dtype) + one_of(self.style, STYLES, "style"))
 
     @property
     def ffn_size(self) -> int:
         return self.ffn if self.ffn is not None else 4 * self.hidden
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def kv_head_count(self) -> int:
+        return self.kv_heads if self.kv_heads is not None else self.heads
+
+    @property
+    def expert_ffn_size(self) -> int:
+        return self.moe_ffn if self.moe_ffn is not None else self.ffn_size
+
+    @property
+    def tokens_per_group(self) -> int:
+        return self.moe_group_size if self.moe_group_size is not None else self.seq
 
 
 class _Blocks:
@@ -64,25 +108,60 @@ class _Blocks:
             y = self.b.op("add", [y, self.b.parameter(f"{name}.b", (size_out,))], f"{name}.bias")
         return y
 
-    def heads(self, x: str, name: str) -> str:
+    def heads(self, x: str, name: str, count: int) -> str:
         c = self.c
-        split = self.b.op("reshape", [x], f"{name}.split", shape=[c.batch, c.seq, c.heads, c.hidden // c.heads])
+        split = self.b.op("reshape", [x], f"{name}.split", shape=[c.batch, c.seq, count, c.head_dim])
         return self.b.op("transpose", [split], f"{name}.heads", perm=[0, 2, 1, 3])
 
+    def repeat_heads(self, x: str, name: str) -> str:
+        """K or V heads [B, kv, S, hd] as [B, heads, S, hd]: query head i reads K/V head i // group."""
+        c = self.c
+        group = c.heads // c.kv_head_count
+        if group == 1:
+            return x
+        wide = self.b.op("broadcast_in_dim", [x], f"{name}.repeat",
+                         shape=[c.batch, c.kv_head_count, group, c.seq, c.head_dim], broadcast_dimensions=[0, 1, 3, 4])
+        return self.b.op("reshape", [wide], f"{name}.grouped", shape=[c.batch, c.heads, c.seq, c.head_dim])
+
     def attention(self, x: str, name: str) -> str:
-        h, b = self.c.hidden, self.b
-        q, k, v = (self.heads(self.linear(x, h, h, f"{name}.{n}"), f"{name}.{n}") for n in "qkv")
+        h, b, kv = self.c.hidden, self.b, self.c.kv_head_count
+        q = self.heads(self.linear(x, h, h, f"{name}.q"), f"{name}.q", self.c.heads)
+        k, v = (self.repeat_heads(self.heads(self.linear(x, h, kv * self.c.head_dim, f"{name}.{n}"), f"{name}.{n}", kv),
+                                  f"{name}.{n}") for n in "kv")
         o = b.op("attention", [q, k, v], f"{name}.sdpa", causal=True)
         o = b.op("transpose", [o], f"{name}.merge", perm=[0, 2, 1, 3])
         o = b.op("reshape", [o], f"{name}.merged", shape=[self.c.batch, self.c.seq, h])
         return self.linear(o, h, h, f"{name}.out")
 
-    def mlp(self, x: str, name: str) -> str:
-        h, f, b = self.c.hidden, self.c.ffn_size, self.b
+    def mlp(self, x: str, name: str, f: int | None = None) -> str:
+        h, b = self.c.hidden, self.b
+        f = f if f is not None else self.c.ffn_size
         if self.gpt:
             return self.linear(b.op("gelu", [self.linear(x, h, f, f"{name}.fc1")], f"{name}.gelu"), f, h, f"{name}.fc2")
         gate = b.op("silu", [self.linear(x, h, f, f"{name}.gate")], f"{name}.silu")
         return self.linear(b.op("mul", [gate, self.linear(x, h, f, f"{name}.up")], f"{name}.glu"), f, h, f"{name}.down")
+
+    def expert_mlp(self, xe: str, name: str) -> str:
+        """The style's MLP in every expert, on the dispatched [G, E, C, H] -> [E, G, C, H]."""
+        h, f, b = self.c.hidden, self.c.expert_ffn_size, self.b
+        if self.gpt:
+            act = b.op("gelu", [expert_linear(b, xe, f, f"{name}.fc1", experts_dim=1)], f"{name}.gelu")
+            return expert_linear(b, act, h, f"{name}.fc2")
+        gate = b.op("silu", [expert_linear(b, xe, f, f"{name}.gate", experts_dim=1)], f"{name}.silu")
+        glu = b.op("mul", [gate, expert_linear(b, xe, f, f"{name}.up", experts_dim=1)], f"{name}.glu")
+        return expert_linear(b, glu, h, f"{name}.down")
+
+    def moe_mlp(self, x: str, name: str) -> str:
+        c, b = self.c, self.b
+        s = c.tokens_per_group
+        tokens = b.op("reshape", [x], f"{name}.groups", shape=[c.batch * c.seq // s, s, c.hidden])
+        slots = capacity(c.moe_top_k, s, c.moe_capacity_factor, c.moe_experts)
+        routed = routed_experts(b, tokens, c.moe_experts, slots, name, self.expert_mlp)
+        y = b.op("reshape", [routed], f"{name}.routed", shape=[c.batch, c.seq, c.hidden])
+        if c.moe_shared_experts:
+            shared = self.mlp(x, f"{name}.shared", c.moe_shared_experts * c.expert_ffn_size)
+            y = b.op("add", [y, shared], f"{name}.with_shared")
+        return y
 
 
 def build_gpt(config: GPTConfig, training: bool = False) -> GraphBuilder:
@@ -96,7 +175,8 @@ def build_gpt(config: GPTConfig, training: bool = False) -> GraphBuilder:
     for layer in range(c.layers):
         p, b.layer = f"layer{layer}", layer
         x = b.op("add", [x, blocks.attention(blocks.norm(x, f"{p}.attn_norm"), f"{p}.attn")], f"{p}.attn_residual")
-        x = b.op("add", [x, blocks.mlp(blocks.norm(x, f"{p}.mlp_norm"), f"{p}.mlp")], f"{p}.mlp_residual")
+        mlp = blocks.moe_mlp if c.moe_experts else blocks.mlp
+        x = b.op("add", [x, mlp(blocks.norm(x, f"{p}.mlp_norm"), f"{p}.mlp")], f"{p}.mlp_residual")
     b.layer = None
     x = blocks.norm(x, "final_norm")
     logits = b.op("matmul", [x, b.parameter("lm_head.w", (c.hidden, c.vocab))], "logits")

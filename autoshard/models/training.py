@@ -32,23 +32,34 @@ def weighted_sum_loss(b: GraphBuilder, y: str, batch_dim: int | None = 0) -> tup
 
 
 def cross_entropy_loss(b: GraphBuilder, logits: str) -> tuple[str, dict[str, str]]:
-    """loss = -sum(labels * log_softmax(logits)) with dense label weights over the last dim
-    (one-hot targets divided by the token count give the mean token cross-entropy).
+    """The token cross-entropy of `logits` [..., vocab] against token ids, summed over tokens
+    and weighted: loss = weight * sum(log_sum_exp(logits) - logits[label]).
 
-    The log-softmax is written with max, exp and sums rather than `softmax`, so the vocabulary
-    dim stays splittable (partial maxima and sums). Its gradient, for any label weights, is
-    softmax(logits) * sum(labels) - labels.
+    Inputs: `labels`, integer ids shaped like the logits without the vocabulary dim, and
+    `loss.token_weight`, a scalar a run feeds as 1 / the step's tokens (1 / (M * tokens) with M
+    microbatches, whose gradients are summed), making the loss and its gradient the mean over
+    tokens. The one-hot targets are compared in the graph (ids against an iota of the
+    vocabulary) and the log-softmax is written with max, exp and sums rather than `softmax`, so
+    the vocabulary dim stays splittable (partial maxima and sums). The gradient, in closed form,
+    is weight * (softmax(logits) - one_hot(labels)).
     """
-    labels = b.input("labels", b.shape(logits), b.dtype_of(logits), batch_dim=0)
-    last = len(b.shape(logits)) - 1
+    shape, dtype = b.shape(logits), b.dtype_of(logits)
+    last, vocab = len(shape) - 1, shape[-1]
+    labels = b.input("labels", shape[:-1], "i32", batch_dim=0)
+    weight = b.input("loss.token_weight", (), dtype)
+    ids = b.op("reshape", [labels], "loss.label_ids", shape=[*shape[:-1], 1])
+    classes = b.op("iota", [], "loss.classes", shape=[vocab], dimension=0, dtype="i32")
+    hit = b.op("compare", [ids, classes], "loss.label_hit", direction="eq")
+    target = b.op("cast", [hit], "loss.one_hot", dtype=dtype)
     shifted = b.op("sub", [logits, b.op("reduce_max", [logits], "loss.max", dims=[last], keepdims=True)], "loss.shift")
     e = b.op("exp", [shifted], "loss.exp")
     total = b.op("reduce_sum", [e], "loss.sum_exp", dims=[last], keepdims=True)
-    log_p = b.op("sub", [shifted, b.op("log", [total], "loss.log_sum_exp")], "loss.log_softmax")
-    loss = b.op("neg", [b.op("reduce_sum", [b.op("mul", [labels, log_p], "loss.mul")], "loss.sum")], "loss")
-    weight = b.op("reduce_sum", [labels], "loss.label_weight", dims=[last], keepdims=True)
+    picked = b.op("reduce_sum", [b.op("mul", [target, shifted], "loss.label_logit_terms")], "loss.label_logit",
+                  dims=[last], keepdims=True)
+    per_token = b.op("sub", [b.op("log", [total], "loss.log_sum_exp"), picked], "loss.per_token")
+    loss = b.op("mul", [b.op("reduce_sum", [per_token], "loss.sum"), weight], "loss")
     p = b.op("div", [e, total], "loss.softmax")
-    grad = b.op("sub", [b.op("mul", [p, weight], "grad.logits.scaled"), labels], "grad.logits")
+    grad = b.op("mul", [b.op("sub", [p, target], "grad.logits.unweighted"), weight], "grad.logits")
     return loss, {logits: grad}
 
 
