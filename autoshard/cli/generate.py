@@ -1,4 +1,4 @@
-"""`autoshard generate {gpt,mlp,moe,unet} ... [--training] -o FILE`: write a model's graph document."""
+"""`autoshard generate {gpt,mlp,moe,unet} ... [--training [--precision P]] -o FILE`: write a model's graph document."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from autoshard.errors import InputError, Problem
 from autoshard.graph.schema import graph_from_json
 from autoshard.models import GPTConfig, MLPConfig, MoEConfig, UNetConfig, gpt, mlp, moe, unet
 from autoshard.models.gpt import STYLES
+from autoshard.models.training import DEFAULT_PRECISION, PRECISIONS, training_precision
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -58,10 +59,31 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _model_parser(models: argparse._SubParsersAction, name: str, help: str, defaults: Any) -> argparse.ArgumentParser:
     p = models.add_parser(name, help=help, description=help)
     p.add_argument("-o", "--output", required=True, help="graph JSON file to write")
-    p.add_argument("--dtype", default=defaults.dtype, help="element type of activations and weights (default %(default)s)")
+    p.add_argument("--dtype", help=f"element type of activations and weights (default: the one --precision computes "
+                                   f"in, else {defaults.dtype})")
     p.add_argument("--training", action="store_true",
                    help="the whole training step: forward, loss, backward, Adam update")
+    p.add_argument("--precision", choices=list(PRECISIONS), metavar="PRECISION",
+                   help="with --training, what is kept in which float: "
+                        + "; ".join(f"{name}: {mode.doc}" for name, mode in PRECISIONS.items())
+                        + f" (default {DEFAULT_PRECISION}). bf16-mixed, fp16-mixed and fp32 compute in bf16, f16 and "
+                          f"f32, which is --dtype's default with them and the only --dtype they take")
     return p
+
+
+def _dtype(args: argparse.Namespace, default: str) -> str:
+    """The dtype the model computes in, from --dtype and --precision (which must agree)."""
+    if args.precision is None:
+        return args.dtype or default
+    if not args.training:
+        raise InputError("sets the precision of the training step; add --training", "--precision")
+    wanted = PRECISIONS[args.precision].dtype
+    if wanted is None:
+        return args.dtype or default
+    if args.dtype is not None and args.dtype != wanted:
+        raise InputError(f"--precision {args.precision} computes in {wanted}, but --dtype asks for {args.dtype}: "
+                         f"drop --dtype or pick a precision that computes in {args.dtype}", "--dtype")
+    return wanted
 
 
 def _int(parser: argparse.ArgumentParser, field: str, defaults: Any, help: str | None = None) -> None:
@@ -77,11 +99,13 @@ def _flag(field: str) -> str:
 def _runner(config_type: type, generate: Callable[..., dict[str, Any]]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         fields = {f: getattr(args, f) for f in config_type.__dataclass_fields__}
+        fields["dtype"] = _dtype(args, config_type.__dataclass_fields__["dtype"].default)
         try:
             config = config_type(**fields)
         except InputError as error:
             raise InputError([Problem(_flag(p.where), p.message) for p in error.problems]) from None
-        document = generate(config, training=args.training)
+        with training_precision(args.precision or DEFAULT_PRECISION):
+            document = generate(config, training=args.training)
         graph = graph_from_json(document)
         write_graph(document, graph, args.output)
         return 0

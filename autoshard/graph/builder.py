@@ -9,7 +9,7 @@ so a generator can reuse one name per layer role. The document is a plain dict, 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from autoshard.graph.schema import FORMAT
@@ -56,8 +56,9 @@ class GraphBuilder:
     def parameter(self, name: str, shape: Sequence[int], dtype: str | None = None) -> str:
         return self._declare(name, shape, dtype or self.dtype, "parameter")
 
-    def op(self, kind: str, inputs: Sequence[str], name: str, **attrs: Any) -> str:
-        """Add an op; returns its result tensor, named like the op."""
+    def op(self, kind: str, inputs: Sequence[str], name: str, *, after: str | None = None, **attrs: Any) -> str:
+        """Add an op; returns its result tensor, named like the op. `after`: a tensor whose
+        producer the op is placed right behind in program order (default: at the end)."""
         row = OP_KINDS[kind]
         name = self._unique(name)
         shapes = [self.tensors[t].shape for t in inputs]
@@ -68,13 +69,27 @@ class GraphBuilder:
             raise OpError(f"op {name!r} ({kind}): {error}", error.field) from None
         out = nest.output_shapes()[0]
         self.tensors[name] = TensorDecl(name, out, dtype or self.dtype, "intermediate")
-        self.ops.append(OpDecl(name, kind, tuple(inputs), name, dict(attrs)))
+        decl = OpDecl(name, kind, tuple(inputs), name, dict(attrs))
+        if after is None:
+            self.ops.append(decl)
+        else:
+            self.ops.insert(next(i for i, op in enumerate(self.ops) if op.output == after) + 1, decl)
         self._op_names.add(name)
         if self.module:
             self.modules[name] = self.module
         if self.layer is not None:
             self.layers[name] = self.layer
         return name
+
+    def write_in(self, tensor: str, dtype: str) -> None:
+        """Have the op producing `tensor` write it in `dtype`, through the op's `dtype` attribute
+        (a contraction or reduction accumulating in a wider float than it reads)."""
+        index = next(i for i, op in enumerate(self.ops) if op.output == tensor)
+        op = self.ops[index]
+        attrs = {**op.attrs, "dtype": dtype}
+        (out,) = OP_KINDS[op.kind].out_dtypes([self.tensors[t].dtype for t in op.inputs], attrs)
+        self.ops[index] = OpDecl(op.name, op.kind, op.inputs, op.output, attrs)
+        self.tensors[tensor] = replace(self.tensors[tensor], dtype=out or dtype)
 
     def update_in_place(self, new: str, old: str) -> None:
         """Declare that `new` overwrites the storage of the input or parameter `old`."""

@@ -10,17 +10,73 @@ schedule does), in Kingma and Ba's folded form:
     m' = m + (1 - beta1) (g - m)          v' = v + (1 - beta2) (g^2 - v)
     p' = p - step_size * m' / (sqrt(v') + eps_hat)
     step_size = lr sqrt(1 - beta2^t) / (1 - beta1^t),   eps_hat = eps sqrt(1 - beta2^t)
+
+The precision of the step (`PRECISIONS`) says what is kept in which float. `adam32` is the step
+as generated before precisions were named: weights, activations and gradients in the weights'
+dtype, Adam moments in f32. The mixed modes (`bf16-mixed`, `fp16-mixed`) are Megatron-LM's: the
+forward and backward read the weights in bf16 (fp16), each gradient is written in f32 (its
+contraction or reduction accumulates there, else a cast follows it) and that f32 main gradient is
+the declared one, which microbatches accumulate and data replicas reduce; the optimizer keeps an
+f32 master copy of each narrower weight beside the moments, updates it in place and casts it back
+to the weight. So a parameter costs 2 (weight) + 4 (main gradient) + 4 (master) + 4 + 4 (moments)
+= 18 bytes, 6 + 12/d with the master and moments split over d data replicas.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Iterator, Sequence
 
+from autoshard.dtypes import DTYPES
+from autoshard.errors import InputError
 from autoshard.graph.builder import GraphBuilder
+from autoshard.ops import OP_KINDS
 from autoshard.ops.differentiate import add_backward
+from autoshard.ops.table import accumulated_dtype
 
 OPTIMIZER_DTYPE = "f32"
 ADAM_SCALARS = ("adam.one_minus_beta1", "adam.one_minus_beta2", "adam.step_size", "adam.eps_hat")
+
+
+@dataclass(frozen=True, slots=True)
+class Precision:
+    name: str
+    dtype: str | None  # what forward and backward compute in (weights, activations); None: the graph's own
+    master_weights: bool  # f32 main gradients and master weights for weights narrower than f32
+    doc: str
+
+
+PRECISIONS = {p.name: p for p in (
+    Precision("adam32", None, False, "weights, activations and gradients in the graph's dtype, Adam moments in f32, "
+                                     "no master weights (the step as generated before precisions were named)"),
+    Precision("bf16-mixed", "bf16", True, "bf16 weights and activations, f32 main gradients, master weights and "
+                                          "Adam moments (Megatron-LM's mixed precision)"),
+    Precision("fp16-mixed", "f16", True, "as bf16-mixed with f16 weights and activations (loss scaling is not modelled)"),
+    Precision("fp32", "f32", False, "everything in f32"),
+)}
+DEFAULT_PRECISION = "adam32"
+_precision: ContextVar[str] = ContextVar("precision", default=DEFAULT_PRECISION)
+
+
+def check_precision(name: object, field: str = "precision") -> Precision:
+    if name not in PRECISIONS:
+        raise InputError(f"must be one of {list(PRECISIONS)}, got {name!r}", field)
+    return PRECISIONS[name]  # type: ignore[index]
+
+
+@contextmanager
+def training_precision(name: str) -> Iterator[Precision]:
+    """Build the training steps added inside the block in precision `name` (as `decimal.localcontext`
+    scopes a precision): generators call `add_training_step` themselves, so this reaches them
+    without threading an argument through each."""
+    precision = check_precision(name)
+    token = _precision.set(precision.name)
+    try:
+        yield precision
+    finally:
+        _precision.reset(token)
 
 
 def weighted_sum_loss(b: GraphBuilder, y: str, batch_dim: int | None = 0) -> tuple[str, dict[str, str]]:
@@ -63,9 +119,11 @@ def cross_entropy_loss(b: GraphBuilder, logits: str) -> tuple[str, dict[str, str
     return loss, {logits: grad}
 
 
-def add_adam(b: GraphBuilder, params: Sequence[str], grads: dict[str, str]) -> list[str]:
+def add_adam(b: GraphBuilder, params: Sequence[str], grads: dict[str, str], master_weights: bool = False) -> list[str]:
     """Adam update of every parameter, in place: returns the new parameters and moments, each
-    declared to overwrite the old one. A parameter's update ops belong to its layer."""
+    declared to overwrite the old one. A parameter's update ops belong to its layer.
+    `master_weights`: a parameter narrower than f32 is updated through an f32 master copy
+    (`adam.<p>.master`, optimizer state), which the new parameter is cast from."""
     c1, c2, step, eps = (b.input(name, (), OPTIMIZER_DTYPE) for name in ADAM_SCALARS)
     layers = b.parameter_layers()
     outer = b.layer
@@ -84,9 +142,16 @@ def add_adam(b: GraphBuilder, params: Sequence[str], grads: dict[str, str]) -> l
         root = b.op("sqrt", [b.op("abs", [new_v], f"adam.{p}.v_abs")], f"adam.{p}.v_sqrt")
         ratio = b.op("div", [new_m, b.op("add", [root, eps], f"adam.{p}.denominator")], f"adam.{p}.ratio")
         update = b.op("mul", [ratio, step], f"adam.{p}.update")
-        if b.dtype_of(p) != OPTIMIZER_DTYPE:
-            update = b.op("cast", [update], f"adam.{p}.update_cast", dtype=b.dtype_of(p))
-        new_p = b.op("sub", [p, update], f"{p}.new")
+        if master_weights and b.dtype_of(p) != OPTIMIZER_DTYPE:
+            master = b.parameter(f"adam.{p}.master", b.shape(p), OPTIMIZER_DTYPE)
+            new_master = b.op("sub", [master, update], f"adam.{p}.new_master")
+            new_p = b.op("cast", [new_master], f"{p}.new", dtype=b.dtype_of(p))
+            b.update_in_place(new_master, master)
+            outputs.append(new_master)
+        else:
+            if b.dtype_of(p) != OPTIMIZER_DTYPE:
+                update = b.op("cast", [update], f"adam.{p}.update_cast", dtype=b.dtype_of(p))
+            new_p = b.op("sub", [p, update], f"{p}.new")
         for new, old in ((new_p, p), (new_m, m), (new_v, v)):
             b.update_in_place(new, old)
         outputs += [new_p, new_m, new_v]
@@ -113,9 +178,42 @@ def declare_gradients(b: GraphBuilder, grads: dict[str, str]) -> dict[str, str]:
     return declared
 
 
-def add_training_step(b: GraphBuilder, loss: str, seeds: dict[str, str]) -> None:
+def main_gradients(b: GraphBuilder, grads: dict[str, str]) -> dict[str, str]:
+    """Each float gradient narrower than f32 written in f32: by the contraction or reduction
+    producing it when nothing else reads it (a weight gradient's GEMM accumulates in f32, as
+    Megatron-LM's fused gradient accumulation does, so its reduction across data replicas is an
+    f32 one), else by a cast in its parameter's layer (a `grad` op's result, a shared value)."""
+    layers = b.parameter_layers()
+    producers = {op.output: op for op in b.ops}
+    read = {t for op in b.ops for t in op.inputs}
+    outer = b.layer
+    wide: dict[str, str] = {}
+    for p, g in grads.items():
+        info = DTYPES[b.dtype_of(g)]
+        if not info.is_float or info.itemsize >= DTYPES[OPTIMIZER_DTYPE].itemsize:
+            wide[p] = g
+            continue
+        maker = producers.get(g)
+        if maker is not None and OP_KINDS[maker.kind].out_dtypes is accumulated_dtype and g not in read \
+                and list(grads.values()).count(g) == 1:
+            b.write_in(g, OPTIMIZER_DTYPE)
+            wide[p] = g
+        else:
+            b.layer = layers.get(p)
+            # right behind its producer: the backward runs the layers in reverse order
+            wide[p] = b.op("cast", [g], f"grad.{p}.main", after=g if maker is not None else None, dtype=OPTIMIZER_DTYPE)
+    b.layer = outer
+    return wide
+
+
+def add_training_step(b: GraphBuilder, loss: str, seeds: dict[str, str], precision: str | None = None) -> None:
     """Backward from the loss gradients to every parameter, then Adam; outputs the loss and the
-    updated parameters and moments."""
+    updated parameters and moments. `precision`: a name in `PRECISIONS` (default: the one
+    `training_precision` scopes, else `DEFAULT_PRECISION`)."""
+    mode = check_precision(precision if precision is not None else _precision.get())
     params = b.tensors_with_role("parameter")
-    grads = declare_gradients(b, add_backward(b, seeds, params))
-    b.mark_outputs(loss, *add_adam(b, params, grads))
+    grads = add_backward(b, seeds, params)
+    if mode.master_weights:
+        grads = main_gradients(b, grads)
+    grads = declare_gradients(b, grads)
+    b.mark_outputs(loss, *add_adam(b, params, grads, mode.master_weights))

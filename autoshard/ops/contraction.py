@@ -13,7 +13,8 @@ import numpy as np
 
 from autoshard.affine import AffineExpr, AffineMap
 from autoshard.ops.loops import PARALLEL, REDUCTION, LoopNest
-from autoshard.ops.table import Attrs, Context, OpError, OpKind, Shape, int_list_attr, register, shape_error
+from autoshard.ops.table import (Attrs, Context, OpError, OpKind, Shape, accumulated_dtype, in_accumulated_dtype, int_list_attr,
+                                 register, shape_error)
 
 
 def _projection(num_loops: int, loops: Sequence[int]) -> AffineMap:
@@ -90,6 +91,8 @@ register(OpKind("matmul", (2, 2), _matmul_loops, einsum_compute, _contraction_fl
                 doc="[..., M, K] x [K, N] -> [..., M, N]"))
 register(OpKind("batch_matmul", (2, 2), _batch_matmul_loops, einsum_compute, _contraction_flops, payload="mul",
                 doc="[B..., M, K] x [B..., K, N] -> [B..., M, N]"))
-register(OpKind("dot_general", (2, 2), _dot_general_loops, einsum_compute, _contraction_flops, payload="mul",
-                attrs=("lhs_batch_dims", "rhs_batch_dims", "lhs_contracting_dims", "rhs_contracting_dims"),
-                doc="XLA dot_general: output dims are batch, lhs free, rhs free"))
+register(OpKind("dot_general", (2, 2), _dot_general_loops, in_accumulated_dtype(einsum_compute), _contraction_flops,
+                accumulated_dtype, payload="mul",
+                attrs=("lhs_batch_dims", "rhs_batch_dims", "lhs_contracting_dims", "rhs_contracting_dims", "dtype"),
+                doc="XLA dot_general: output dims are batch, lhs free, rhs free; result in attribute dtype "
+                    "(default the operands')"))

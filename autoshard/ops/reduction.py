@@ -8,7 +8,8 @@ import numpy as np
 
 from autoshard.affine import AffineExpr, AffineMap
 from autoshard.ops.loops import INVALID, PARALLEL, REDUCTION, LoopNest
-from autoshard.ops.table import Attrs, Context, OpError, OpKind, Shape, int_list_attr, normalize_dim, register
+from autoshard.ops.table import (Attrs, Context, OpError, OpKind, Shape, accumulated_dtype, in_accumulated_dtype, int_list_attr,
+                                 normalize_dim, register)
 from autoshard.reductions import REDUCTIONS
 
 
@@ -44,9 +45,11 @@ def _reduce_compute(kind: str, mean: bool = False):
 
 
 for _kind, _reduction in (("reduce_sum", "sum"), ("reduce_max", "max"), ("reduce_min", "min"), ("reduce_mean", "sum")):
-    register(OpKind(_kind, (1, 1), _reduce_loops(_reduction), _reduce_compute(_reduction, _kind == "reduce_mean"),
-                    attrs=("dims", "keepdims"), payload=REDUCTIONS[_reduction].combiner,
-                    doc=f"{_kind[7:]} over attribute dims (default all); keepdims keeps them as size 1"))
+    register(OpKind(_kind, (1, 1), _reduce_loops(_reduction),
+                    in_accumulated_dtype(_reduce_compute(_reduction, _kind == "reduce_mean")),
+                    out_dtypes=accumulated_dtype, attrs=("dims", "keepdims", "dtype"), payload=REDUCTIONS[_reduction].combiner,
+                    doc=f"{_kind[7:]} over attribute dims (default all); keepdims keeps them as size 1; result in "
+                        f"attribute dtype (default the operand's)"))
 
 
 def _normalising_loops(param_count: tuple[int, int]):

@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from autoshard.affine import AffineMap
+from autoshard.dtypes import DTYPES
 from autoshard.ops.loops import Block, LoopNest, map_extent
 from autoshard.reductions import REDUCTIONS
 
@@ -57,6 +58,30 @@ def _flops_per_point(k: float) -> Callable[[LoopNest, Attrs], float]:
 
 def _same_dtype(in_dtypes: Sequence[str], attrs: Attrs) -> tuple[str, ...]:
     return (in_dtypes[0],)
+
+
+def accumulated_dtype(in_dtypes: Sequence[str], attrs: Attrs) -> tuple[str, ...]:
+    """The result of a contraction or reduction: in its operands' dtype, or in the float its
+    attribute `dtype` names (it accumulates and writes there, as XLA's preferred_element_type: a
+    bf16 weight gradient written in f32, so its sum across data replicas is an f32 one)."""
+    target = attrs.get("dtype")
+    if target is None:
+        return (in_dtypes[0],)
+    floats = sorted(name for name, info in DTYPES.items() if info.is_float)
+    if target not in floats or not DTYPES[in_dtypes[0]].is_float:
+        raise OpError(f"attribute 'dtype' must be one of {floats} on float operands, got {target!r} on "
+                      f"{in_dtypes[0]}", "dtype")
+    return (target,)
+
+
+def in_accumulated_dtype(compute: Callable[[list[np.ndarray], "Context"], list[np.ndarray]]
+                         ) -> Callable[[list[np.ndarray], "Context"], list[np.ndarray]]:
+    """`compute` with its results in attribute `dtype` when the op names one (`accumulated_dtype`)."""
+    def typed(inputs: list[np.ndarray], ctx: Context) -> list[np.ndarray]:
+        results = compute(inputs, ctx)
+        target = ctx.attrs.get("dtype")
+        return results if target is None else [r.astype(DTYPES[target].numpy, copy=False) for r in results]
+    return typed
 
 
 @dataclass(frozen=True)

@@ -27,15 +27,16 @@ def widen_dtype(dtype: str) -> str:
 
 
 def widen_op(op: Op) -> Op:
-    """The op computing in float64 where it would compute a float (a cast to a float casts to f64)."""
-    target = op.attrs.get("dtype") if op.kind == "cast" else None
+    """The op computing in float64 where it would compute a float: a float its `dtype` attribute
+    names (a cast's target, a contraction's or reduction's result) becomes f64."""
+    target = op.attrs.get("dtype")
     if target in DTYPES and DTYPES[target].is_float:
         return dataclasses.replace(op, attrs={**op.attrs, "dtype": WIDE})
     return op
 
 
 def widen_graph(graph: Graph) -> Graph:
-    """The graph with every float tensor (and every cast to a float) in float64."""
+    """The graph with every float tensor (and every float an op's `dtype` attribute names) in float64."""
     tensors = {name: dataclasses.replace(t, dtype=widen_dtype(t.dtype)) for name, t in graph.tensors.items()}
     return dataclasses.replace(graph, tensors=tensors, ops=tuple(widen_op(op) for op in graph.ops))
 
