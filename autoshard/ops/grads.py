@@ -309,11 +309,17 @@ def _grad_dtype(in_dtypes: Sequence[str], attrs: Attrs) -> tuple[str, ...]:
     return (in_dtypes[wrt],)
 
 
+def _grad_block_share(nest: LoopNest, attrs: Attrs, splits: Sequence[int]) -> float:
+    # the forward's loops, and its work over them: a causal attention's gradient is uneven as it is
+    kind, _, forward, _ = _forward(attrs)
+    return kind.block_share(nest, forward, splits)
+
+
 def _grad_fill(attrs: Attrs) -> str | None:
     kind, _, forward, _ = _forward(attrs)
     return kind.window_fill(forward)
 
 
 register(OpKind("grad", (2, None), _grad_loops, _grad_compute, _grad_flops, _grad_dtype, attrs=("of", "wrt", "forward"),
-                window_fill=_grad_fill,
+                window_fill=_grad_fill, block_share=_grad_block_share,
                 doc="gradient of a table op (attribute of) w.r.t. input wrt; inputs: the forward inputs, then the output gradient"))

@@ -9,7 +9,8 @@ import numpy as np
 
 from autoshard.affine import AffineExpr, AffineMap
 from autoshard.ops.loops import INVALID, PARALLEL, REDUCTION, LoopNest
-from autoshard.ops.table import Attrs, Context, OpError, OpKind, Shape, int_list_attr, register, shape_error
+from autoshard.ops.table import (Attrs, Context, OpError, OpKind, Shape, int_list_attr, largest_block_share, register,
+                                 shape_error)
 
 
 # --- scaled-dot-product attention -------------------------------------------------------
@@ -68,12 +69,13 @@ def _sdpa(inputs: list[np.ndarray], ctx: Context) -> list[np.ndarray]:
     return [np.einsum("bhst,bhte->bhse", attention_weights(inputs, ctx), inputs[2])]
 
 
-def causal_pairs(queries: int, keys: int, first_query: int = 0) -> int:
+def causal_pairs(queries: int, keys: int, first_query: int = 0, first_key: int = 0) -> int:
     """(query, key) pairs the causal mask keeps for `queries` consecutive queries from position
-    `first_query` over `keys` keys from position 0: query i sees keys 0..i."""
-    def seen_before(n: int) -> int:  # pairs of queries 0..n-1
-        return n * (n + 1) // 2 if n <= keys else keys * (keys + 1) // 2 + (n - keys) * keys
-    return seen_before(first_query + queries) - seen_before(first_query)
+    `first_query` over `keys` consecutive keys from position `first_key`: query i sees keys up
+    to i."""
+    def seen_before(n: int) -> int:  # pairs of the queries before position first_key + n
+        return 0 if n <= 0 else n * (n + 1) // 2 if n <= keys else keys * (keys + 1) // 2 + (n - keys) * keys
+    return seen_before(first_query + queries - first_key) - seen_before(first_query - first_key)
 
 
 def attention_pairs(nest: LoopNest, attrs: Attrs) -> float:
@@ -89,7 +91,22 @@ def _sdpa_flops(nest: LoopNest, attrs: Attrs) -> float:
     return (2.0 * (d + e) + 5.0) * attention_pairs(nest, attrs)
 
 
+def attention_block_share(nest: LoopNest, attrs: Attrs, splits: Sequence[int]) -> float:
+    """Under the causal mask the work of a block of contiguous queries and keys is its unmasked
+    area: with the queries in n blocks the last does 2n - 1 times the first's work, and the
+    busiest device's share is its area over the whole (other loops split evenly)."""
+    share = largest_block_share(nest, attrs, splits)
+    s, t = nest.extents[2], nest.extents[4]
+    if not attrs.get("causal", False) or splits[2] == splits[4] == 1:
+        return share
+    rows, cols = -(-s // splits[2]), -(-t // splits[4])
+    busiest = max(causal_pairs(min(rows, s - i), min(cols, t - j), i, j)
+                  for i in range(0, s, rows) for j in range(0, t, cols))
+    return share / (rows * cols / (s * t)) * busiest / causal_pairs(s, t)
+
+
 register(OpKind("attention", (3, 4), _sdpa_loops, _sdpa, _sdpa_flops, attrs=("causal", "scale"), float_only=True,
+                block_share=attention_block_share,
                 doc="softmax(q k^T * scale [causal mask] [mask]) v over [B, H, S, D] heads, optional mask input"))
 
 

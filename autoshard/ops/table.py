@@ -56,6 +56,13 @@ def _flops_per_point(k: float) -> Callable[[LoopNest, Attrs], float]:
     return lambda nest, attrs: k * nest.points()
 
 
+def largest_block_share(nest: LoopNest, attrs: Attrs, splits: Sequence[int]) -> float:
+    """The share of an op's FLOPs the device with the largest block computes when loop i is cut
+    into splits[i] contiguous blocks (ceildiv, the last may be short), for work even over the
+    points: the largest block's points over all."""
+    return math.prod(-(-e // n) for e, n in zip(nest.extents, splits)) / max(nest.points(), 1)
+
+
 def _same_dtype(in_dtypes: Sequence[str], attrs: Attrs) -> tuple[str, ...]:
     return (in_dtypes[0],)
 
@@ -106,6 +113,9 @@ class OpKind:
     window_fill: Callable[[Attrs], str | None] = field(default=lambda attrs: None)
     # True when the op computes on floating-point values only (its first input must be a float).
     float_only: bool = False
+    # The share of the FLOPs the busiest device computes, given each loop's number of blocks: an
+    # op whose work is uneven over its points (causal attention) says where it is largest.
+    block_share: Callable[[LoopNest, Attrs, Sequence[int]], float] = field(default=largest_block_share)
     doc: str = ""
 
     def payload_of(self, attrs: Attrs) -> str | None:

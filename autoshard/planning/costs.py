@@ -14,7 +14,7 @@ from typing import Protocol, Sequence
 
 from autoshard.graph.model import Graph, Op
 from autoshard.mesh import Mesh
-from autoshard.planning.options import ShardingOption, local_extents, operand_shardings, result_shardings
+from autoshard.planning.options import ShardingOption, operand_shardings, result_shardings
 from autoshard.sharding import Sharding
 
 
@@ -44,11 +44,16 @@ def tensor_bytes(shape: Sequence[int], itemsize: int, sharding: Sharding, mesh: 
     return math.prod(sharding.max_local_shape(mesh, shape)) * itemsize
 
 
+def device_flops(op: Op, option: ShardingOption, mesh: Mesh) -> float:
+    """FLOPs of the busiest device: the op's FLOPs times the share of its largest block, or of
+    its busiest one where the work is uneven (causal attention)."""
+    splits = tuple(mesh.group_size(axes) if axes else 1 for axes in option.loop_axes)
+    return op.flops() * op.op_kind.block_share(op.nest, op.attrs, splits)
+
+
 def op_cost(graph: Graph, op: Op, option: ShardingOption, mesh: Mesh, hw: Hardware) -> OpCost:
     nest = op.nest
-    local = local_extents(nest, option, mesh)
-    fraction = math.prod(local) / max(math.prod(nest.extents), 1)
-    flops = op.flops() * fraction
+    flops = device_flops(op, option, mesh)
     shardings = operand_shardings(nest, option) + result_shardings(nest, option)
     moved = sum(tensor_bytes(graph.tensors[t].shape, graph.tensors[t].itemsize, s, mesh)
                 for t, s in zip(op.operands, shardings))

@@ -16,7 +16,7 @@ import numpy as np
 
 from autoshard.graph.model import Op, live_ranges, topological_order
 from autoshard.ops.loops import LoopNest
-from autoshard.planning.costs import Hardware, OpCost, op_cost, tensor_bytes
+from autoshard.planning.costs import Hardware, OpCost, device_flops, op_cost, tensor_bytes
 from autoshard.planning.options import ShardingOption, operand_shardings, result_shardings
 from autoshard.planning.plan import Plan
 from autoshard.resharding import PricedMoves, Resharding, plan_resharding, step_kind
@@ -182,9 +182,10 @@ def estimate(plan: Plan, hw: Hardware, microbatching: Microbatching | None = Non
     costs: dict[tuple, OpCost] = {}
     for op in shardings.order:
         option = plan.options[op.name]
-        # `op_cost` reads the op through its nest, FLOPs and operands' shapes and dtypes only (the
-        # first input's dtype, or the first result's if it has none): repeated layers are priced once
-        key = (op.nest, option, op.flops(), len(op.inputs),
+        # `op_cost` reads the op through its nest, busiest device's FLOPs and operands' shapes and
+        # dtypes only (the first input's dtype, or the first result's if it has none): repeated
+        # layers are priced once
+        key = (op.nest, option, device_flops(op, option, mesh), len(op.inputs),
                tuple((graph.tensors[t].shape, graph.tensors[t].dtype) for t in op.operands))
         if key not in costs:
             costs[key] = op_cost(graph, op, option, mesh, hw)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Sequence
 from autoshard.errors import ShardingError
 from autoshard.mesh import Mesh
 from autoshard.ops.loops import PARALLEL
-from autoshard.planning.options import local_extents
+from autoshard.planning.costs import device_flops
 from autoshard.resharding import CollectiveStep, plan_resharding
 from autoshard.sharding import Sharding, ceildiv
 from autoshard.spmd.program import Communicate, Instruction, LocalOp, SpmdProgram, Value, canonical
@@ -94,6 +94,5 @@ def local_flops(program: SpmdProgram) -> float:
 
 
 def local_op_flops(op: LocalOp, mesh: Mesh) -> float:
-    """The op's FLOPs scaled to its largest block."""
-    nest = op.op.nest
-    return op.op.flops() * math.prod(local_extents(nest, op.option, mesh)) / max(nest.points(), 1)
+    """The FLOPs of the op's busiest block."""
+    return device_flops(op.op, op.option, mesh)
