@@ -7,7 +7,7 @@ unsorted `topk` (DeepSeek-V2's attention heads written in two parts, and its rou
 `conv1d` (Whisper's front end, a strided convolution whose input gradient is spread by its stride),
 `zeros_like`, `scatter` of a value and `gather` along the last dim (DeepSeek-V3's router), and T5's
 position bias: `where`, comparisons with numbers, `min`, `full_like`, `zeros`, and the gradient of
-an attention's added mask. Each is lowered to rows of
+an attention's added mask, and `arange` (the relative positions T5's layers make). Each is lowered to rows of
 the op table: the graph computes what PyTorch computes, the FLOPs are the contraction's and the
 elementwise ops', and a plan forced to shard splits the new ops, simulates and runs under DTensor
 with the unsharded result and the plan's collectives."""
@@ -312,3 +312,32 @@ def test_a_learned_position_bias_computes_and_trains_through_the_attention_mask(
     np.testing.assert_allclose(values[imported.outputs[0]], module(*args).detach().numpy(), rtol=1e-5, atol=1e-6)
     step = assert_step_is_torchs(module, args)
     assert any(op.kind == "grad" and op.attrs["of"] == "attention" and op.attrs["wrt"] == 3 for op in step.graph.ops)
+
+
+class Ranges(nn.Module):
+    """Positions made in the forward, as T5's layers make them: relative positions from two
+    `arange`s, and evenly spaced numbers with a start and a step scaling the features."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        relative = torch.arange(x.shape[1])[None, :] - torch.arange(x.shape[1], dtype=torch.long)[:, None]
+        ramp = torch.arange(0.5, 4.5, 0.5)  # 8 features
+        return self.up(x * ramp) + relative.abs().to(x.dtype).sum(-1, keepdim=True)
+
+
+def test_arange_is_an_iota_scaled_and_shifted_and_runs_sharded_as_pytorch():
+    module, args = Ranges().eval(), (torch.randn(4, 6, 8, generator=torch.Generator().manual_seed(8)),)
+    program, imported = strict_import(module, args, {"aten.arange.default", "aten.arange.start_step"})
+    ops = imported.graph.op_by_name
+    ranges = [op for op in imported.graph.ops if op.kind == "iota"]
+    assert len(ranges) == 3 and all(op.flops() == 0 for op in ranges)
+    assert {imported.graph.tensors[op.outputs[0]].dtype for op in ranges} == {"i64", "f32"}
+    scaled = next(op for op in ranges if imported.graph.tensors[op.outputs[0]].dtype == "f32").name
+    assert [ops[n].kind for n in ops if n.startswith(scaled.rsplit(".", 1)[0]) and n != scaled] == ["mul", "add"]
+    assert_computes_and_steps_as_pytorch(module, args, program, imported)
+    result = sharded_plan(imported.document, "dp=2,tp=2", memory_s_per_byte=1e-9)
+    assert verify_plan(result.plan).passed
+    run_on_dp2_tp2(program, result, module, args)

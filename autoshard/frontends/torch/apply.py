@@ -164,6 +164,8 @@ class ShardedProgram(torch.nn.Module):
             stored = _distribute(value.detach(), device_mesh, self._placements[name])
             if plan.graph.tensors[name].role == "parameter":
                 stored = torch.nn.Parameter(stored, requires_grad=value.requires_grad)
+                if stored.requires_grad:
+                    stored.register_post_accumulate_grad_hook(_reduce_gradient)
             attach(self, target, stored, plan.graph.tensors[name].role == "parameter")
             if plan.graph.tensors[name].role != "parameter":
                 self._whole_buffers[name] = value.detach()
@@ -217,6 +219,8 @@ class ShardedProgram(torch.nn.Module):
             else:
                 result = step.call(*inputs)
             planned = self._placements[name]
+            if not isinstance(result, DTensor):  # an op of no inputs (an iota): each device keeps its block
+                result = _distribute(result, self.device_mesh, planned)
             result = _average_as_sum(result, planned, self.device_mesh)
             if not _same_placements(tuple(result.placements), planned):
                 self.mismatches.append(f"{name} ({producers[name].kind}): DTensor gave {list(result.placements)}, "
@@ -345,6 +349,15 @@ def call_at_shape(step: Any, kind: str, values: list[Any], shape: tuple[int, ...
     if kind == "broadcast_in_dim":  # the importer's broadcasts align trailing dims, as expand does
         return values[0].expand(shape)
     return step.call(*values)
+
+
+def _reduce_gradient(parameter: Any) -> None:
+    """A parameter's gradient laid out as the parameter: autograd leaves a replicated weight's
+    gradient as partial sums over the axes its inputs were split on, which an optimizer stepping
+    on each device's copy would apply unreduced. Reducing it here is the data-parallel reduction
+    a training step's plan makes."""
+    if tuple(parameter.grad.placements) != tuple(parameter.placements):
+        parameter.grad = parameter.grad.redistribute(parameter.device_mesh, parameter.placements)
 
 
 def _distribute(value: Any, device_mesh: Any, placements: tuple[Any, ...]) -> Any:

@@ -280,6 +280,24 @@ def _zeros(lw: Lowering, node: Any) -> str:
                  broadcast_dimensions=[])
 
 
+@row("arange.default", "arange.start", "arange.start_step")
+def _arange(lw: Lowering, node: Any) -> str:
+    """start + step * index along the one dim: an iota, scaled and shifted where the numbers ask."""
+    numbers = [a for a in node.args if isinstance(a, (int, float)) and not isinstance(a, bool)]
+    if len(numbers) != len(node.args):
+        raise Unsupported("arange of a traced bound")
+    start, step = (numbers[0] if len(numbers) > 1 else 0), (numbers[2] if len(numbers) > 2 else 1)
+    shape, dtype = out_shape(node), node.meta["val"].dtype
+    values = lw.op("iota", [], node.name if (start, step) == (0, 1) else f"{node.name}.index",
+                   lambda: torch.arange(shape[0], dtype=dtype), shape=shape, dimension=0, dtype=dtype_name(dtype))
+    if step != 1:
+        values = lw.op("mul", [values, lw.scalar(step, values, f"{node.name}.step")],
+                       node.name if start == 0 else f"{node.name}.scaled", aten.mul.Tensor)
+    if start != 0:
+        values = lw.op("add", [values, lw.scalar(start, values, f"{node.name}.start")], node.name, aten.add.Tensor)
+    return values
+
+
 @row("pow.Tensor_Scalar")
 def _pow(lw: Lowering, node: Any) -> str:
     x, exponent = lw.tensor(node.args[0]), node.args[1]
