@@ -29,6 +29,9 @@ ADAM = {"adam.one_minus_beta1": 0.1, "adam.one_minus_beta2": 0.001, "adam.step_s
 
 TRAINING = {style: gpt(GPTConfig(layers=1, hidden=16, heads=2, seq=8, batch=2, vocab=32, dtype="f32", style=style),
                       training=True) for style in ("gpt", "llama")}
+# multi-query attention and routed, fine-grained and shared experts
+TRAINING["llama_mqa_moe"] = gpt(GPTConfig(layers=1, hidden=16, heads=2, kv_heads=1, seq=8, batch=2, vocab=32, dtype="f32",
+                                          style="llama", moe_experts=4, moe_ffn=8, moe_shared_experts=1), training=True)
 
 
 def training_inputs(graph) -> dict[str, np.ndarray]:
