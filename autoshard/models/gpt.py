@@ -27,10 +27,11 @@ from typing import Any
 from autoshard.errors import Problem
 from autoshard.graph.builder import GraphBuilder
 from autoshard.models.checks import float_dtype, one_of, positive_ints, raise_problems
+from autoshard.models.megatron import build_megatron_gpt
 from autoshard.models.moe import capacity, expert_linear, routed_experts, routing_problems
 from autoshard.models.training import add_training_step, cross_entropy_loss
 
-STYLES = ("gpt", "llama")
+STYLES = ("gpt", "llama", "megatron")  # megatron: `autoshard.models.megatron`
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +66,11 @@ class GPTConfig:
                 problems.append(Problem(name, f"must be a non-negative integer, got {value!r}"))
         if not problems and self.moe_experts:
             problems += routing_problems(self, "moe_")
+        if self.style == "megatron":  # the 2022 layer: multi-head attention and a dense MLP
+            if self.kv_heads not in (None, self.heads):
+                problems.append(Problem("kv_heads", f"the megatron style has as many as heads, got {self.kv_heads}"))
+            if self.moe_experts:
+                problems.append(Problem("moe_experts", f"the megatron style has a dense MLP, got {self.moe_experts}"))
         raise_problems(problems + float_dtype(self.dtype) + one_of(self.style, STYLES, "style"))
 
     @property
@@ -165,6 +171,8 @@ class _Blocks:
 
 
 def build_gpt(config: GPTConfig, training: bool = False) -> GraphBuilder:
+    if config.style == "megatron":
+        return build_megatron_gpt(config, training)
     c = config
     b = GraphBuilder(f"{c.style}_{c.layers}l_{c.hidden}h" + ("_training" if training else ""), c.dtype)
     blocks = _Blocks(b, c)
