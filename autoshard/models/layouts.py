@@ -1,5 +1,5 @@
 """Hand-set layouts of a generated transformer's training step, as graph constraints: fully-sharded
-data parallel (every matrix and its Adam moments split on dim 0 over `dp`) or Megatron's tensor
+data parallel (every matrix, its Adam moments and master weight split on dim 0 over `dp`) or Megatron's tensor
 parallel (column-parallel projections split on their output dim over `tp`, row-parallel ones on
 their input dim); the batch over `dp` either way. Everything else is left to the solver."""
 
@@ -19,7 +19,7 @@ def layout_constraints(document: dict[str, Any], batch: int, layout: str) -> lis
     constraints = []
     for name, tensor in document["tensors"].items():
         shape, role = tensor["shape"], tensor.get("role")
-        weight = name.removeprefix("adam.").removesuffix(".m").removesuffix(".v")
+        weight = name.removeprefix("adam.").removesuffix(".m").removesuffix(".v").removesuffix(".master")
         if role == "parameter" and len(shape) == 2:
             axes = ([["dp"], []] if layout == "fsdp" else [[], ["tp"]] if weight.endswith(COLUMN)
                     else [["tp"], []] if weight.endswith(ROW) else [[], []])
