@@ -11,6 +11,8 @@ from typing import Any, Callable
 from autoshard.errors import InputError, Problem
 from autoshard.graph.builder import document_text
 from autoshard.graph.model import Graph
+from autoshard.graph.recompute import stated_recompute, with_recomputation
+from autoshard.graph.schema import load_graph
 from autoshard.graph.summary import graph_summary
 from autoshard.mesh import Mesh
 from autoshard.numerals import non_ascii_problem, parse_dims, parse_finite, parse_integer, parse_real
@@ -102,3 +104,9 @@ def write_graph(document: dict[str, Any], graph: Graph, output: str) -> None:
     except OSError as error:
         raise InputError(f"cannot write file: {error.strerror}", "--output") from None
     print(f"wrote {output}: {graph_summary(graph)}")
+
+
+def graph_of_plan(path: str, document: Any, mesh: Mesh) -> Graph:
+    """The graph at `path` as the plan `document` was made for it: with the recomputation the
+    plan states (`plan --recompute`)."""
+    return with_recomputation(load_graph(path, mesh), stated_recompute(document), mesh)

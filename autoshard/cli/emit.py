@@ -8,11 +8,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from autoshard.cli.args import hardware_from_args, parse_slice
+from autoshard.cli.args import graph_of_plan, hardware_from_args, parse_slice
 from autoshard.cli.simulate import add_program_args, plan_mesh, resharding_price
 from autoshard.delivery.deliver import STAGES, ir_request_problems, partitioned_ir, partitioned_program
 from autoshard.errors import InputError
-from autoshard.graph.schema import load_graph, read_json
+from autoshard.graph.schema import read_json
 from autoshard.mesh import Mesh
 from autoshard.mlir import emit_annotated
 from autoshard.planning.microbatches import microbatch, stated_microbatches
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     mesh = plan_mesh(document, args.mesh)
     _check_hardware_flags(args, mesh)
     # a plan made for microbatches is the step on one microbatch
-    microbatching = microbatch(load_graph(args.graph, mesh), stated_microbatches(document))
+    microbatching = microbatch(graph_of_plan(args.graph, document, mesh), stated_microbatches(document))
     plan = read_plan(document, microbatching.graph, mesh)
     if args.stage == "annotated":
         text = emit_annotated(plan, dialect=args.dialect)

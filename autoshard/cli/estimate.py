@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from autoshard.cli.args import add_hardware_args, hardware_from_args, integer_flag, mesh_from_args
+from autoshard.cli.args import add_hardware_args, graph_of_plan, hardware_from_args, integer_flag, mesh_from_args
 from autoshard.cli._pipeline_flags import print_pipeline
 from autoshard.cli.plan import print_roles
 from autoshard.cli.simulate import plan_mesh
 from autoshard.errors import InputError, Problem
-from autoshard.graph.schema import load_graph, read_json
+from autoshard.graph.schema import read_json
 from autoshard.graph.summary import si, size
 from autoshard.planning.microbatches import microbatch, stated_microbatches
 from autoshard.planning.pipeline_cut import read_cut
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     mesh = mesh_from_args(args)
     document = read_json(args.plan)
     plan_mesh(document, args.mesh)  # a plan made for another mesh is refused, as `emit` and `simulate` do
-    graph = load_graph(args.graph, mesh)
+    graph = graph_of_plan(args.graph, document, mesh)
     try:
         microbatching = microbatch(graph, stated_microbatches(document, args.microbatches))
     except InputError as error:  # the library names its parameter; the user set the flag

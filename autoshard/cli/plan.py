@@ -17,6 +17,7 @@ from autoshard.delivery.deliver import Deliverables, deliver, ir_request_problem
 from autoshard.delivery.document import plan_document
 from autoshard.errors import InputError, Interrupted, Problem
 from autoshard.graph.builder import document_text
+from autoshard.graph.recompute import MODES, with_recomputation
 from autoshard.graph.schema import load_graph
 from autoshard.graph.summary import si, size
 from autoshard.numerals import parse_real
@@ -40,6 +41,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--layer-once", action="store_true",
                         help="solve each kind of repeated layer once and compose the plan (the bound is summed "
                              "over the parts); needs ops with a `layer`")
+    parser.add_argument("--recompute", default="none", choices=MODES, metavar="MODE",
+                        help="activations computed again in the backward instead of kept: none (default), selective "
+                             "(the attention core: scores, softmax, dropout) or full (every layer keeps its input "
+                             "only); needs a training step with layers")
     add_pipeline_args(parser)
     parser.set_defaults(run=run)
 
@@ -194,6 +199,10 @@ def run(args: argparse.Namespace) -> int:
             if problems:
                 raise InputError(problems)
             graph = load_graph(args.graph, mesh)
+            try:
+                graph = with_recomputation(graph, args.recompute, mesh)
+            except InputError as error:
+                raise InputError([Problem("--recompute", p.message) for p in error.problems]) from None
             if pipeline is None:
                 hw = hardware_from_args(args, mesh)
             else:  # the stages against the graph's layers first; the machine is the stages times one's mesh
@@ -220,6 +229,8 @@ def run(args: argparse.Namespace) -> int:
                             pipeline=pipelined.cut if pipelined is not None else None)
         if pipelined is not None:
             delivered.document["pipeline"] = pipelined.to_json()
+        if args.recompute != "none":
+            delivered.document["recompute"] = args.recompute
         written = write_deliverables(delivered, args.output, phases)
         if pipelined is not None and args.trace:
             written.append(write_trace(pipelined.timeline, args.trace))
@@ -242,6 +253,8 @@ def interrupted(found: PlanResult | None, args: argparse.Namespace, phases: Phas
     document = plan_document(found, args.topology)
     document["topology_options"] = placement_options(args.nodes, parse_slice(args.slice))
     document["verification"] = {"status": "skipped", "reason": "interrupted before verification"}
+    if args.recompute != "none":
+        document["recompute"] = args.recompute
     document["phases"] = phases.to_json()
     written = write_deliverables(Deliverables(document, {}), args.output, phases)
     return Interrupted(f"interrupted; wrote the best plan found so far to {written[0]} ({said})")

@@ -8,10 +8,10 @@ import argparse
 import json
 import sys
 
-from autoshard.cli.args import hardware_from_args, integer_flag, parse_bytes, parse_slice
+from autoshard.cli.args import graph_of_plan, hardware_from_args, integer_flag, parse_bytes, parse_slice
 from autoshard.delivery.deliver import partitioned_program
 from autoshard.errors import InputError, Problem
-from autoshard.graph.schema import load_graph, read_json
+from autoshard.graph.schema import read_json
 from autoshard.mesh import Mesh
 from autoshard.planning.hardware import bind_hardware
 from autoshard.planning.microbatches import microbatch, stated_microbatches
@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"must be >= 0, got {args.seed}", "--seed")
     document = read_json(args.plan)
     mesh = plan_mesh(document, args.mesh)
-    microbatching = microbatch(load_graph(args.graph, mesh), stated_microbatches(document))
+    microbatching = microbatch(graph_of_plan(args.graph, document, mesh), stated_microbatches(document))
     plan = read_plan(document, microbatching.graph, mesh)
     limit = parse_bytes(args.max_memory, "--max-memory")
     pipelined = None

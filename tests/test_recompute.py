@@ -1,0 +1,110 @@
+"""Activation recomputation (`plan --recompute`): the recomputed ops are in the step, what the
+forward kept ends there, the kept bytes drop to what Korthikanti et al. count (beside the masks,
+which our graphs take as inputs), the copies' compute is priced in the backward, and plans made
+with it compute what the graph computes, in the simulator and the partitioned IR."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_fuzz import run_cli
+from test_megatron_layer import CONFIG, A, B, H, S, kept_bytes
+
+from autoshard import bind_hardware, estimate
+from autoshard.errors import InputError
+from autoshard.graph.model import Graph, live_ranges
+from autoshard.graph.recompute import PREFIX, recomputed_ops, with_recomputation
+from autoshard.graph.schema import graph_from_json
+from autoshard.mesh import Mesh
+from autoshard.models import GPTConfig, gpt
+from autoshard.planning.options import ShardingOption
+from autoshard.planning.plan import Plan
+from autoshard.sharding import Sharding
+
+MESH = Mesh.of(tp=1)
+SBH, ASSB = S * B * H, A * S * S * B
+MASKS = ASSB + 2 * SBH  # one byte an element: the softmax's dropout mask and the two residual ones
+CAUSAL_BIAS = S * S * 2  # read again by the recomputed masking
+
+
+def replicated(graph: Graph) -> Plan:
+    return Plan(graph, MESH, {op.name: ShardingOption.replicated(op.nest.num_loops) for op in graph.ops},
+                {t.name: Sharding() for t in graph.tensors.values() if t.role != "intermediate"})
+
+
+@pytest.fixture(scope="module")
+def steps() -> dict[str, Graph]:
+    graph = graph_from_json(gpt(CONFIG, training=True), MESH)
+    return {mode: with_recomputation(graph, mode, MESH) for mode in ("none", "selective", "full")}
+
+
+def test_the_layers_keep_what_the_paper_counts_beside_the_masks(steps):
+    kept = {mode: [kept_bytes(replicated(graph), layer) for layer in range(CONFIG.layers)]
+            for mode, graph in steps.items()}
+    assert kept["none"] == [SBH * (34 + 5 * A * S / H)] * CONFIG.layers
+    assert kept["selective"] == [34 * SBH + ASSB + CAUSAL_BIAS] * CONFIG.layers  # 34sbh and its mask
+    assert kept["full"] == [2 * SBH + MASKS + CAUSAL_BIAS] * CONFIG.layers  # 2sbh: the layer's input
+
+
+def test_recomputed_values_are_copies_run_in_the_backward_and_the_kept_ones_end_in_the_forward(steps):
+    for mode, copied in (("selective", {"attn.scores", "attn.masked", "attn.softmax", "attn.attn_dropout.kept",
+                                        "attn.attn_dropout"}),
+                         ("full", None)):
+        graph = steps[mode]
+        order = list(graph.order)
+        step = {op.name: i for i, op in enumerate(order)}
+        ranges = live_ranges(graph, order)
+        phases = graph.phases
+        for layer in range(CONFIG.layers):
+            copies = [op for op in recomputed_ops(graph) if op.layer == layer]
+            if copied is not None:
+                assert {op.name.removeprefix(f"{PREFIX}layer{layer}.") for op in copies} == copied
+            first_backward = min(step[op.name] for op in order if op.layer == layer and phases[op.name] == "backward")
+            last_forward = max(step[op.name] for op in order if op.layer == layer and phases[op.name] == "forward")
+            assert all(phases[op.name] == "backward" for op in copies)
+            assert min(step[op.name] for op in copies) > max(step[op.name] for op in order
+                                                              if phases[op.name] == "forward")
+            for op in copies:
+                original = graph.op_by_name[op.name.removeprefix(PREFIX)]
+                assert (op.kind, op.attrs) == (original.kind, original.attrs)
+                for t in original.outputs:  # held no longer than the forward needs it
+                    assert ranges[t][1] <= last_forward < first_backward, t
+
+
+def test_recomputation_trades_activation_memory_for_backward_compute(steps):
+    hw = bind_hardware("dgx-h100", MESH)
+    reports = {mode: estimate(replicated(graph), hw) for mode, graph in steps.items()}
+    peaks = [reports[m].activation_peak_bytes for m in ("none", "selective", "full")]
+    assert peaks[0] > peaks[1] > peaks[2]
+    for mode in ("selective", "full"):
+        copies = {op.name for op in recomputed_ops(steps[mode])}
+        added = sum(entry["compute_s"] for entry in reports[mode].ops if entry["op"] in copies)
+        assert added > 0 and reports[mode].compute_s == pytest.approx(reports["none"].compute_s + added)
+
+
+def test_a_plan_with_recomputation_simulates_and_its_partitioned_ir_holds_the_copies(tmp_path):
+    graph_path = tmp_path / "g.json"
+    graph_path.write_text(json.dumps(gpt(CONFIG, training=True)))
+    code, out, err = run_cli("plan", str(graph_path), "--mesh", "dp=2,tp=2", "--recompute", "full", "--time-limit",
+                             "10", "--verify", "always", "--emit", "partitioned", "-o", str(tmp_path / "out"))
+    assert code == 0, err
+    document = json.loads((tmp_path / "out" / "plan.json").read_text())
+    assert document["recompute"] == "full" and document["verification"]["status"] == "passed"
+    assert any(name.startswith(PREFIX) for name in document["ops"])
+    ir = next((tmp_path / "out").glob("*partitioned*.mlir")).read_text()
+    assert f"{PREFIX}layer1.attn.softmax" in ir
+    # the plan reads back onto the graph rewritten as it says
+    code, out, err = run_cli("estimate", str(graph_path), "--plan", str(tmp_path / "out" / "plan.json"), "--mesh",
+                             "dp=2,tp=2", "--json")
+    assert code == 0, err
+    assert any(entry["op"].startswith(PREFIX) for entry in json.loads(out)["ops"])
+
+
+def test_recomputation_needs_a_training_step_with_layers_and_a_known_mode():
+    forward = graph_from_json(gpt(GPTConfig(layers=1, hidden=16, heads=2, seq=8, batch=2, vocab=32)), MESH)
+    with pytest.raises(InputError, match="no gradients"):
+        with_recomputation(forward, "full")
+    with pytest.raises(InputError, match="must be one of"):
+        with_recomputation(forward, "some")
+    assert with_recomputation(forward, "none") is forward
