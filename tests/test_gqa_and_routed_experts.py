@@ -18,6 +18,7 @@ from autoshard.mesh import Mesh
 from autoshard.models import GPTConfig, MoEConfig, gpt, moe
 from autoshard.planning.hardware import bind_hardware
 from autoshard.planning.make_plan import SolveSettings, make_plan
+from autoshard.planning.roles import plan_roles
 from autoshard.sim.program import verify_plan
 
 GQA = GPTConfig(layers=1, hidden=32, heads=8, kv_heads=2, seq=8, batch=4, vocab=64, dtype="f32", style="llama")
@@ -147,3 +148,11 @@ def test_generate_takes_the_new_flags_and_names_a_bad_one(tmp_path, capsys):
     assert "--kv-heads: must divide heads (12), got 5" in capsys.readouterr().err
     assert main(["generate", "moe", "--group-size", "3", "-o", str(path)]) == 2
     assert "--group-size: must divide the tokens" in capsys.readouterr().err
+
+
+def test_a_gpt_training_step_with_experts_split_over_ep_simulates_and_ep_reads_as_expert_parallel():
+    pins = {"ids": [["dp"], []], "layer0.mlp.experts.fc1.w": [["ep"], [], []]}
+    result, hardware = plan_of(gpt(replace(MOE_GPT, kv_heads=1), training=True), "dp=2,ep=2", pins)
+    assert plan_roles(result.plan).axes(result.plan.mesh.axis_names)["ep"] == {"expert": ["experts", "optimizer"]}
+    verdict = verify_plan(result.plan, hardware.collective_seconds)
+    assert verdict.passed and verdict.values_checked, verdict.summary()
