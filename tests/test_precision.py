@@ -8,10 +8,13 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 
 from autoshard.cli.main import main
 from autoshard.errors import InputError
+from autoshard.graph.builder import GraphBuilder
+from autoshard.graph.evaluate import evaluate_graph
 from autoshard.graph.model import Graph
 from autoshard.graph.schema import graph_from_json
 from autoshard.mesh import Mesh
@@ -31,8 +34,10 @@ from autoshard.sharding import Sharding
 from autoshard.sim.microbatch import simulate_microbatched
 from autoshard.sim.program import verify_plan
 from autoshard.spmd.program import Communicate, partition
+from support.mlir_run import run_module, signature
 
 MLP = MLPConfig(layers=2, batch=8, hidden=64, ffn=256)
+ONE = Mesh.of(x=1)
 
 
 def step(precision: str, config: MLPConfig = MLP) -> Graph:
@@ -207,3 +212,27 @@ def test_generate_takes_precision_and_refuses_a_dtype_it_contradicts(tmp_path, c
     assert main(["generate", "mlp", "--training", "--precision", "adam32", "--dtype", "f16", "--layers", "1",
                  "--hidden", "16", "--ffn", "32", "-o", str(out)]) == 0
     assert json.loads(out.read_text())["tensors"]["layer0.w1"]["dtype"] == "f16"
+
+
+def test_a_contraction_and_a_reduction_written_in_f32_run_as_emitted_mlir():
+    """bf16 operands, f32 results: the emitted module, run by LLVM's JIT, gives the graph's values."""
+    b = GraphBuilder("f32_results", "bf16")
+    lhs, rhs = b.input("lhs", (4, 8)), b.input("rhs", (8, 3))
+    product = b.op("dot_general", [lhs, rhs], "product", lhs_contracting_dims=[1], rhs_contracting_dims=[0], dtype="f32")
+    total = b.op("reduce_sum", [lhs], "total", dims=[0], dtype="f32")
+    b.mark_outputs(product, total)
+    graph = graph_from_json(b.document(), ONE)
+    assert [graph.tensors[t].dtype for t in graph.outputs] == ["f32", "f32"]
+    plan = Plan(graph, ONE, {op.name: ShardingOption.replicated(op.nest.num_loops) for op in graph.ops},
+                {name: Sharding() for name in ("lhs", "rhs")})
+    module = emit_partitioned(partition(plan), "shard")
+    assert "arith.extf" in module
+    # multiples of 1/128 below 1: exact in bf16 (numpy has none: the reference would keep what the module
+    # rounds), their products exact in f32 but not in bf16
+    rng = np.random.default_rng(0)
+    inputs = {name: (rng.integers(-127, 128, graph.tensors[name].shape) / 128).astype(np.float32) for name in ("lhs", "rhs")}
+    names, _, _ = signature(module, graph.name)
+    results = run_module(module, graph.name, [inputs[n] for n in names])
+    expected = evaluate_graph(graph, inputs)
+    for output, got in zip(graph.outputs, results):
+        np.testing.assert_allclose(got, expected[output], rtol=1e-5, err_msg=output)

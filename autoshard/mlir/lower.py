@@ -35,7 +35,7 @@ from autoshard.mlir.scalar import combine, constant, convert, payload
 from autoshard.mlir.text import Body, elem_type, int_list
 from autoshard.ops.loops import PARALLEL, REDUCTION
 from autoshard.ops.payloads import PAYLOADS
-from autoshard.ops.table import normalize_dim
+from autoshard.ops.table import accumulated_dtype, normalize_dim
 
 
 @dataclass(frozen=True)
@@ -85,15 +85,17 @@ def _linalg_iterators(op: Op) -> list[str]:
 # --- payload loop nests -----------------------------------------------------------------
 
 def _payload_nest(b: Body, ctx: LoweringContext, name: str | None = None) -> list[Operand]:
-    """The op's loop nest as one linalg.generic: payload in the first input's dtype, then
-    converted to the result's dtype and folded with the reduction kind over reduction loops."""
+    """The op's loop nest as one linalg.generic: payload in the first input's dtype (in the
+    result's, for a result written in a wider float than its operands: a bf16 GEMM accumulating
+    in f32 multiplies exactly), then converted to the result's dtype and folded with the
+    reduction kind over reduction loops."""
     op, nest, out = ctx.op, ctx.op.nest, ctx.out
     name = name or op.op_kind.payload_of(op.attrs)
     if name is None:
         raise InputError(f"op kind {op.kind!r} has no MLIR lowering yet", ctx.where)
     reductions = bool(nest.reduction_loops)
     fold = reductions and PAYLOADS[name].arity == len(ctx.inputs) + 1  # the payload is the combiner
-    in_dtype = ctx.inputs[0].dtype if ctx.inputs else out.dtype
+    in_dtype = ctx.inputs[0].dtype if ctx.inputs and op.op_kind.out_dtypes is not accumulated_dtype else out.dtype
     init = reduction_init(b, out, nest.reduction_kind) if reductions else empty(b, out)
 
     def region(b: Body, args: list[str], acc: str) -> str:
