@@ -236,3 +236,53 @@ def test_a_contraction_and_a_reduction_written_in_f32_run_as_emitted_mlir():
     expected = evaluate_graph(graph, inputs)
     for output, got in zip(graph.outputs, results):
         np.testing.assert_allclose(got, expected[output], rtol=1e-5, err_msg=output)
+
+
+TORCH_FACTORY = '''
+import torch
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(8, 16)
+        self.fc2 = torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def make():
+    return Net().to(torch.bfloat16), (torch.randn(4, 8, dtype=torch.bfloat16),)
+
+
+def make_f32():
+    return Net(), (torch.randn(4, 8),)
+'''
+
+
+def test_a_torch_module_in_bf16_imports_as_a_mixed_precision_training_step(tmp_path, capsys):
+    """A linear layer's weight gradient comes out of its GEMM transposed: the GEMM writes f32 and
+    the transpose moves f32, so no cast is needed there either."""
+    pytest.importorskip("torch")
+    source = tmp_path / "net.py"
+    source.write_text(TORCH_FACTORY)
+    out = tmp_path / "graph.json"
+    assert main(["import", "torch", f"{source}:make", "--training", "--precision", "bf16-mixed", "--batch-dim", "0",
+                 "-o", str(out)]) == 0
+    graph = graph_from_json(json.loads(out.read_text()))
+    assert sorted(graph.gradients) == ["fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"]
+    for p, g in graph.gradients.items():
+        assert (graph.tensors[p].dtype, graph.tensors[g].dtype, graph.tensors[f"adam.{p}.master"].dtype) == ("bf16", "f32", "f32")
+        assert graph.producers[g].kind != "cast"
+    moved = graph.producers[graph.gradients["fc1.weight"]]
+    assert moved.kind == "transpose" and graph.producers[moved.inputs[0]].attrs["dtype"] == "f32"
+    mesh = Mesh.parse("dp=2")
+    verdict = simulate_microbatched(partition(plan_of(microbatch(graph, 2).graph, mesh, "dp", None)), microbatch(graph, 2))
+    assert verdict.passed, verdict.first_divergence
+    capsys.readouterr()
+    assert main(["import", "torch", f"{source}:make_f32", "--training", "--precision", "bf16-mixed", "-o", str(out)]) == 2
+    assert ("--precision: bf16-mixed computes in bf16, but parameter 'fc1.weight' is f32 (4 of 4 are not bf16)"
+            in capsys.readouterr().err)
+    assert main(["import", "torch", f"{source}:make", "--precision", "fp32", "-o", str(out)]) == 2
+    assert "--precision: sets the precision of the training step; add --training" in capsys.readouterr().err

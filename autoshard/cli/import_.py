@@ -1,4 +1,4 @@
-"""`autoshard import FRAMEWORK SOURCE -o graph.json [--strict] [--training] [--batch-dim D]`: a framework's program
+"""`autoshard import FRAMEWORK SOURCE -o graph.json [--strict] [--training [--precision P]] [--batch-dim D]`: a framework's program
 as a graph document. One row per framework in `FRAMEWORKS`; the framework's own code lives in
 `autoshard.frontends.<framework>` and is imported only when its row runs.
 """
@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import argparse
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from autoshard.cli.args import write_graph
 from autoshard.errors import InputError
 from autoshard.graph.schema import graph_from_json
+from autoshard.models.training import DEFAULT_PRECISION, PRECISIONS, training_precision
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--strict", action="store_true", help="fail, listing them, if some ops stay opaque")
         p.add_argument("--training", action="store_true",
                        help="add a loss on the first output, the backward pass and Adam (autoshard's differentiation)")
+        p.add_argument("--precision", choices=list(PRECISIONS), metavar="PRECISION",
+                       help=f"with --training, what the step keeps in which float, as `generate --precision` (default "
+                            f"{DEFAULT_PRECISION}: the program's own dtypes, Adam moments in f32); bf16-mixed, "
+                            f"fp16-mixed and fp32 need the program's parameters in bf16, f16 and f32")
         p.add_argument("--batch-dim", type=int, metavar="D",
                        help="dim D of every argument (and of the labels) carries the batch, which --microbatches "
                             "and --pipeline split (0 for torch.distributed.pipelining)")
@@ -78,7 +83,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _runner(framework: Framework) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
-        document, graph, notes = framework.run(args.source, args.strict, args.training, args.batch_dim)
+        if args.precision is not None and not args.training:
+            raise InputError("sets the precision of the training step; add --training", "--precision")
+        try:
+            with training_precision(args.precision or DEFAULT_PRECISION):
+                document, graph, notes = framework.run(args.source, args.strict, args.training, args.batch_dim)
+        except InputError as error:  # the precision the program's parameters do not have: name the flag
+            raise InputError([replace(p, where="--precision") if p.where == "precision" else p
+                              for p in error.problems]) from None
         for note in notes:
             print(f"warning: {note}")
         write_graph(document, graph, args.output)

@@ -91,6 +91,12 @@ class GraphBuilder:
         self.ops[index] = OpDecl(op.name, op.kind, op.inputs, op.output, attrs)
         self.tensors[tensor] = replace(self.tensors[tensor], dtype=out or dtype)
 
+    def follow_inputs(self, tensor: str) -> None:
+        """Give `tensor` the dtype its op makes of its inputs' dtypes now (after `write_in` changed one)."""
+        op = next(op for op in self.ops if op.output == tensor)
+        (out,) = OP_KINDS[op.kind].out_dtypes([self.tensors[t].dtype for t in op.inputs], op.attrs)
+        self.tensors[tensor] = replace(self.tensors[tensor], dtype=out or self.tensors[tensor].dtype)
+
     def update_in_place(self, new: str, old: str) -> None:
         """Declare that `new` overwrites the storage of the input or parameter `old`."""
         self.updates[new] = old

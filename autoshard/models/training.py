@@ -24,6 +24,7 @@ to the weight. So a parameter costs 2 (weight) + 4 (main gradient) + 4 (master) 
 
 from __future__ import annotations
 
+from collections import Counter
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -178,14 +179,20 @@ def declare_gradients(b: GraphBuilder, grads: dict[str, str]) -> dict[str, str]:
     return declared
 
 
+# ops that move a gradient into its parameter's layout and keep its dtype (a linear layer's weight
+# gradient comes out of its GEMM transposed)
+_MOVES = ("transpose", "reshape")
+
+
 def main_gradients(b: GraphBuilder, grads: dict[str, str]) -> dict[str, str]:
     """Each float gradient narrower than f32 written in f32: by the contraction or reduction
-    producing it when nothing else reads it (a weight gradient's GEMM accumulates in f32, as
-    Megatron-LM's fused gradient accumulation does, so its reduction across data replicas is an
-    f32 one), else by a cast in its parameter's layer (a `grad` op's result, a shared value)."""
+    making it, when nothing else reads it or what lies between (a transpose, a reshape) (a
+    weight gradient's GEMM accumulates in f32, as Megatron-LM's fused gradient accumulation does,
+    so its reduction across data replicas is an f32 one), else by a cast in its parameter's layer
+    (a `grad` op's result, a shared value)."""
     layers = b.parameter_layers()
     producers = {op.output: op for op in b.ops}
-    read = {t for op in b.ops for t in op.inputs}
+    reads = Counter(t for op in b.ops for t in op.inputs) + Counter(grads.values())
     outer = b.layer
     wide: dict[str, str] = {}
     for p, g in grads.items():
@@ -193,15 +200,19 @@ def main_gradients(b: GraphBuilder, grads: dict[str, str]) -> dict[str, str]:
         if not info.is_float or info.itemsize >= DTYPES[OPTIMIZER_DTYPE].itemsize:
             wide[p] = g
             continue
-        maker = producers.get(g)
-        if maker is not None and OP_KINDS[maker.kind].out_dtypes is accumulated_dtype and g not in read \
-                and list(grads.values()).count(g) == 1:
-            b.write_in(g, OPTIMIZER_DTYPE)
+        chain = [g]  # g, then back through the moves to what computes it
+        while chain[-1] in producers and producers[chain[-1]].kind in _MOVES and reads[chain[-1]] == 1:
+            chain.append(producers[chain[-1]].inputs[0])
+        source = producers.get(chain[-1])
+        if source is not None and OP_KINDS[source.kind].out_dtypes is accumulated_dtype and reads[chain[-1]] == 1:
+            b.write_in(chain[-1], OPTIMIZER_DTYPE)
+            for moved in reversed(chain[:-1]):
+                b.follow_inputs(moved)
             wide[p] = g
         else:
             b.layer = layers.get(p)
             # right behind its producer: the backward runs the layers in reverse order
-            wide[p] = b.op("cast", [g], f"grad.{p}.main", after=g if maker is not None else None, dtype=OPTIMIZER_DTYPE)
+            wide[p] = b.op("cast", [g], f"grad.{p}.main", after=g if g in producers else None, dtype=OPTIMIZER_DTYPE)
     b.layer = outer
     return wide
 
@@ -212,6 +223,11 @@ def add_training_step(b: GraphBuilder, loss: str, seeds: dict[str, str], precisi
     `training_precision` scopes, else `DEFAULT_PRECISION`)."""
     mode = check_precision(precision if precision is not None else _precision.get())
     params = b.tensors_with_role("parameter")
+    other = [p for p in params if DTYPES[b.dtype_of(p)].is_float and b.dtype_of(p) != (mode.dtype or b.dtype_of(p))]
+    if other:
+        raise InputError(f"{mode.name} computes in {mode.dtype}, but parameter {other[0]!r} is {b.dtype_of(other[0])} "
+                         f"({len(other)} of {len(params)} are not {mode.dtype}); give the model in {mode.dtype}, or use "
+                         f"adam32, which keeps its dtypes", "precision")
     grads = add_backward(b, seeds, params)
     if mode.master_weights:
         grads = main_gradients(b, grads)
