@@ -10,11 +10,14 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
+import torch
 import torch.distributed as dist
-from torch.distributed._local_tensor import LocalTensorMode
+from torch.distributed._local_tensor import LocalTensor, LocalTensorMode
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
 from torch.distributed.distributed_c10d import _resolve_process_group
 from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.utils import swap_tensors
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import autoshard
@@ -39,6 +42,21 @@ def simulated_ranks(mesh_text: str) -> Iterator[Any]:
             yield init_device_mesh("cpu", mesh.shape, mesh_dim_names=mesh.axis_names)
     finally:
         dist.destroy_process_group()
+
+
+def per_rank_copies(module: Any) -> None:
+    """Give each simulated rank its own copy of every parameter (its gradient kept). A value laid out without moving
+    data keeps one plain local tensor that all simulated ranks share, so an optimizer updating it
+    in place (and its state made like it) would apply the update once per rank."""
+    for parameter in module.parameters():
+        local = parameter._local_tensor
+        if not isinstance(local, LocalTensor):
+            copies = LocalTensor({rank: local.clone() for rank in range(parameter.device_mesh.size())})
+            own = DTensor.from_local(copies, parameter.device_mesh, parameter.placements, run_check=False,
+                                     shape=parameter.shape, stride=parameter.stride())
+            copy = torch.nn.Parameter(own, requires_grad=parameter.requires_grad)
+            copy.grad = parameter.grad
+            swap_tensors(parameter, copy)
 
 
 @dataclass(frozen=True)
