@@ -14,6 +14,7 @@ from test_megatron_layer import CONFIG, A, B, H, S, kept_bytes
 from autoshard import bind_hardware, estimate
 from autoshard.errors import InputError
 from autoshard.graph.model import Graph, live_ranges
+from autoshard.cli.plan import recomputations
 from autoshard.graph.recompute import PREFIX, recomputed_ops, with_recomputation
 from autoshard.graph.schema import graph_from_json
 from autoshard.mesh import Mesh
@@ -108,3 +109,26 @@ def test_recomputation_needs_a_training_step_with_layers_and_a_known_mode():
     with pytest.raises(InputError, match="must be one of"):
         with_recomputation(forward, "some")
     assert with_recomputation(forward, "none") is forward
+
+
+def test_auto_plans_each_recomputation_and_keeps_the_fastest(tmp_path):
+    graph_path = tmp_path / "g.json"
+    graph_path.write_text(json.dumps(gpt(CONFIG, training=True)))
+    code, out, err = run_cli("plan", str(graph_path), "--mesh", "dp=2,tp=2", "--recompute", "auto", "--time-limit",
+                             "3", "--memory-budget", "1.2MiB", "--verify", "always", "-o", str(tmp_path / "out"))
+    assert code == 0, err
+    steps = {line.split()[1].rstrip(":"): float(line.split()[3]) for line in err.splitlines()
+             if line.startswith("  recompute ") and " step " in line}
+    assert sorted(steps) == ["full", "none", "selective"]
+    document = json.loads((tmp_path / "out" / "plan.json").read_text())
+    chosen = min(steps, key=steps.get)
+    assert document.get("recompute", "none") == chosen
+    assert document["solver"]["objective_s"] == pytest.approx(steps[chosen], rel=1e-5)
+    assert document["verification"]["status"] == "passed"
+
+
+def test_auto_skips_a_selective_recomputation_that_frees_nothing():
+    fused = GPTConfig(layers=2, hidden=16, heads=2, seq=8, batch=2, vocab=32)  # attention is one fused op
+    graph = graph_from_json(gpt(fused, training=True), MESH)
+    assert with_recomputation(graph, "selective", MESH) is graph
+    assert list(recomputations(graph, "auto", MESH)) == ["none", "full"]

@@ -15,18 +15,21 @@ from autoshard.cli._pipeline_flags import (add_pipeline_args, flagged, pipeline_
                                            print_pipeline)
 from autoshard.delivery.deliver import Deliverables, deliver, ir_request_problems, placement_options
 from autoshard.delivery.document import plan_document
-from autoshard.errors import InputError, Interrupted, Problem
+from autoshard.errors import InfeasibleError, InputError, Interrupted, Problem
 from autoshard.graph.builder import document_text
+from autoshard.graph.model import Graph
 from autoshard.graph.recompute import MODES, with_recomputation
 from autoshard.graph.schema import load_graph
 from autoshard.graph.summary import si, size
+from autoshard.mesh import Mesh
 from autoshard.numerals import parse_real
 from autoshard.phases import PhaseTimes
 from autoshard.pipeline import write_trace
 from autoshard.planning.compose import plan_layer_once
+from autoshard.planning.costs import Hardware
 from autoshard.planning.formulation import Weights, weight_name_problem
 from autoshard.planning.make_plan import MAX_SEED, BestSoFar, PlanResult, SolveSettings, make_plan, memory_budget_problem
-from autoshard.planning.pipeline_plan import checked_orders, plan_pipeline
+from autoshard.planning.pipeline_plan import PipelinedPlan, checked_orders, plan_pipeline
 from autoshard.sim.verify import VERIFY_POLICIES, policy_problem
 
 
@@ -41,10 +44,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--layer-once", action="store_true",
                         help="solve each kind of repeated layer once and compose the plan (the bound is summed "
                              "over the parts); needs ops with a `layer`")
-    parser.add_argument("--recompute", default="none", choices=MODES, metavar="MODE",
+    parser.add_argument("--recompute", default="none", choices=(*MODES, "auto"), metavar="MODE",
                         help="activations computed again in the backward instead of kept: none (default), selective "
-                             "(the attention core: scores, softmax, dropout) or full (every layer keeps its input "
-                             "only); needs a training step with layers")
+                             "(the attention core: scores, softmax, dropout), full (every layer keeps its input "
+                             "only) or auto (each planned, the fastest within memory kept); needs a training step "
+                             "with layers")
     add_pipeline_args(parser)
     parser.set_defaults(run=run)
 
@@ -190,7 +194,7 @@ class ProgressLine:
 
 def run(args: argparse.Namespace) -> int:
     phases = PhaseTimes(announce=lambda text: print(f"  {text}", file=sys.stderr, flush=True))
-    best, result, pipelined = BestSoFar(), None, None
+    attempt = Attempt("none" if args.recompute == "auto" else args.recompute)
     try:  # from the first step: a Ctrl-C while the graph loads is said as any before a plan is found
         with phases.phase("load"):  # and validate: the graph, the mesh, the machine, every flag
             mesh = mesh_from_args(args)
@@ -200,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
                 raise InputError(problems)
             graph = load_graph(args.graph, mesh)
             try:
-                graph = with_recomputation(graph, args.recompute, mesh)
+                rewritten = recomputations(graph, args.recompute, mesh)
             except InputError as error:
                 raise InputError([Problem("--recompute", p.message) for p in error.problems]) from None
             if pipeline is None:
@@ -212,35 +216,87 @@ def run(args: argparse.Namespace) -> int:
                 except InputError as error:
                     raise flagged(error) from None
             settings, stages = checked_settings(args)
-        if pipeline is not None:
+        chosen = None
+        for mode, recomputed in rewritten.items():
+            attempt = Attempt(mode)
+            if len(rewritten) > 1:
+                print(f"  recompute {mode}: planning", file=sys.stderr, flush=True)
             try:
-                pipelined = plan_pipeline(graph, mesh, hw, settings, pipeline, progress=ProgressLine(), phases=phases,
-                                          best_so_far=best)
-            except InputError as error:
-                raise flagged(error) from None
-            result = pipelined.result
-        elif args.layer_once:
-            result = plan_layer_once(graph, mesh, hw, settings, phases=phases)
-        else:
-            result = make_plan(graph, mesh, hw, settings, progress=ProgressLine(), phases=phases, best_so_far=best)
+                attempt.solve(recomputed, mesh, hw, settings, pipeline, args.layer_once, phases)
+            except InfeasibleError as error:
+                if len(rewritten) == 1:
+                    raise
+                print(f"  recompute {mode}: no plan within memory ({error})", file=sys.stderr, flush=True)
+                continue
+            if len(rewritten) > 1:
+                print(f"  recompute {mode}: step {attempt.step_s:.6g} s", file=sys.stderr, flush=True)
+            chosen = attempt if chosen is None or attempt.step_s < chosen.step_s else chosen
+        if chosen is None:
+            raise InfeasibleError(f"no plan within memory with any recomputation ({', '.join(rewritten)})")
+        attempt = chosen
+        result, pipelined = chosen.result, chosen.pipelined
         delivered = deliver(result, hw, args.topology, emit=stages, dialect=args.dialect, arguments=args.arguments,
                             verify=args.verify, optimize_collectives=not args.no_collective_opt,
                             nodes=args.nodes, slice_shape=parse_slice(args.slice),
                             pipeline=pipelined.cut if pipelined is not None else None)
         if pipelined is not None:
             delivered.document["pipeline"] = pipelined.to_json()
-        if args.recompute != "none":
-            delivered.document["recompute"] = args.recompute
+        if chosen.mode != "none":
+            delivered.document["recompute"] = chosen.mode
         written = write_deliverables(delivered, args.output, phases)
         if pipelined is not None and args.trace:
             written.append(write_trace(pipelined.timeline, args.trace))
     except KeyboardInterrupt:
-        raise interrupted(result or best.result(), args, phases) from None
+        raise interrupted(attempt.result or attempt.best.result(), attempt.mode, args, phases) from None
     print_summary(delivered.document, written)
     return 1 if delivered.document["verification"]["status"] == "failed" else 0
 
 
-def interrupted(found: PlanResult | None, args: argparse.Namespace, phases: PhaseTimes) -> Interrupted:
+def recomputations(graph: Graph, recompute: str, mesh: Mesh) -> dict[str, Graph]:
+    """Mode -> the graph rewritten so: the one asked for, or for `auto` each mode that changes the
+    graph (a step whose attention is fused has no selective one: it is the step as it is)."""
+    if recompute != "auto":
+        return {recompute: with_recomputation(graph, recompute, mesh)}
+    found: dict[str, Graph] = {}
+    for mode in MODES:
+        rewritten = with_recomputation(graph, mode, mesh)
+        if mode == "none" or rewritten is not graph:
+            found[mode] = rewritten
+    return found
+
+
+class Attempt:
+    """One recomputation's plan (a pipelined one with `--pipeline`), and the best so far while it solves."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode, self.best = mode, BestSoFar()
+        self.result: PlanResult | None = None
+        self.pipelined: PipelinedPlan | None = None
+
+    def solve(self, graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings, pipeline: Any,
+              layer_once: bool, phases: PhaseTimes) -> None:
+        if pipeline is not None:
+            try:
+                self.pipelined = plan_pipeline(graph, mesh, hw, settings, pipeline, progress=ProgressLine(),
+                                               phases=phases, best_so_far=self.best)
+            except InputError as error:
+                raise flagged(error) from None
+            self.result = self.pipelined.result
+        elif layer_once:
+            self.result = plan_layer_once(graph, mesh, hw, settings, phases=phases)
+        else:
+            self.result = make_plan(graph, mesh, hw, settings, progress=ProgressLine(), phases=phases,
+                                    best_so_far=self.best)
+
+    @property
+    def step_s(self) -> float:
+        """What the choice between recomputations compares: the pipelined step, or the solver's objective."""
+        if self.pipelined is not None:
+            return self.pipelined.timeline.step_s
+        return self.result.solver["objective_s"]
+
+
+def interrupted(found: PlanResult | None, recompute: str, args: argparse.Namespace, phases: PhaseTimes) -> Interrupted:
     """Stopped by a signal: the best plan found so far is written as plan.json, priced but
     neither verified nor emitted (its solver status `interrupted` unless the solve had ended)."""
     if found is None and args.layer_once:
@@ -253,8 +309,8 @@ def interrupted(found: PlanResult | None, args: argparse.Namespace, phases: Phas
     document = plan_document(found, args.topology)
     document["topology_options"] = placement_options(args.nodes, parse_slice(args.slice))
     document["verification"] = {"status": "skipped", "reason": "interrupted before verification"}
-    if args.recompute != "none":
-        document["recompute"] = args.recompute
+    if recompute != "none":
+        document["recompute"] = recompute
     document["phases"] = phases.to_json()
     written = write_deliverables(Deliverables(document, {}), args.output, phases)
     return Interrupted(f"interrupted; wrote the best plan found so far to {written[0]} ({said})")
