@@ -64,8 +64,12 @@ def run(args: argparse.Namespace) -> int:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
     print(f"total: step {report.step_s * 1e3:.4g} ms = compute {report.compute_s * 1e3:.4g} ms + communication "
           f"{report.communication_s * 1e3:.4g} ms ({si(report.communication_bytes, 'B')} per device)")
+    overlap = report.overlap
+    print(f"overlapped: step {overlap.step_s * 1e3:.4g} ms = max(compute, hideable {overlap.hideable_s * 1e3:.4g} ms) "
+          f"+ exposed; communication hidden {overlap.hidden_s * 1e3:.4g} ms, exposed {overlap.exposed_s * 1e3:.4g} ms")
     for axis in sorted(report.bytes_per_axis):
-        print(f"  axis {axis}: {report.seconds_per_axis[axis] * 1e3:.4g} ms, {si(report.bytes_per_axis[axis], 'B')}")
+        print(f"  axis {axis}: {report.seconds_per_axis[axis] * 1e3:.4g} ms, {si(report.bytes_per_axis[axis], 'B')} "
+              f"(hidden {overlap.hidden_s_per_axis[axis] * 1e3:.4g} ms, exposed {overlap.exposed_s_per_axis[axis] * 1e3:.4g} ms)")
     print(f"peak memory {size(report.peak_memory_bytes)} per device at op {report.peak_op!r} "
           f"(parameters {size(report.parameter_bytes)}, activations {size(report.activation_peak_bytes)})")
     print_roles(roles, indent="")

@@ -2,7 +2,9 @@
 per-device peak memory and when it peaks.
 
 Step time is compute plus communication with no overlap assumed (an upper bound on a real
-step; it is also what the solver minimises). Memory counts each value from the step that
+step; it is also what the solver minimises). Beside it, the step with the communication that can
+run behind compute hidden (`overlap`: a parameter's gradient reduction and all_gather), at most
+the additive one. Memory counts each value from the step that
 produces it to its last use, parameters for the whole step.
 """
 
@@ -18,7 +20,9 @@ from autoshard.graph.model import Op, live_ranges, topological_order
 from autoshard.ops.loops import LoopNest
 from autoshard.planning.costs import Hardware, OpCost, device_flops, op_cost, tensor_bytes
 from autoshard.planning.options import ShardingOption, operand_shardings, result_shardings
+from autoshard.planning.overlap import DESCRIPTION, Overlap, OverlapTally, hideable
 from autoshard.planning.plan import Plan
+from autoshard.planning.roles import tensor_roles
 from autoshard.resharding import PricedMoves, Resharding, plan_resharding, step_kind
 from autoshard.sharding import Sharding
 
@@ -40,6 +44,9 @@ class Report:
     peak_op: str = ""
     parameter_bytes: int = 0
     activation_peak_bytes: int = 0
+    overlap: Overlap = field(default_factory=lambda: Overlap(0.0, 0.0, 0.0, 0.0, {}, {}))
+    # per op, the hideable seconds of the reshardings into it (its `communication_s`'s share)
+    hideable_s_per_op: dict[str, float] = field(default_factory=dict)
 
     @property
     def step_s(self) -> float:
@@ -49,9 +56,13 @@ class Report:
         return {
             "totals": {
                 "step_s": self.step_s, "compute_s": self.compute_s, "communication_s": self.communication_s,
-                "communication_bytes": self.communication_bytes, "overlap": "none (compute + communication)",
+                "communication_bytes": self.communication_bytes, "overlap": DESCRIPTION,
+                "overlapped_step_s": self.overlap.step_s, "hideable_s": self.overlap.hideable_s,
+                "hidden_s": self.overlap.hidden_s, "exposed_s": self.overlap.exposed_s,
                 "communication_bytes_per_axis": self.bytes_per_axis,
                 "communication_s_per_axis": self.seconds_per_axis,
+                "hidden_s_per_axis": self.overlap.hidden_s_per_axis,
+                "exposed_s_per_axis": self.overlap.exposed_s_per_axis,
                 "peak_memory_bytes_per_device": self.peak_memory_bytes,
                 "peak_at": {"step": self.peak_step, "op": self.peak_op},
                 "parameter_bytes_per_device": self.parameter_bytes,
@@ -179,6 +190,8 @@ def estimate(plan: Plan, hw: Hardware, microbatching: Microbatching | None = Non
     report = Report()
     shardings = PlanShardings.of(plan)
     runs = microbatching.repeats if microbatching is not None else {}
+    count = microbatching.count if microbatching is not None else 1
+    roles, phases, tally = tensor_roles(graph), graph.phases, OverlapTally()
     costs: dict[tuple, OpCost] = {}
     for op in shardings.order:
         option = plan.options[op.name]
@@ -191,6 +204,8 @@ def estimate(plan: Plan, hw: Hardware, microbatching: Microbatching | None = Non
             costs[key] = op_cost(graph, op, option, mesh, hw)
         cost, times = costs[key], runs.get(op.name, 1)
         report.compute_s += cost.seconds * times
+        if phases[op.name] == "backward":
+            tally.last_backward_s += cost.seconds * times / count
         report.ops.append({"op": op.name, "kind": op.kind, "option": option.to_json(), "compute_s": cost.seconds * times,
                            "flops_per_device": cost.flops * times, "bytes_per_device": cost.bytes * times,
                            "bound": cost.bound, "communication_s": 0.0, "communication_bytes": 0.0,
@@ -216,16 +231,26 @@ def estimate(plan: Plan, hw: Hardware, microbatching: Microbatching | None = Non
                                    **({"runs": times} if microbatching is not None else {})})
         report.communication_s += seconds
         report.communication_bytes += moved
+        # a gradient reduced once per step, after the last of several microbatches
+        after_last = count > 1 and times == 1 and roles[tensor] == "gradient"
+        hidden = 0.0
         for s in resharding.steps:
             for axis in s.mesh_axes:
                 # a collective over several axes is charged to each of them
                 per_axis_bytes[axis] += _communicated(s) * times
                 per_axis_s[axis] += s.seconds * times
+            if hideable(s.kind, roles[tensor]):
+                tally.add(s.seconds * times, s.mesh_axes, after_last)
+                hidden += s.seconds * times
+        charged = consumer if consumer in by_name else maker.name if maker is not None else None
+        if hidden and charged is not None:  # an output's reshardings are charged to its maker, as in a pipeline
+            report.hideable_s_per_op[charged] = report.hideable_s_per_op.get(charged, 0.0) + hidden
         if consumer in by_name:
             by_name[consumer]["communication_s"] += seconds
             by_name[consumer]["communication_bytes"] += moved
     report.bytes_per_axis = dict(per_axis_bytes)
     report.seconds_per_axis = dict(per_axis_s)
+    report.overlap = Overlap.of(tally, report.compute_s, report.communication_s, report.seconds_per_axis)
     _memory(plan, report, shardings, microbatching.accumulated if microbatching is not None else None)
     return report
 
