@@ -9,7 +9,7 @@ import json
 
 import pytest
 from test_fuzz import run_cli
-from test_megatron_layer import CONFIG, A, B, H, S, kept_bytes
+from test_megatron_layer import CONFIG, A, B, H, S
 
 from autoshard import bind_hardware, estimate
 from autoshard.errors import InputError
@@ -19,6 +19,7 @@ from autoshard.graph.recompute import PREFIX, recomputed_ops, with_recomputation
 from autoshard.graph.schema import graph_from_json
 from autoshard.mesh import Mesh
 from autoshard.models import GPTConfig, gpt
+from autoshard.planning.kept import kept_activation_bytes
 from autoshard.planning.options import ShardingOption
 from autoshard.planning.plan import Plan
 from autoshard.sharding import Sharding
@@ -41,7 +42,7 @@ def steps() -> dict[str, Graph]:
 
 
 def test_the_layers_keep_what_the_paper_counts_beside_the_masks(steps):
-    kept = {mode: [kept_bytes(replicated(graph), layer) for layer in range(CONFIG.layers)]
+    kept = {mode: [kept_activation_bytes(replicated(graph), layer) for layer in range(CONFIG.layers)]
             for mode, graph in steps.items()}
     assert kept["none"] == [SBH * (34 + 5 * A * S / H)] * CONFIG.layers
     assert kept["selective"] == [34 * SBH + ASSB + CAUSAL_BIAS] * CONFIG.layers  # 34sbh and its mask

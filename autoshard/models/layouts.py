@@ -1,7 +1,8 @@
 """Hand-set layouts of a generated transformer's training step, as graph constraints: fully-sharded
 data parallel (every matrix, its Adam moments and master weight split on dim 0 over `dp`) or Megatron's tensor
 parallel (column-parallel projections split on their output dim over `tp`, row-parallel ones on
-their input dim); the batch over `dp` either way. Everything else is left to the solver."""
+their input dim); the batch over `dp` either way. Everything else is left to the solver. And the
+whole of Megatron-LM's layout of its own layer (`megatron_constraints`), values included."""
 
 from __future__ import annotations
 
@@ -26,4 +27,37 @@ def layout_constraints(document: dict[str, Any], batch: int, layout: str) -> lis
             constraints.append({"tensor": name, "split_axes": axes, "required": True})
         elif role == "input" and shape and shape[0] == batch:
             constraints.append({"tensor": name, "split_axes": [["dp"]] + [[]] * (len(shape) - 1), "required": True})
+    return constraints
+
+
+# Megatron-LM's tensor parallelism of its GPT layer (`generate gpt --style megatron`): heads and the
+# MLP's features split over tp, by the layer's value names; norms, residuals and the masks beside
+# them whole, or split on the sequence with sequence parallelism.
+MEGATRON_HEAD_SPLIT = ("attn.q.heads", "attn.k.heads", "attn.v.heads", "attn.softmax", "attn.attn_dropout.kept",
+                       "attn.attn_dropout", "attn.attn_dropout.mask")
+MEGATRON_FEATURE_SPLIT = ("attn.merged", "mlp.fc1", "mlp.gelu")
+MEGATRON_SEQUENCE = ("attn_norm", "mlp_norm", "attn_residual", "mlp_residual", "attn.out_dropout.mask",
+                     "mlp.dropout.mask")
+MEGATRON_COLUMN, MEGATRON_ROW = ("attn.q.w", "attn.k.w", "attn.v.w", "mlp.fc1.w"), ("attn.out.w", "mlp.fc2.w")
+
+
+def megatron_constraints(document: dict[str, Any], sequence_parallel: bool) -> list[dict[str, Any]]:
+    """Required shardings of a Megatron-style step's layer values and matrices over `tp` (the
+    embedding's output with the norms, as layer 0's input)."""
+    constraints = []
+    for name, tensor in document["tensors"].items():
+        local, rank = name.split(".", 1)[-1], len(tensor["shape"])
+        if local.endswith(MEGATRON_HEAD_SPLIT):
+            axes = [[], ["tp"]] + [[]] * (rank - 2)
+        elif local.endswith(MEGATRON_FEATURE_SPLIT):
+            axes = [[]] * (rank - 1) + [["tp"]]
+        elif local.endswith(MEGATRON_COLUMN):
+            axes = [[], ["tp"]]
+        elif local.endswith(MEGATRON_ROW):
+            axes = [["tp"], []]
+        elif (local.endswith(MEGATRON_SEQUENCE) and name.startswith("layer")) or name == "embed.position_add":
+            axes = [[], ["tp"], []] if sequence_parallel else [[]] * rank
+        else:
+            continue
+        constraints.append({"tensor": name, "split_axes": axes, "required": True})
     return constraints
