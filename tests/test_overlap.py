@@ -1,10 +1,12 @@
 """Communication behind compute, by tensor role: a data-parallel step's gradient all-reduces run
 behind its compute, a tensor-parallel forward's activation all-reduces do not, and the report's
-overlapped step is max(compute, hideable) + exposed, recomputed here from its per-op entries."""
+overlapped step is max(compute, hideable) + exposed, recomputed here from its per-op entries; a
+pipelined step hides its tail's gradient reduction behind the last microbatch's backward only."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -14,9 +16,15 @@ from autoshard.graph.schema import graph_from_json
 from autoshard.mesh import Mesh
 from autoshard.models.gpt import GPTConfig, gpt
 from autoshard.ops.loops import loop_position
+from autoshard.phases import PhaseTimes
+from autoshard.pipeline import simulate_pipeline, stage_orders
 from autoshard.planning.hardware import bind_hardware
-from autoshard.planning.make_plan import SolveSettings, make_plan
+from autoshard.planning.make_plan import PlanResult, SolveSettings, make_plan
+from autoshard.planning.microbatches import microbatch
 from autoshard.planning.options import ShardingOption
+from autoshard.planning.pipeline_plan import pipeline_mesh, price_pipeline
+from autoshard.planning.pipeline_stages import op_positions
+from autoshard.planning.pipeline_work import work_kinds
 from autoshard.planning.plan import Plan, plan_to_json
 from autoshard.planning.report import estimate
 from autoshard.planning.roles import dim_labels, tensor_roles
@@ -130,3 +138,39 @@ def test_estimate_json_and_text_give_the_hidden_and_exposed_seconds(tmp_path, ca
     text = capsys.readouterr().out
     assert f"overlapped: step {report.overlap.step_s * 1e3:.4g} ms" in text
     assert f"(hidden {report.overlap.hidden_s_per_axis['dp'] * 1e3:.4g} ms" in text
+
+
+def test_a_pipelined_step_hides_its_tail_reduction_behind_the_last_microbatch_backward_only():
+    mesh = Mesh.parse("dp=2")
+    microbatching = microbatch(graph_from_json(gpt(GPTConfig(layers=4, hidden=256, heads=4, seq=64, batch=8,
+                                                              vocab=512), training=True), mesh), 4)
+    graph, orders = microbatching.graph, stage_orders("1f1b", 2, 4, 1)
+    plan = data_parallel(graph, mesh)
+    hw = bind_hardware("dgx-h100", pipeline_mesh(mesh, 2))
+    report = estimate(plan, hw, microbatching)
+    pipelined = price_pipeline(PlanResult(plan, report, {}, PhaseTimes(), microbatching), mesh, hw, orders, math.inf)
+    kinds, roles = work_kinds(graph, op_positions(graph)), tensor_roles(graph)
+    stage_of = {name: part.stage for part in pipelined.parts for name in part.ops}
+    reductions, backward = [0.0, 0.0], [0.0, 0.0]
+    for entry in report.reshardings:
+        if entry["consumer"] in kinds and kinds[entry["consumer"]] != "tail":
+            # nothing inside the microbatches runs behind compute: parameters are whole, never gathered
+            assert not any(roles[entry["tensor"]] == "parameter" and s["kind"] == "all_gather" for s in entry["steps"])
+        elif roles[entry["tensor"]] == "gradient":
+            reductions[stage_of[entry["consumer"]]] += sum(s["seconds"] for s in entry["steps"]
+                                                           if s["kind"] == "all_reduce")
+    for entry in report.ops:
+        if kinds[entry["op"]] in ("B", "W"):
+            backward[stage_of[entry["op"]]] += entry["compute_s"] / entry["runs"]  # one microbatch's
+    assert all(r > b > 0 for r, b in zip(reductions, backward))  # more to reduce than one backward hides
+    assert pipelined.tail_hidden_s == pytest.approx(backward)
+    tail = dict(pipelined.tail_s, **{"gradient reduction": [t - h for t, h in
+                                                            zip(pipelined.tail_s["gradient reduction"], backward)]})
+    table = [[[getattr(p, f"{kind}_s")] for p in pipelined.parts] for kind in ("forward", "backward", "weight")]
+    expected = simulate_pipeline(orders, *table, transfer_s=[pipelined.transfer_s[d] for d in ("forward", "backward")],
+                                 tail_s=tail)
+    assert pipelined.overlapped.step_s == pytest.approx(expected.step_s)
+    assert pipelined.overlapped.step_s < pipelined.timeline.step_s
+    section = pipelined.to_json()
+    assert section["overlapped_step_s"] == pytest.approx(expected.step_s)
+    assert [stage["tail_hidden_s"] for stage in section["stages"]] == pytest.approx(backward)

@@ -76,7 +76,8 @@ def print_pipeline(section: dict[str, Any], indent: str = "  ") -> None:
     devices = sum(len(stage["devices"]) for stage in stages)
     count = section["stage_count"]
     print(f"{indent}pipeline: {count} stage{'s' if count > 1 else ''} on {devices} devices, schedule {schedule}, "
-          f"{section['microbatches']} microbatches: step {section['step_s'] * 1e3:.4g} ms, "
+          f"{section['microbatches']} microbatches: step {section['step_s'] * 1e3:.4g} ms "
+          f"(overlapped {section['overlapped_step_s'] * 1e3:.4g} ms), "
           f"bubble {100 * section['bubble_fraction']:.1f}% of busy time; memory budget "
           f"{size(section['memory_budget_bytes_per_device'])} per device")
     for stage in stages:
@@ -86,7 +87,8 @@ def print_pipeline(section: dict[str, Any], indent: str = "  ") -> None:
         tail = sum(stage["tail_s"].values())
         print(f"{indent}  stage {stage['stage']} (devices {stage['devices'][0]}-{stage['devices'][-1]}): layers {layers}; "
               f"per microbatch F {stage['forward_s'] * 1e3:.4g} ms, B {stage['backward_s'] * 1e3:.4g} ms, "
-              f"W {stage['weight_s'] * 1e3:.4g} ms; tail {tail * 1e3:.4g} ms; peak memory "
+              f"W {stage['weight_s'] * 1e3:.4g} ms; tail {tail * 1e3:.4g} ms "
+              f"({stage['tail_hidden_s'] * 1e3:.4g} ms of it behind the last backward); peak memory "
               f"{size(memory['peak_bytes'])} (parameters {size(memory['parameter_bytes'])}, gradients "
               f"{size(memory['gradient_bytes'])}, optimizer state {size(memory['optimizer_state_bytes'])}, "
               f"activations {size(memory['activation_bytes'])})")

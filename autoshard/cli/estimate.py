@@ -68,8 +68,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"overlapped: step {overlap.step_s * 1e3:.4g} ms = max(compute, hideable {overlap.hideable_s * 1e3:.4g} ms) "
           f"+ exposed; communication hidden {overlap.hidden_s * 1e3:.4g} ms, exposed {overlap.exposed_s * 1e3:.4g} ms")
     for axis in sorted(report.bytes_per_axis):
+        hidden, exposed = overlap.hidden_s_per_axis[axis], overlap.exposed_s_per_axis[axis]
         print(f"  axis {axis}: {report.seconds_per_axis[axis] * 1e3:.4g} ms, {si(report.bytes_per_axis[axis], 'B')} "
-              f"(hidden {overlap.hidden_s_per_axis[axis] * 1e3:.4g} ms, exposed {overlap.exposed_s_per_axis[axis] * 1e3:.4g} ms)")
+              f"(hidden {hidden * 1e3:.4g} ms, exposed {exposed * 1e3:.4g} ms)")
     print(f"peak memory {size(report.peak_memory_bytes)} per device at op {report.peak_op!r} "
           f"(parameters {size(report.parameter_bytes)}, activations {size(report.activation_peak_bytes)})")
     print_roles(roles, indent="")

@@ -23,7 +23,8 @@ How it is made:
    the stage axis (`STAGE_AXIS`, outermost on the machine, so across nodes when there are
    several), per stage a tail of gradient reduction (the reshardings into the optimizer) and
    the optimizer, once per step.
-5. `simulate_pipeline` gives the step and the bubble; each stage's memory is its parameters,
+5. `simulate_pipeline` gives the step and the bubble, and again with the communication that runs
+   behind compute hidden (`overlapped_seconds`), the overlapped step; each stage's memory is its parameters,
    gradients and optimizer state as planned plus the activations of the microbatches it holds in
    flight (`activation_peaks`), against the budget.
 """
@@ -114,6 +115,9 @@ class PipelinedPlan:
     memory: tuple[StageMemory, ...]
     budget_bytes: float
     timeline: PipelineTimeline
+    # the same schedule with the communication that runs behind compute hidden (`overlapped_seconds`)
+    overlapped: PipelineTimeline
+    tail_hidden_s: list[float]  # per stage, the gradient reduction run behind its last backward
 
     @property
     def cut(self) -> PipelineCut:
@@ -136,6 +140,7 @@ class PipelinedPlan:
                 "forward_s": sum(p.forward_s for p in chunks), "backward_s": sum(p.backward_s for p in chunks),
                 "weight_s": sum(p.weight_s for p in chunks),
                 "tail_s": {name: seconds[stage] for name, seconds in self.tail_s.items()},
+                "tail_hidden_s": self.tail_hidden_s[stage],
                 "busy_s": self.timeline.busy_s[stage], "idle_s": self.timeline.idle_s[stage],
                 "memory": {"parameter_bytes": memory.stored.parameter_bytes,
                            "gradient_bytes": memory.stored.gradient_bytes,
@@ -146,7 +151,8 @@ class PipelinedPlan:
                 "microbatches": orders.microbatches, "virtual_stages_per_stage": orders.chunks,
                 "schedule": orders.schedule, "transfer": TRANSFER, "transfer_s": self.transfer_s,
                 "memory_budget_bytes_per_device": self.budget_bytes,
-                "bubble_fraction": self.timeline.bubble_fraction, "step_s": self.timeline.step_s}
+                "bubble_fraction": self.timeline.bubble_fraction, "step_s": self.timeline.step_s,
+                "overlapped_step_s": self.overlapped.step_s}
 
 
 def pipeline_mesh(stage_mesh: Mesh, stages: int) -> Mesh:
@@ -283,9 +289,11 @@ def price_cut(result: PlanResult, stage_mesh: Mesh, hw: Hardware, orders: StageO
                   for direction, boundaries in values.crossing(count).items()}
     tail_s = _tail_seconds(work.per_run, kinds, {name: orders.placement(part)[0] for name, part in part_of.items()},
                            orders.stages)
-    timeline = simulate_pipeline(orders, *_per_chunk(parts, orders),
-                                 transfer_s=[transfer_s[d] for d in DIRECTIONS] if count > 1 else None,
-                                 tail_s=tail_s)
+    transfers = [transfer_s[d] for d in DIRECTIONS] if count > 1 else None
+    timeline = simulate_pipeline(orders, *_per_chunk(parts, orders), transfer_s=transfers, tail_s=tail_s)
+    overlapped_parts, overlapped_tail, tail_hidden_s = overlapped_seconds(work, kinds, part_of, parts, orders, tail_s)
+    overlapped = simulate_pipeline(orders, *_per_chunk(overlapped_parts, orders), transfer_s=transfers,
+                                   tail_s=overlapped_tail)
     accumulated = result.microbatching.accumulated if result.microbatching is not None else {}
     stored = values.stored_bytes({index: part.stage for index, part in enumerate(parts)},
                                  orders.stages, accumulated)
@@ -294,7 +302,42 @@ def price_cut(result: PlanResult, stage_mesh: Mesh, hw: Hardware, orders: StageO
     memory = tuple(StageMemory(stored[s], int(held[s]), timeline.inflight_peak[s]) for s in range(orders.stages))
     if refuse_over_budget:
         _check_budget(memory, budget)
-    return PipelinedPlan(result, stage_mesh, orders, parts, transfer_s, tail_s, memory, budget, timeline)
+    return PipelinedPlan(result, stage_mesh, orders, parts, transfer_s, tail_s, memory, budget, timeline, overlapped,
+                         tail_hidden_s)
+
+
+def overlapped_seconds(work: StageWork, kinds: Mapping[str, str], part_of: Mapping[str, int], parts: tuple[Part, ...],
+                       orders: StageOrders, tail_s: dict[str, list[float]]
+                       ) -> tuple[tuple[Part, ...], dict[str, list[float]], list[float]]:
+    """The parts and tails with the communication that can run behind compute hidden (`overlap`).
+
+    Each part's F, B and W: max(compute, hideable) + exposed over its ops of that kind (a
+    parameter's all_gather prefetched behind the part's compute). The tail's gradient reduction
+    runs after the stage's last microbatch; conservatively only the backward compute of that
+    microbatch's last part on the stage (its chunk 0, which runs last), less what already runs
+    behind it, is counted beside it,
+    though the reductions of the layers done earlier could also start behind the backward of the
+    microbatches before. Transfers need nothing here: the event simulation already sends them
+    while the stages compute, so in the steady state they are hidden and at the ramps exposed."""
+    sums = np.zeros((len(parts), 3, 3))  # part, kind (F, B, W), (compute, communication, hideable)
+    tail_hideable = [0.0] * orders.stages
+    for name, entry in work.per_run.items():
+        if kinds[name] == "tail":
+            tail_hideable[orders.placement(part_of[name])[0]] += entry["hideable"]
+        else:
+            sums[part_of[name], "FBW".index(kinds[name])] += (entry["compute"], entry["communication"],
+                                                              entry["hideable"])
+    compute, communication, hide = sums[..., 0], sums[..., 1], sums[..., 2]
+    seconds = np.maximum(compute, hide) + communication - hide
+    overlapped = tuple(replace(part, forward_s=float(seconds[i, 0]), backward_s=float(seconds[i, 1]),
+                               weight_s=float(seconds[i, 2])) for i, part in enumerate(parts))
+    last = {part.stage: i for i, part in enumerate(parts) if part.chunk == 0}
+    free = np.maximum(compute - hide, 0.0)  # compute not already running the part's own hideable communication
+    hidden = [min(tail_hideable[stage], float(free[last[stage], 1] + free[last[stage], 2]))
+              for stage in range(orders.stages)]
+    tail = dict(tail_s, **{"gradient reduction": [max(0.0, reduction - h) for reduction, h in
+                                                  zip(tail_s["gradient reduction"], hidden)]})
+    return overlapped, tail, hidden
 
 
 def estimate_cut(plan: Plan, report: Report, microbatching: Microbatching | None, stage_mesh: Mesh, hw: Hardware,

@@ -47,11 +47,14 @@ def _weight_only(graph: Graph, tensor: str, position: int, gradients: set[str], 
 
 
 def seconds_per_run(report: Report, graph: Graph) -> dict[str, dict[str, float]]:
-    """Op name -> `{"compute": ..., "communication": ...}` seconds of one run of the op: its compute
-    and the reshardings into it (a graph output's, charged to the op making it), divided by the
-    times the op runs per step (`runs`: the microbatches, or once for the optimizer)."""
+    """Op name -> `{"compute": ..., "communication": ..., "hideable": ...}` seconds of one run of the
+    op: its compute, the reshardings into it (a graph output's, charged to the op making it) and
+    their share that can run behind compute (`overlap`), divided by the times the op runs per
+    step (`runs`: the microbatches, or once for the optimizer)."""
     out = {entry["op"]: {"compute": entry["compute_s"] / _runs(entry),
-                         "communication": entry["communication_s"] / _runs(entry)} for entry in report.ops}
+                         "communication": entry["communication_s"] / _runs(entry),
+                         "hideable": report.hideable_s_per_op.get(entry["op"], 0.0) / _runs(entry)}
+           for entry in report.ops}
     for entry in report.reshardings:
         if entry["consumer"] == "output" and entry["tensor"] in graph.producers:
             out[graph.producers[entry["tensor"]].name]["communication"] += entry["seconds"] / _runs(entry)
