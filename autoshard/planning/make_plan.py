@@ -186,6 +186,10 @@ def make_plan(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = 
     with phases.phase("pricing"):  # decoding the solution into a plan and pricing it
         plan, cost = priced_solution(formulation, hw, result.solution)
         report = estimate(plan, hw, microbatching)
+    # The certified bound and gap are over the additive price (compute + communication), the
+    # objective the solver minimises; the report's overlapped step (`overlap`) stands beside it,
+    # at most the additive one, and is neither minimised nor bounded, so the gap still says how
+    # far this plan's price can be from the best plan's.
     status, gap = result.status, result.gap
     if cost != result.cost:
         gap = (cost - result.lower_bound) / cost if cost > 0 else 0.0
