@@ -1,0 +1,294 @@
+"""Published training runs priced by autoshard's model, beside their measured step times.
+
+Each row of the CSV (columns `COLUMNS`: the model's shape, the GPU count and kind, tensor /
+pipeline / data degrees, interleave, global and micro batch, recomputation, sequence parallelism,
+and the measured seconds per step) is priced as a fixed layout, with nothing fitted per row:
+
+1. the Megatron-LM layer (`generate gpt --style megatron`), three layers of it with the embedding,
+   LM head and loss, as a mixed-precision training step (`bf16-mixed`) on one microbatch of every
+   data replica, recomputed as the row says (`plan --recompute`);
+2. Megatron's layout pinned on the mesh inside a stage (`dp=d,tp=t`): column- then row-parallel
+   projections, heads and MLP features over tp, norms and residuals whole or split on the sequence
+   (`models.layouts.megatron_constraints`), the batch over dp; the solver places the rest (the
+   optimizer state: the distributed optimizer where it pays);
+3. the seconds of each op (compute and the communication into it) from that plan, summed per
+   layer position and kind (forward, backward, optimizer): the middle layer is a layer, the first
+   and last carry the embedding and the head and loss besides;
+4. the schedule simulated event by event (`autoshard.pipeline`): 1F1B, or interleaved with the
+   row's chunks, each chunk its layers' seconds, the activations and gradients between stages
+   sent over the machine's stage axis, the optimizer (and the gradient reduction over dp) after
+   each stage's last backward.
+
+Memory per GPU: the state of the first stage's layers (bf16 weights, f32 main gradients, f32
+master weights and Adam moments, as planned) and the activations of the microbatches it holds
+at its peak under the schedule.
+
+    python benchmarks/published_runs.py [--csv FILE] [--json] [--only MODEL] [--time-limit 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autoshard.errors import InputError, Problem
+from autoshard.graph.recompute import with_recomputation
+from autoshard.graph.schema import graph_from_json
+from autoshard.mesh import Mesh
+from autoshard.models import GPTConfig, gpt
+from autoshard.models.layouts import megatron_constraints
+from autoshard.models.training import training_precision
+from autoshard.pipeline import simulate_pipeline
+from autoshard.pipeline.schedules import activation_peaks, stage_orders
+from autoshard.planning.costs import tensor_bytes
+from autoshard.planning.hardware import bind_hardware
+from autoshard.planning.kept import kept_activation_bytes
+from autoshard.planning.make_plan import PlanResult, SolveSettings, make_plan
+from autoshard.planning.pipeline_plan import STAGE_AXIS, TRANSFER, pipeline_mesh
+from autoshard.planning.pipeline_stages import op_positions
+from autoshard.planning.pipeline_work import seconds_per_run, work_kinds
+
+CSV = Path(__file__).with_name("published_runs.csv")
+COLUMNS = ("model", "layers", "hidden", "heads", "seq", "vocab", "gpus", "gpu", "tp", "pp", "dp", "interleave",
+           "global_batch", "micro_batch", "recompute", "seq_parallel", "measured_s_per_step")
+INTEGERS = ("layers", "hidden", "heads", "seq", "vocab", "gpus", "tp", "pp", "dp", "interleave", "global_batch",
+            "micro_batch")
+# the GPU a row names -> the topology profile pricing it
+PROFILES = {"A100-80GB": "dgx-a100", "A100": "dgx-a100", "H100-80GB": "dgx-h100", "H100": "dgx-h100",
+            "H200-141GB": "dgx-h200", "H200": "dgx-h200", "B200": "dgx-b200", "GB200": "gb200-nvl72"}
+RECOMPUTE = {"full": "full", "selective": "selective", "none": "none", "no": "none"}
+YES_NO = {"yes": True, "no": False, "true": True, "false": False}
+SAMPLE_LAYERS = 3  # first, middle and last layer positions
+
+
+@dataclass(frozen=True)
+class Run:
+    model: str
+    layers: int
+    hidden: int
+    heads: int
+    seq: int
+    vocab: int
+    gpus: int
+    gpu: str
+    tp: int
+    pp: int
+    dp: int
+    interleave: int
+    global_batch: int
+    micro_batch: int
+    recompute: str
+    seq_parallel: bool
+    measured_s_per_step: float | None
+
+    @property
+    def microbatches(self) -> int:
+        return self.global_batch // (self.dp * self.micro_batch)
+
+
+def read_runs(path: Path) -> list[Run]:
+    """The CSV's rows, each checked: a problem names its line and column."""
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise InputError(f"missing columns {missing}; expected {list(COLUMNS)}", str(path))
+        return [_run(row, f"{path}:{line}") for line, row in enumerate(reader, start=2)]
+
+
+def _run(row: dict[str, str], where: str) -> Run:
+    problems = []
+    values: dict[str, Any] = {"model": row["model"]}
+    for column in INTEGERS:
+        text = row[column].strip()
+        if not text.isdigit() or int(text) < 1:
+            problems.append(Problem(f"{where} {column}", f"must be a positive integer, got {text!r}"))
+        else:
+            values[column] = int(text)
+    gpu = row["gpu"].strip()
+    if gpu not in PROFILES:
+        problems.append(Problem(f"{where} gpu", f"unknown GPU {gpu!r}; known: {sorted(PROFILES)}"))
+    recompute = RECOMPUTE.get(row["recompute"].strip().lower())
+    if recompute is None:
+        problems.append(Problem(f"{where} recompute", f"must be one of {sorted(RECOMPUTE)}, got {row['recompute']!r}"))
+    sequence = YES_NO.get(row["seq_parallel"].strip().lower())
+    if sequence is None:
+        problems.append(Problem(f"{where} seq_parallel", f"must be yes or no, got {row['seq_parallel']!r}"))
+    measured = row["measured_s_per_step"].strip()
+    try:
+        measured_s = float(measured) if measured else None
+    except ValueError:
+        problems.append(Problem(f"{where} measured_s_per_step", f"must be seconds or empty, got {measured!r}"))
+    if problems:
+        raise InputError(problems)
+    run = Run(**values, gpu=gpu, recompute=recompute, seq_parallel=sequence, measured_s_per_step=measured_s)
+    shape_problems = _shape_problems(run, where)
+    if shape_problems:
+        raise InputError(shape_problems)
+    return run
+
+
+def _shape_problems(run: Run, where: str) -> list[Problem]:
+    problems = []
+    if run.tp * run.pp * run.dp != run.gpus:
+        problems.append(Problem(f"{where} gpus", f"must be tp x pp x dp = {run.tp * run.pp * run.dp}, got {run.gpus}"))
+    if run.layers % (run.pp * run.interleave):
+        problems.append(Problem(f"{where} layers", f"must split evenly into pp x interleave = "
+                                                   f"{run.pp * run.interleave} chunks, got {run.layers}"))
+    if run.global_batch % (run.dp * run.micro_batch):
+        problems.append(Problem(f"{where} global_batch", f"must be a multiple of dp x micro_batch = "
+                                                         f"{run.dp * run.micro_batch}, got {run.global_batch}"))
+    if run.interleave > 1 and run.microbatches % run.pp:
+        problems.append(Problem(f"{where} interleave", f"an interleaved schedule needs the microbatches "
+                                                       f"({run.microbatches}) a multiple of pp ({run.pp})"))
+    if run.hidden % run.heads or run.heads % run.tp:
+        problems.append(Problem(f"{where} heads", f"must divide hidden and be a multiple of tp, got {run.heads}"))
+    return problems
+
+
+@dataclass(frozen=True)
+class Prediction:
+    step_s: float
+    bubble_fraction: float
+    memory_bytes_per_gpu: float  # the first stage's, the largest under these schedules
+    state_bytes_per_gpu: float
+    activation_bytes_per_gpu: float
+    solve: dict[str, Any]
+
+
+def layer_step(run: Run, time_limit_s: float) -> tuple[PlanResult, Mesh, Any]:
+    """The plan of a three-layer sample of the run's model on the mesh inside a stage."""
+    stage_mesh = Mesh.of(dp=run.dp, tp=run.tp) if run.dp > 1 else Mesh.of(tp=run.tp)
+    config = GPTConfig(layers=SAMPLE_LAYERS, hidden=run.hidden, heads=run.heads, seq=run.seq,
+                       batch=run.micro_batch * run.dp, vocab=run.vocab, style="megatron")
+    with training_precision("bf16-mixed"):
+        document = gpt(config, training=True)
+    constraints = megatron_constraints(document, run.seq_parallel)
+    if run.dp > 1:  # every input carrying the batch split over the replicas
+        constraints += [{"tensor": name, "split_axes": [["dp"]] + [[]] * (len(t["shape"]) - 1), "required": True}
+                        for name, t in document["tensors"].items()
+                        if t.get("role") == "input" and t["shape"] and t["shape"][0] == config.batch]
+    document["constraints"] = constraints
+    graph = with_recomputation(graph_from_json(document, stage_mesh), run.recompute, stage_mesh)
+    hw = bind_hardware(PROFILES[run.gpu], pipeline_mesh(stage_mesh, run.pp))
+    # memory is reported, not bound; a fixed amount of solver work, so every run prices alike
+    settings = SolveSettings(time_limit_s=time_limit_s, workers=1, memory_budget_bytes=2.0**60, deterministic=True)
+    return make_plan(graph, stage_mesh, hw, settings), stage_mesh, hw
+
+
+def predict(run: Run, time_limit_s: float = 20.0) -> Prediction:
+    result, stage_mesh, hw = layer_step(run, time_limit_s)
+    plan, graph = result.plan, result.plan.graph
+    positions = op_positions(graph)
+    kinds = work_kinds(graph, positions)
+    seconds = seconds_per_run(result.report, graph)
+    per = {(p, k): 0.0 for p in range(SAMPLE_LAYERS) for k in ("F", "B", "W", "tail")}
+    for op, entry in seconds.items():
+        per[positions[op], kinds[op]] += entry["compute"] + entry["communication"]
+
+    stages, chunks = run.pp, run.interleave
+    per_chunk = run.layers // (stages * chunks)
+    orders = stage_orders("interleaved" if chunks > 1 else "1f1b", stages, run.microbatches, chunks)
+    last = orders.virtual_stages - 1
+
+    def chunk_seconds(kind: str) -> list[list[float]]:
+        table = []
+        for stage in range(stages):
+            row = []
+            for chunk in range(chunks):
+                virtual = orders.virtual_stage(stage, chunk)
+                value = per_chunk * per[1, kind]
+                value += (per[0, kind] - per[1, kind]) if virtual == 0 else 0.0
+                value += (per[2, kind] - per[1, kind]) if virtual == last else 0.0
+                row.append(value)
+            table.append(row)
+        return table
+
+    layers_of_stage = [per_chunk * chunks] * stages
+    tail = [layers_of_stage[s] * per[1, "tail"] + (per[0, "tail"] - per[1, "tail"] if s == 0 else 0.0)
+            + (per[2, "tail"] - per[1, "tail"] if s == orders.placement(last)[0] else 0.0) for s in range(stages)]
+    boundary = "layer1.mlp_residual"  # what one layer hands the next, as planned
+    sent = tensor_bytes(graph.tensors[boundary].shape, graph.tensors[boundary].itemsize, plan.produced(boundary),
+                        stage_mesh)
+    transfer_s = hw.collective_seconds(TRANSFER, [STAGE_AXIS], sent) if stages > 1 else None
+    timeline = simulate_pipeline(orders, chunk_seconds("F"), chunk_seconds("B"), chunk_seconds("W"),
+                                 transfer_s=transfer_s, tail_s=tail)
+
+    kept = kept_activation_bytes(plan, 1)
+    held = activation_peaks(orders, [[per_chunk * kept] * chunks for _ in range(stages)])
+    state = _state_bytes_per_layer(plan)
+    state_first = state[1] * layers_of_stage[0] + (state[0] - state[1])
+    memory = state_first + held[0]
+    return Prediction(timeline.step_s, timeline.bubble_fraction, memory, state_first, held[0],
+                      {"status": result.solver["status"], "gap": result.solver.get("gap"),
+                       "solve_s": result.solver.get("solve_s")})
+
+
+def _state_bytes_per_layer(plan: Any) -> list[float]:
+    """Per sample layer position, the bytes per device of its parameters, master weights, Adam
+    moments and main gradients, as planned (the embedding and head go with the first and last)."""
+    graph = plan.graph
+    positions = op_positions(graph)
+    owner: dict[str, int] = {}
+    for op in graph.ops:
+        for t in op.inputs:
+            if graph.tensors[t].role == "parameter":
+                owner.setdefault(t, positions[op.name])
+    grads = graph.gradients  # parameter -> its gradient value
+    out = [0.0] * SAMPLE_LAYERS
+    for name, position in owner.items():
+        tensor = graph.tensors[name]
+        out[position] += tensor_bytes(tensor.shape, tensor.itemsize, plan.produced(name), plan.mesh)
+        if name in grads:
+            grad = graph.tensors[grads[name]]
+            out[position] += tensor_bytes(grad.shape, grad.itemsize, plan.produced(grads[name]), plan.mesh)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--csv", type=Path, default=CSV, help=f"rows to price (columns: {', '.join(COLUMNS)})")
+    parser.add_argument("--json", action="store_true", help="one JSON object per row instead of the table")
+    parser.add_argument("--only", action="append", default=[], help="price only rows of this model (repeatable)")
+    parser.add_argument("--time-limit", type=float, default=20.0, help="solver seconds per row (default 20)")
+    args = parser.parse_args(argv)
+    try:
+        runs = [r for r in read_runs(args.csv) if not args.only or r.model in args.only]
+    except InputError as error:
+        for problem in error.problems:
+            print(f"published_runs: {problem}", file=sys.stderr)
+        return 2
+    errors = []
+    if not args.json:
+        print("| model | GPUs | tp x pp x dp, V | recompute, SP | predicted s | measured s | error | bubble | "
+              "memory per GPU (GiB) |\n| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for run in runs:
+        p = predict(run, args.time_limit)
+        error = (p.step_s / run.measured_s_per_step - 1) if run.measured_s_per_step else None
+        if error is not None:
+            errors.append(error)
+        if args.json:
+            print(json.dumps({**{c: getattr(run, c) for c in COLUMNS}, "predicted_s_per_step": p.step_s,
+                              "predicted_memory_bytes_per_gpu": p.memory_bytes_per_gpu,
+                              "predicted_state_bytes_per_gpu": p.state_bytes_per_gpu,
+                              "predicted_activation_bytes_per_gpu": p.activation_bytes_per_gpu,
+                              "bubble_fraction": p.bubble_fraction, "solve": p.solve}), flush=True)
+        else:
+            print(f"| {run.model} | {run.gpus} | {run.tp} x {run.pp} x {run.dp}, {run.interleave} | {run.recompute}, "
+                  f"{'yes' if run.seq_parallel else 'no'} | {p.step_s:.2f} | {run.measured_s_per_step or '-'} | "
+                  f"{'-' if error is None else f'{100 * error:+.1f}%'} | {100 * p.bubble_fraction:.1f}% | "
+                  f"{p.memory_bytes_per_gpu / 2**30:.1f} |", flush=True)
+    if errors and not args.json:
+        print(f"\nmean |error| {100 * sum(map(abs, errors)) / len(errors):.2f}%, "
+              f"worst {100 * max(map(abs, errors)):.2f}% over {len(errors)} rows")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

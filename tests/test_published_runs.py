@@ -1,0 +1,74 @@
+"""`benchmarks/published_runs.py`: published training runs priced with nothing fitted to them.
+Its predictions do not move when the measured step times are scrambled, a row's error names its
+line and column, and `--json` gives each row's fields with the prediction."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import random
+import sys
+from contextlib import redirect_stdout
+from io import StringIO
+from pathlib import Path
+
+import pytest
+
+from autoshard.errors import InputError
+
+SCRIPT = Path(__file__).parent.parent / "benchmarks" / "published_runs.py"
+spec = importlib.util.spec_from_file_location("published_runs", SCRIPT)
+published_runs = sys.modules["published_runs"] = importlib.util.module_from_spec(spec)  # its dataclasses look it up
+spec.loader.exec_module(published_runs)
+
+ROWS = "megatron-22B"  # the two rows without a pipeline: seconds to price
+
+
+def rows_of(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def write_rows(path: Path, rows: list[dict[str, str]]) -> Path:
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def predictions(path: Path) -> list[dict]:
+    out = StringIO()
+    with redirect_stdout(out):
+        assert published_runs.main(["--csv", str(path), "--json", "--only", ROWS, "--time-limit", "5"]) == 0
+    return [json.loads(line) for line in out.getvalue().splitlines()]
+
+
+def test_scrambled_measurements_leave_the_predictions_where_they_were(tmp_path):
+    rows = rows_of(published_runs.CSV)
+    measured = [row["measured_s_per_step"] for row in rows]
+    scrambled = [dict(row, measured_s_per_step=str(float(m) * random.Random(i).uniform(0.5, 2)))
+                 for i, (row, m) in enumerate(zip(rows, measured[::-1]))]
+    before = predictions(published_runs.CSV)
+    after = predictions(write_rows(tmp_path / "scrambled.csv", scrambled))
+    assert len(before) == 2 and [b["measured_s_per_step"] for b in before] != [a["measured_s_per_step"] for a in after]
+    for b, a in zip(before, after):
+        assert (a["predicted_s_per_step"], a["predicted_memory_bytes_per_gpu"]) == \
+            (b["predicted_s_per_step"], b["predicted_memory_bytes_per_gpu"])
+        assert b["model"] == ROWS and b["predicted_memory_bytes_per_gpu"] < 80e9
+        # at least the model's FLOPs at the chips' peak: 6 per parameter and token, 8 with full recomputation
+        flops = (8 if b["recompute"] == "full" else 6) * 22e9 * b["global_batch"] * b["seq"]
+        assert b["predicted_s_per_step"] > flops / (b["gpus"] * 312e12)
+
+
+def test_a_row_that_cannot_be_priced_is_named_by_its_line_and_column(tmp_path):
+    rows = rows_of(published_runs.CSV)
+    bad = [dict(rows[0], gpu="Z100"), dict(rows[1], tp="3")]
+    with pytest.raises(InputError) as raised:
+        published_runs.read_runs(write_rows(tmp_path / "bad.csv", bad))
+    messages = [str(p) for p in raised.value.problems]
+    assert any("bad.csv:2 gpu" in m and "Z100" in m for m in messages), messages
+    with pytest.raises(InputError) as raised:
+        published_runs.read_runs(write_rows(tmp_path / "bad.csv", bad[1:]))
+    assert any("bad.csv:2 gpus" in str(p) and "tp x pp x dp = 3" in str(p) for p in raised.value.problems)
