@@ -2,7 +2,9 @@
 
     with Client("http://127.0.0.1:8000") as client:
         job = client.plan(graph, "dp=2,tp=4", "dgx-h100", options={"time_limit_s": 10})
-        print(job.plan["totals"]["step_s"], client.ir(job.id, stage="partitioned"))
+        totals = job.plan["totals"]  # the additive step, and with hideable communication behind compute
+        print(totals["step_s"], totals["overlapped_step_s"], totals["hidden_s_per_axis"])
+        print(client.ir(job.id, stage="partitioned"))
 
 Errors the service reports come back as `ServiceError` with the same `Problem`s the CLI prints
 (their `where` points into the request body).
