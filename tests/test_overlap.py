@@ -174,3 +174,19 @@ def test_a_pipelined_step_hides_its_tail_reduction_behind_the_last_microbatch_ba
     section = pipelined.to_json()
     assert section["overlapped_step_s"] == pytest.approx(expected.step_s)
     assert [stage["tail_hidden_s"] for stage in section["stages"]] == pytest.approx(backward)
+
+
+def test_a_microbatched_step_hides_its_gradient_reductions_behind_the_last_microbatch_backward_only():
+    mesh = Mesh.parse("dp=4")
+    microbatching = microbatch(graph_from_json(gpt(GPT, training=True), mesh), 4)
+    graph = microbatching.graph
+    report = estimate(data_parallel(graph, mesh), bind_hardware("dgx-h100", mesh), microbatching)
+    roles, phases = tensor_roles(graph), graph.phases
+    reductions = sum(s["seconds"] for entry in report.reshardings if roles[entry["tensor"]] == "gradient"
+                     for s in entry["steps"] if s["kind"] == "all_reduce")
+    assert all(entry["runs"] == 1 for entry in report.reshardings if roles[entry["tensor"]] == "gradient")
+    last_backward = sum(entry["compute_s"] for entry in report.ops if phases[entry["op"]] == "backward") / 4
+    assert reductions > last_backward > 0
+    assert report.overlap.hideable_s == pytest.approx(last_backward)  # the rest runs after the backward, exposed
+    assert report.overlap.hidden_s == pytest.approx(last_backward)
+    assert report.overlap.step_s == pytest.approx(report.step_s - last_backward)
