@@ -190,3 +190,16 @@ def test_a_microbatched_step_hides_its_gradient_reductions_behind_the_last_micro
     assert report.overlap.hideable_s == pytest.approx(last_backward)  # the rest runs after the backward, exposed
     assert report.overlap.hidden_s == pytest.approx(last_backward)
     assert report.overlap.step_s == pytest.approx(report.step_s - last_backward)
+
+
+def test_search_ranks_by_the_additive_step_and_gives_the_overlapped_one_beside_it(tmp_path):
+    graph = tmp_path / "mlp.json"
+    assert main(["generate", "mlp", "--training", "--batch", "4096", "--hidden", "1024", "--ffn", "4096",
+                 "-o", str(graph)]) == 0
+    assert main(["search", str(graph), "--devices", "4", "--topology", "dgx-h100", "--deterministic",
+                 "--verify", "never", "-o", str(tmp_path / "out")]) == 0
+    rows = json.loads((tmp_path / "out" / "ranking.json").read_text())["ranking"]
+    totals = json.loads((tmp_path / "out" / "plan.json").read_text())["totals"]
+    assert rows[0]["step_s"] == pytest.approx(totals["step_s"])
+    assert rows[0]["overlapped_step_s"] == pytest.approx(totals["overlapped_step_s"])
+    assert all(row["overlapped_step_s"] <= row["step_s"] for row in rows if "step_s" in row)

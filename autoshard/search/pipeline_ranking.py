@@ -18,7 +18,8 @@ def priced_json(rank: int | None, priced: Priced) -> dict[str, Any]:
         "outcome": priced.outcome, "lower_bound_step_s": priced.bound_s,
     }
     if pipelined is not None:
-        row.update({"step_s": pipelined.timeline.step_s, "bubble_fraction": pipelined.timeline.bubble_fraction,
+        row.update({"step_s": pipelined.timeline.step_s, "overlapped_step_s": pipelined.overlapped.step_s,
+                    "bubble_fraction": pipelined.timeline.bubble_fraction,
                     "peak_memory_bytes_per_stage": [m.peak_bytes for m in pipelined.memory]})
     if priced.reason:
         row["reason"] = priced.reason

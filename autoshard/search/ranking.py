@@ -37,6 +37,9 @@ def entry_json(rank: int | None, entry: Entry) -> dict[str, Any]:
             "objective_s": solved["objective_ps"] / PICOSECONDS,
             "step_s": solved["step_s"], "compute_s": solved["compute_s"],
             "communication_s": solved["communication_s"],
+            # beside the step the candidates are ranked by, with a parameter's gradient reductions and
+            # all_gathers run behind compute (`planning.overlap`)
+            "overlapped_step_s": solved["overlapped_step_s"],
             "communication_s_per_axis": solved["communication_s_per_axis"],
             "communication_bytes_per_axis": solved["communication_bytes_per_axis"],
             "peak_memory_bytes": solved["peak_memory_bytes"],

@@ -94,6 +94,7 @@ def solve_candidate(inputs: SearchInputs, candidate: Candidate, time_limit_s: fl
         "step_s": report.step_s,
         "compute_s": report.compute_s,
         "communication_s": report.communication_s,
+        "overlapped_step_s": report.overlap.step_s,
         "communication_s_per_axis": dict(sorted(report.seconds_per_axis.items())),
         "communication_bytes_per_axis": dict(sorted(report.bytes_per_axis.items())),
         "peak_memory_bytes": report.peak_memory_bytes,
