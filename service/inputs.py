@@ -24,6 +24,7 @@ from autoshard.planning.costs import Hardware
 from autoshard.planning.formulation import Weights
 from autoshard.planning.hardware import bind_hardware
 from autoshard.planning.make_plan import SolveSettings
+from autoshard.graph.recompute import with_recomputation
 from autoshard.planning.pipeline_plan import PipelineSettings, checked_orders, pipeline_mesh
 from autoshard.pipeline import parse_schedule
 from service.config import Settings
@@ -143,6 +144,10 @@ def canonical_plan_request(request: Mapping[str, Any], settings: Settings) -> di
     mesh = parse_mesh(request["mesh"], settings.max_devices)
     graph = parse_graph(request["graph"], mesh, settings)
     given = request.get("options", {})
+    try:  # the graph the plan is made for: the canonical request holds it rewritten
+        graph = with_recomputation(graph, given.get("recompute", "none"), mesh)
+    except InputError as error:
+        raise InputError([Problem("/options/recompute", p.message) for p in error.problems]) from None
     pipeline = pipeline_of(given)
     machine = mesh
     if pipeline is not None:  # the stages against the graph's layers; the machine is the stages times the mesh

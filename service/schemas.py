@@ -20,6 +20,7 @@ JobStatus = Literal["queued", "solving", "done", "failed", "cancelled", "interru
 Stage = Literal["annotated", "partitioned"]
 Dialect = Literal["mesh", "shard"]
 VerifyPolicy = Literal["auto", "always", "never"]
+Recompute = Literal["none", "selective", "full"]
 
 
 # Read as plain JSON: `graph_from_json` reports every problem with the CLI's own pointers.
@@ -122,6 +123,9 @@ class PlanOptions(_Wire):
                                                 "(as `--layer-once`; needs ops with a `layer`, and no microbatches)")
     pipeline: PipelineOptions | None = Field(None, description="pipeline the step (as `--pipeline`): the plan "
                                                                "gains its `pipeline` section")
+    recompute: Recompute = Field("none", description="activations computed again in the backward instead of kept "
+                                                     "(as `--recompute`; a training step with layers): the plan "
+                                                     "records it as `recompute`")
 
 
 class PlanRequest(_Wire):

@@ -362,3 +362,27 @@ def test_a_pipelined_plan_is_the_library_one_with_its_pipeline_section_and_wrong
                                                     "options": given})
             assert response.status_code == 422 and where in {p["where"] for p in error_of(response)["problems"]}, \
                 (where, response.json())
+
+
+def test_a_recomputed_plan_records_it_and_reads_back_onto_the_graph_it_was_asked_for(tmp_path):
+    from autoshard.models.gpt import GPTConfig, gpt
+
+    graph = gpt(GPTConfig(layers=2, hidden=32, heads=2, seq=16, batch=4, vocab=64, style="megatron"), training=True)
+    with TestClient(create_app(settings_for(tmp_path, max_body_bytes=4_000_000, max_ops=5000,
+                                            max_tensors=5000))) as http:
+        client = Client(http=http)
+        job = client.submit(graph, "dp=2", "dgx-h100", options=OPTIONS | {"recompute": "selective", "verify": "always"},
+                            wait_s=120)
+        assert job.status == "done", job.error
+        assert job.plan["recompute"] == "selective" and job.plan["verification"]["status"] == "passed"
+        copies = {name for name in job.plan["ops"] if name.startswith("recompute.")}
+        assert {"recompute.layer0.attn.softmax", "recompute.layer1.attn.softmax"} <= copies
+        priced = client.estimate(graph, "dp=2", job.plan, "dgx-h100")  # the graph as the user sent it
+        assert priced["totals"] == job.plan["totals"]
+        assert http.post("/v1/validate", json={"graph": graph, "mesh": "dp=2", "plan": job.plan}).status_code == 200
+        forward = gpt(GPTConfig(layers=1, hidden=32, heads=2, seq=16, batch=4, vocab=64))
+        for given, where in (({"recompute": "full"}, "/options/recompute"), ({"recompute": "some"}, "/options/recompute")):
+            response = http.post("/v1/plans", json={"graph": forward, "mesh": "dp=2", "topology": "dgx-h100",
+                                                    "options": given})
+            assert response.status_code == 422 and where in {p["where"] for p in error_of(response)["problems"]}, \
+                response.json()

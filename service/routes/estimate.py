@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 
 from autoshard.errors import InputError, Problem
+from autoshard.graph.recompute import stated_recompute, with_recomputation
 from autoshard.planning.microbatches import microbatch, stated_microbatches
 from autoshard.planning.pipeline_cut import read_cut
 from autoshard.planning.pipeline_plan import estimate_cut, pipeline_mesh
@@ -26,6 +27,10 @@ def estimate_plan(body: EstimateRequest, settings: Settings = Depends(deps.setti
     graph = parse_graph(body.graph, mesh, settings)
     placed = body.topology_options.model_dump(exclude_none=True)
     hardware = bind_topology(body.topology, placed, mesh)  # the topology's problems before the plan's
+    try:  # the graph the plan was made for, with the recomputation it records
+        graph = with_recomputation(graph, stated_recompute(body.plan), mesh)
+    except InputError as error:
+        raise under("/plan", error) from None
     try:
         microbatching = microbatch(graph, stated_microbatches(body.plan, body.microbatches))
     except InputError as error:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 
 from autoshard.errors import InputError
+from autoshard.graph.recompute import stated_recompute, with_recomputation
 from autoshard.graph.summary import graph_summary
 from autoshard.planning.plan_contract import read_plan
 from service import deps
@@ -25,8 +26,8 @@ def validate(body: ValidateRequest, settings: Settings = Depends(deps.settings))
     mesh = parse_mesh(mesh_value, settings.max_devices) if mesh_value is not None else None
     graph = parse_graph(body.graph, mesh, settings)
     if body.plan is not None and mesh is not None:
-        try:
-            read_plan(body.plan, graph, mesh)  # as the CLI's estimate, emit and simulate do
+        try:  # against the graph the plan was made for, with the recomputation it records
+            read_plan(body.plan, with_recomputation(graph, stated_recompute(body.plan), mesh), mesh)
         except InputError as error:
             raise under("/plan", error) from None
     return Validation(summary=graph_summary(graph), ops=len(graph.ops), tensors=len(graph.tensors),
