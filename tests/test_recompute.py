@@ -133,3 +133,18 @@ def test_auto_skips_a_selective_recomputation_that_frees_nothing():
     graph = graph_from_json(gpt(fused, training=True), MESH)
     assert with_recomputation(graph, "selective", MESH) is graph
     assert list(recomputations(graph, "auto", MESH)) == ["none", "full"]
+
+
+def test_search_plans_every_candidate_on_the_recomputed_step(tmp_path):
+    graph_path = tmp_path / "g.json"
+    graph_path.write_text(json.dumps(gpt(CONFIG, training=True)))
+    code, out, err = run_cli("search", str(graph_path), "--devices", "2", "--topology", "dgx-h100", "--recompute",
+                             "full", "--time-limit", "3", "--max-axes", "1", "-o", str(tmp_path / "out"))
+    assert code == 0, err
+    document = json.loads((tmp_path / "out" / "plan.json").read_text())
+    ranking = json.loads((tmp_path / "out" / "ranking.json").read_text())
+    assert document["recompute"] == ranking["recompute"] == "full"
+    assert f"{PREFIX}layer0.attn.softmax" in document["ops"]
+    code, out, err = run_cli("search", str(graph_path), "--devices", "2", "--topology", "dgx-h100", "--recompute",
+                             "auto")
+    assert code == 2 and "--recompute" in err

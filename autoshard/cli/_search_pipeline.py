@@ -86,6 +86,8 @@ def deliver_pipelined(args: argparse.Namespace, found: PipelineSearch, stages: t
     delivered.document["pipeline"] = pipelined.to_json()
     delivered.document["search"] = {"ranking": "ranking.json", "configurations": len(found.priced),
                                     "certified_lower_bound_step_s": found.certified_bound_s}
+    if args.recompute != "none":
+        delivered.document["recompute"] = args.recompute
     written = write_deliverables(delivered, args.output, pipelined.result.phases)
     print_summary(delivered.document, ([Path(args.output) / "ranking.json"] if args.output else []) + written)
     return 1 if delivered.document["verification"]["status"] == "failed" else 0

@@ -44,13 +44,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--layer-once", action="store_true",
                         help="solve each kind of repeated layer once and compose the plan (the bound is summed "
                              "over the parts); needs ops with a `layer`")
-    parser.add_argument("--recompute", default="none", choices=(*MODES, "auto"), metavar="MODE",
-                        help="activations computed again in the backward instead of kept: none (default), selective "
-                             "(the attention core: scores, softmax, dropout), full (every layer keeps its input "
-                             "only) or auto (each planned, the fastest within memory kept); needs a training step "
-                             "with layers")
+    add_recompute_arg(parser, auto=True)
     add_pipeline_args(parser)
     parser.set_defaults(run=run)
+
+
+def add_recompute_arg(parser: argparse.ArgumentParser, auto: bool) -> None:
+    parser.add_argument("--recompute", default="none", choices=(*MODES, "auto") if auto else MODES, metavar="MODE",
+                        help="activations computed again in the backward instead of kept: none (default), selective "
+                             "(the attention core: scores, softmax, dropout), full (every layer keeps its input only)"
+                             + (" or auto (each planned, the fastest within memory kept)" if auto else "")
+                             + "; needs a training step with layers")
 
 
 def add_solve_args(parser: argparse.ArgumentParser, workers: int = 2) -> None:

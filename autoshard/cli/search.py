@@ -9,15 +9,18 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from autoshard.cli._search_pipeline import (add_pipeline_arg, check_pipelinable, deliver_pipelined, pipeline_problems,
                                             search_pipelined, searched_stages)
 from autoshard.cli.args import integer_flag, number_flag
-from autoshard.cli.plan import add_solve_args, checked_settings, print_summary, write_deliverables
+from autoshard.cli.plan import (add_recompute_arg, add_solve_args, checked_settings, print_summary,
+                                write_deliverables)
 from autoshard.delivery.deliver import deliver
 from autoshard.errors import InputError, Interrupted, Problem
 from autoshard.graph.builder import document_text
-from autoshard.graph.schema import read_json
+from autoshard.graph.recompute import with_recomputation
+from autoshard.graph.schema import graph_from_json, graph_to_json, read_json
 from autoshard.search.candidates import MAX_AXES, parse_fixed
 from autoshard.search.ranking import best_plan, ranking_document, ranking_table
 from autoshard.search.run import Entry, SearchOptions, search
@@ -42,6 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--time-budget", type=number_flag, help="seconds the whole search may take (default: no limit); "
                                                           "each solve's time limit is cut to what is left")
     add_pipeline_arg(parser)
+    add_recompute_arg(parser, auto=False)
     add_solve_args(parser, workers=1)
     parser.set_defaults(run=run)
 
@@ -66,6 +70,17 @@ def checked_options(args: argparse.Namespace) -> SearchOptions:
         raise InputError(problems)
     return SearchOptions(devices=args.devices, topology=args.topology, settings=settings, max_axes=args.max_axes,
                          fixed=fixed, jobs=args.jobs, ray=args.ray, time_budget_s=args.time_budget)
+
+
+def recomputed_document(document: Any, recompute: str) -> Any:
+    """The graph document rewritten as `--recompute` asks (`plan --recompute`), for every candidate."""
+    if recompute == "none":
+        return document
+    try:
+        return graph_to_json(with_recomputation(graph_from_json(document), recompute))
+    except InputError as error:
+        raise InputError([Problem("--recompute" if p.where == "recompute" else p.where, p.message)
+                          for p in error.problems]) from None
 
 
 class SearchProgress:
@@ -100,7 +115,7 @@ def _field(where: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     options = checked_options(args)
-    document = read_json(args.graph)
+    document = recomputed_document(read_json(args.graph), args.recompute)
     stages = tuple(dict.fromkeys(part.strip() for part in args.emit.split(",") if part.strip()))
     if args.pipeline:
         check_pipelinable(document, searched_stages(args), options.devices)
@@ -114,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         progress.finish()
     ranking = ranking_document(result, options, str(document.get("name", Path(args.graph).stem)))
+    if args.recompute != "none":
+        ranking["recompute"] = args.recompute
     print("\n".join(ranking_table(ranking)))
     counts = result.counts
     print(f"{counts['placements']} placements in {counts['candidates']} candidates: {counts['pruned']} pruned, "
@@ -136,6 +153,8 @@ def run(args: argparse.Namespace) -> int:
                         nodes=candidate.nodes, slice_shape=candidate.slice_shape, mapping=candidate.mapping_json)
     delivered.document["search"] = {"ranking": "ranking.json", "candidates": counts["candidates"],
                                     "gap": result.gap}
+    if args.recompute != "none":
+        delivered.document["recompute"] = args.recompute
     written = write_deliverables(delivered, args.output, plan_result.phases)
     print_summary(delivered.document, ([Path(args.output) / "ranking.json"] if args.output else []) + written)
     return 1 if delivered.document["verification"]["status"] == "failed" else 0
