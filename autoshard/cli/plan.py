@@ -363,8 +363,12 @@ def print_summary(document: dict[str, Any], written: list[Path]) -> None:
         print("  the whole graph planned on one stage's mesh, each stage running its part of it:")
     print(f"  step time {totals['step_s'] * 1e3:.4g} ms = compute {totals['compute_s'] * 1e3:.4g} ms "
           f"+ communication {totals['communication_s'] * 1e3:.4g} ms ({si(totals['communication_bytes'], 'B')} per device)")
+    print(f"  overlapped: step {totals['overlapped_step_s'] * 1e3:.4g} ms, communication hidden behind compute "
+          f"{totals['hidden_s'] * 1e3:.4g} ms, exposed {totals['exposed_s'] * 1e3:.4g} ms")
     for axis, seconds in sorted(totals["communication_s_per_axis"].items()):
-        print(f"    axis {axis}: {seconds * 1e3:.4g} ms, {si(totals['communication_bytes_per_axis'][axis], 'B')}")
+        print(f"    axis {axis}: {seconds * 1e3:.4g} ms, {si(totals['communication_bytes_per_axis'][axis], 'B')} "
+              f"(hidden {totals['hidden_s_per_axis'][axis] * 1e3:.4g} ms, "
+              f"exposed {totals['exposed_s_per_axis'][axis] * 1e3:.4g} ms)")
     print(f"  peak memory {size(totals['peak_memory_bytes_per_device'])} per device at op {totals['peak_at']['op']!r} "
           f"(parameters {size(totals['parameter_bytes_per_device'])}, "
           f"activations {size(totals['activation_bytes_at_peak_per_device'])}; budget {size(solver['memory_budget_bytes'])})")
