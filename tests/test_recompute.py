@@ -6,6 +6,7 @@ with it compute what the graph computes, in the simulator and the partitioned IR
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from test_fuzz import run_cli
@@ -28,6 +29,12 @@ MESH = Mesh.of(tp=1)
 SBH, ASSB = S * B * H, A * S * S * B
 MASKS = ASSB + 2 * SBH  # one byte an element: the softmax's dropout mask and the two residual ones
 CAUSAL_BIAS = S * S * 2  # read again by the recomputed masking
+
+
+def training_step_file(directory: Path) -> Path:
+    path = directory / "g.json"
+    path.write_text(json.dumps(gpt(CONFIG, training=True)))
+    return path
 
 
 def replicated(graph: Graph) -> Plan:
@@ -86,8 +93,7 @@ def test_recomputation_trades_activation_memory_for_backward_compute(steps):
 
 
 def test_a_plan_with_recomputation_simulates_and_its_partitioned_ir_holds_the_copies(tmp_path):
-    graph_path = tmp_path / "g.json"
-    graph_path.write_text(json.dumps(gpt(CONFIG, training=True)))
+    graph_path = training_step_file(tmp_path)
     code, out, err = run_cli("plan", str(graph_path), "--mesh", "dp=2,tp=2", "--recompute", "full", "--time-limit",
                              "10", "--verify", "always", "--emit", "partitioned", "-o", str(tmp_path / "out"))
     assert code == 0, err
@@ -113,8 +119,7 @@ def test_recomputation_needs_a_training_step_with_layers_and_a_known_mode():
 
 
 def test_auto_plans_each_recomputation_and_keeps_the_fastest(tmp_path):
-    graph_path = tmp_path / "g.json"
-    graph_path.write_text(json.dumps(gpt(CONFIG, training=True)))
+    graph_path = training_step_file(tmp_path)
     code, out, err = run_cli("plan", str(graph_path), "--mesh", "dp=2,tp=2", "--recompute", "auto", "--time-limit",
                              "3", "--memory-budget", "1.2MiB", "--verify", "always", "-o", str(tmp_path / "out"))
     assert code == 0, err
@@ -136,8 +141,7 @@ def test_auto_skips_a_selective_recomputation_that_frees_nothing():
 
 
 def test_search_plans_every_candidate_on_the_recomputed_step(tmp_path):
-    graph_path = tmp_path / "g.json"
-    graph_path.write_text(json.dumps(gpt(CONFIG, training=True)))
+    graph_path = training_step_file(tmp_path)
     code, out, err = run_cli("search", str(graph_path), "--devices", "2", "--topology", "dgx-h100", "--recompute",
                              "full", "--time-limit", "3", "--max-axes", "1", "-o", str(tmp_path / "out"))
     assert code == 0, err

@@ -29,7 +29,7 @@ from autoshard.graph.builder import GraphBuilder
 from autoshard.models.checks import float_dtype, one_of, positive_ints, raise_problems
 from autoshard.models.megatron import build_megatron_gpt
 from autoshard.models.moe import capacity, expert_linear, routed_experts, routing_problems
-from autoshard.models.training import add_training_step, cross_entropy_loss
+from autoshard.models.training import language_model_head
 
 STYLES = ("gpt", "llama", "megatron")  # megatron: `autoshard.models.megatron`
 
@@ -186,12 +186,7 @@ def build_gpt(config: GPTConfig, training: bool = False) -> GraphBuilder:
         mlp = blocks.moe_mlp if c.moe_experts else blocks.mlp
         x = b.op("add", [x, mlp(blocks.norm(x, f"{p}.mlp_norm"), f"{p}.mlp")], f"{p}.mlp_residual")
     b.layer = None
-    x = blocks.norm(x, "final_norm")
-    logits = b.op("matmul", [x, b.parameter("lm_head.w", (c.hidden, c.vocab))], "logits")
-    if training:
-        add_training_step(b, *cross_entropy_loss(b, logits))
-    else:
-        b.mark_outputs(logits)
+    language_model_head(b, blocks.norm(x, "final_norm"), c.hidden, c.vocab, training)
     return b
 
 

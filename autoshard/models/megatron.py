@@ -13,10 +13,10 @@ dropout mask and output, the GeLU's input, and the two residual dropout masks â€
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from autoshard.graph.builder import GraphBuilder
-from autoshard.models.training import add_training_step, cross_entropy_loss
+from autoshard.models.training import language_model_head
 
 if TYPE_CHECKING:  # gpt.py builds its megatron style here
     from autoshard.models.gpt import GPTConfig
@@ -85,16 +85,6 @@ def build_megatron_gpt(config: GPTConfig, training: bool = False) -> GraphBuilde
                  f"{p}.attn_residual")
         x = b.op("add", [x, layer.mlp(layer.norm(x, f"{p}.mlp_norm"), f"{p}.mlp")], f"{p}.mlp_residual")
     b.layer = None
-    x = layer.norm(x, "final_norm")
-    logits = b.op("matmul", [x, b.parameter("lm_head.w", (c.hidden, c.vocab))], "logits")
-    if training:
-        add_training_step(b, *cross_entropy_loss(b, logits))
-    else:
-        b.mark_outputs(logits)
+    language_model_head(b, layer.norm(x, "final_norm"), c.hidden, c.vocab, training)
     return b
-
-
-def megatron_gpt(config: GPTConfig, training: bool = False) -> dict[str, Any]:
-    """The graph document of the Megatron-LM GPT (forward to logits, or the whole training step)."""
-    return build_megatron_gpt(config, training).document()
 

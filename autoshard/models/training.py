@@ -217,6 +217,16 @@ def main_gradients(b: GraphBuilder, grads: dict[str, str]) -> dict[str, str]:
     return wide
 
 
+def language_model_head(b: GraphBuilder, x: str, hidden: int, vocab: int, training: bool) -> None:
+    """The LM head on the final norm's output `x`: logits as the output, or with `training` the
+    token cross-entropy and the whole training step after it."""
+    logits = b.op("matmul", [x, b.parameter("lm_head.w", (hidden, vocab))], "logits")
+    if training:
+        add_training_step(b, *cross_entropy_loss(b, logits))
+    else:
+        b.mark_outputs(logits)
+
+
 def add_training_step(b: GraphBuilder, loss: str, seeds: dict[str, str], precision: str | None = None) -> None:
     """Backward from the loss gradients to every parameter, then Adam; outputs the loss and the
     updated parameters and moments. `precision`: a name in `PRECISIONS` (default: the one
