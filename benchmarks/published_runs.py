@@ -19,9 +19,10 @@ and the measured seconds per step) is priced as a fixed layout, with nothing fit
    sent over the machine's stage axis, the optimizer (and the gradient reduction over dp) after
    each stage's last backward.
 
-Memory per GPU: the state of the first stage's layers (bf16 weights, f32 main gradients, f32
-master weights and Adam moments, as planned) and the activations of the microbatches it holds
-at its peak under the schedule.
+Memory per GPU, of the fullest stage: the state of its layers (bf16 weights, f32 main gradients,
+f32 master weights and Adam moments, as planned; the embedding's and the head's with the stages
+holding them) and the activations of the microbatches it holds at its peak under the schedule
+(not the working set of one layer's recomputation).
 
     python benchmarks/published_runs.py [--csv FILE] [--json] [--only MODEL] [--time-limit 20]
 """
@@ -31,12 +32,13 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autoshard.errors import InputError, Problem
+from autoshard.errors import AutoshardError, InputError, Problem
 from autoshard.graph.recompute import with_recomputation
 from autoshard.graph.schema import graph_from_json
 from autoshard.mesh import Mesh
@@ -102,28 +104,32 @@ def read_runs(path: Path) -> list[Run]:
 
 
 def _run(row: dict[str, str], where: str) -> Run:
+    row = {column: (row.get(column) or "").strip() for column in COLUMNS}  # a short row leaves cells empty
     problems = []
     values: dict[str, Any] = {"model": row["model"]}
     for column in INTEGERS:
-        text = row[column].strip()
-        if not text.isdigit() or int(text) < 1:
-            problems.append(Problem(f"{where} {column}", f"must be a positive integer, got {text!r}"))
-        else:
-            values[column] = int(text)
-    gpu = row["gpu"].strip()
+        try:
+            values[column] = int(row[column], 10)
+        except ValueError:
+            values[column] = 0
+        if values[column] < 1:
+            problems.append(Problem(f"{where} {column}", f"must be a positive integer, got {row[column]!r}"))
+    gpu = row["gpu"]
     if gpu not in PROFILES:
         problems.append(Problem(f"{where} gpu", f"unknown GPU {gpu!r}; known: {sorted(PROFILES)}"))
-    recompute = RECOMPUTE.get(row["recompute"].strip().lower())
+    recompute = RECOMPUTE.get(row["recompute"].lower())
     if recompute is None:
         problems.append(Problem(f"{where} recompute", f"must be one of {sorted(RECOMPUTE)}, got {row['recompute']!r}"))
-    sequence = YES_NO.get(row["seq_parallel"].strip().lower())
+    sequence = YES_NO.get(row["seq_parallel"].lower())
     if sequence is None:
         problems.append(Problem(f"{where} seq_parallel", f"must be yes or no, got {row['seq_parallel']!r}"))
-    measured = row["measured_s_per_step"].strip()
+    measured = row["measured_s_per_step"]
     try:
         measured_s = float(measured) if measured else None
     except ValueError:
-        problems.append(Problem(f"{where} measured_s_per_step", f"must be seconds or empty, got {measured!r}"))
+        measured_s = -1.0
+    if measured_s is not None and not (math.isfinite(measured_s) and measured_s > 0):
+        problems.append(Problem(f"{where} measured_s_per_step", f"must be positive seconds or empty, got {measured!r}"))
     if problems:
         raise InputError(problems)
     run = Run(**values, gpu=gpu, recompute=recompute, seq_parallel=sequence, measured_s_per_step=measured_s)
@@ -155,7 +161,7 @@ def _shape_problems(run: Run, where: str) -> list[Problem]:
 class Prediction:
     step_s: float
     bubble_fraction: float
-    memory_bytes_per_gpu: float  # the first stage's, the largest under these schedules
+    memory_bytes_per_gpu: float  # the fullest stage's
     state_bytes_per_gpu: float
     activation_bytes_per_gpu: float
     solve: dict[str, Any]
@@ -168,12 +174,7 @@ def layer_step(run: Run, time_limit_s: float) -> tuple[PlanResult, Mesh, Any]:
                        batch=run.micro_batch * run.dp, vocab=run.vocab, style="megatron")
     with training_precision("bf16-mixed"):
         document = gpt(config, training=True)
-    constraints = megatron_constraints(document, run.seq_parallel)
-    if run.dp > 1:  # every input carrying the batch split over the replicas
-        constraints += [{"tensor": name, "split_axes": [["dp"]] + [[]] * (len(t["shape"]) - 1), "required": True}
-                        for name, t in document["tensors"].items()
-                        if t.get("role") == "input" and t["shape"] and t["shape"][0] == config.batch]
-    document["constraints"] = constraints
+    document["constraints"] = megatron_constraints(document, run.seq_parallel, data_parallel=run.dp > 1)
     graph = with_recomputation(graph_from_json(document, stage_mesh), run.recompute, stage_mesh)
     hw = bind_hardware(PROFILES[run.gpu], pipeline_mesh(stage_mesh, run.pp))
     # memory is reported, not bound; a fixed amount of solver work, so every run prices alike
@@ -209,9 +210,15 @@ def predict(run: Run, time_limit_s: float = 20.0) -> Prediction:
             table.append(row)
         return table
 
-    layers_of_stage = [per_chunk * chunks] * stages
-    tail = [layers_of_stage[s] * per[1, "tail"] + (per[0, "tail"] - per[1, "tail"] if s == 0 else 0.0)
-            + (per[2, "tail"] - per[1, "tail"] if s == orders.placement(last)[0] else 0.0) for s in range(stages)]
+    last_stage = orders.placement(last)[0]
+
+    def per_stage(table: dict[int, float]) -> list[float]:
+        """A per-position quantity summed over each stage's layers, the embedding's and the
+        head's extras with the stages holding them."""
+        return [per_chunk * chunks * table[1] + (table[0] - table[1] if s == 0 else 0.0)
+                + (table[2] - table[1] if s == last_stage else 0.0) for s in range(stages)]
+
+    tail = per_stage({position: per[position, "tail"] for position in range(SAMPLE_LAYERS)})
     boundary = "layer1.mlp_residual"  # what one layer hands the next, as planned
     sent = tensor_bytes(graph.tensors[boundary].shape, graph.tensors[boundary].itemsize, plan.produced(boundary),
                         stage_mesh)
@@ -221,12 +228,11 @@ def predict(run: Run, time_limit_s: float = 20.0) -> Prediction:
 
     kept = kept_activation_bytes(plan, 1)
     held = activation_peaks(orders, [[per_chunk * kept] * chunks for _ in range(stages)])
-    state = _state_bytes_per_layer(plan)
-    state_first = state[1] * layers_of_stage[0] + (state[0] - state[1])
-    memory = state_first + held[0]
-    return Prediction(timeline.step_s, timeline.bubble_fraction, memory, state_first, held[0],
-                      {"status": result.solver["status"], "gap": result.solver.get("gap"),
-                       "solve_s": result.solver.get("solve_s")})
+    state = per_stage(dict(enumerate(_state_bytes_per_layer(plan))))
+    fullest = max(range(stages), key=lambda s: state[s] + held[s])
+    return Prediction(timeline.step_s, timeline.bubble_fraction, state[fullest] + held[fullest], state[fullest],
+                      held[fullest], {"status": result.solver["status"], "gap": result.solver.get("gap"),
+                                      "solve_s": result.solver.get("solve_s")})
 
 
 def _state_bytes_per_layer(plan: Any) -> list[float]:
@@ -263,12 +269,17 @@ def main(argv: list[str] | None = None) -> int:
         for problem in error.problems:
             print(f"published_runs: {problem}", file=sys.stderr)
         return 2
-    errors = []
+    errors, failed = [], 0
     if not args.json:
         print("| model | GPUs | tp x pp x dp, V | recompute, SP | predicted s | measured s | error | bubble | "
               "memory per GPU (GiB) |\n| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |")
     for run in runs:
-        p = predict(run, args.time_limit)
+        try:
+            p = predict(run, args.time_limit)
+        except AutoshardError as error:  # a shape the planner refuses: said, and the other rows priced
+            print(f"published_runs: {run.model} ({run.tp} x {run.pp} x {run.dp}): {error}", file=sys.stderr)
+            failed += 1
+            continue
         error = (p.step_s / run.measured_s_per_step - 1) if run.measured_s_per_step else None
         if error is not None:
             errors.append(error)
@@ -280,13 +291,13 @@ def main(argv: list[str] | None = None) -> int:
                               "bubble_fraction": p.bubble_fraction, "solve": p.solve}), flush=True)
         else:
             print(f"| {run.model} | {run.gpus} | {run.tp} x {run.pp} x {run.dp}, {run.interleave} | {run.recompute}, "
-                  f"{'yes' if run.seq_parallel else 'no'} | {p.step_s:.2f} | {run.measured_s_per_step or '-'} | "
+                  f"{'yes' if run.seq_parallel else 'no'} | {p.step_s:.4g} | {run.measured_s_per_step or '-'} | "
                   f"{'-' if error is None else f'{100 * error:+.1f}%'} | {100 * p.bubble_fraction:.1f}% | "
                   f"{p.memory_bytes_per_gpu / 2**30:.1f} |", flush=True)
     if errors and not args.json:
         print(f"\nmean |error| {100 * sum(map(abs, errors)) / len(errors):.2f}%, "
               f"worst {100 * max(map(abs, errors)):.2f}% over {len(errors)} rows")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

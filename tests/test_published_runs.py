@@ -72,3 +72,15 @@ def test_a_row_that_cannot_be_priced_is_named_by_its_line_and_column(tmp_path):
     with pytest.raises(InputError) as raised:
         published_runs.read_runs(write_rows(tmp_path / "bad.csv", bad[1:]))
     assert any("bad.csv:2 gpus" in str(p) and "tp x pp x dp = 3" in str(p) for p in raised.value.problems)
+
+
+def test_a_data_parallel_pipelined_row_is_priced_with_its_batch_over_the_replicas(tmp_path):
+    row = {"model": "small", "layers": "6", "hidden": "512", "heads": "8", "seq": "256", "vocab": "1024", "gpus": "16",
+           "gpu": "H100-80GB", "tp": "4", "pp": "2", "dp": "2", "interleave": "1", "global_batch": "16",
+           "micro_batch": "2", "recompute": "selective", "seq_parallel": "yes", "measured_s_per_step": ""}
+    (run,) = published_runs.read_runs(write_rows(tmp_path / "small.csv", [row]))
+    replicated = published_runs.predict(run, time_limit_s=5)
+    one_replica = published_runs.predict(published_runs.Run(**{**run.__dict__, "dp": 1, "gpus": 8, "global_batch": 8}),
+                                   time_limit_s=5)
+    # each replica runs the same microbatches; the replicated step adds the gradients' reduction over dp
+    assert replicated.step_s > one_replica.step_s > 0 and 0 < replicated.bubble_fraction < 1

@@ -41,22 +41,27 @@ MEGATRON_SEQUENCE = ("attn_norm", "mlp_norm", "attn_residual", "mlp_residual", "
 MEGATRON_COLUMN, MEGATRON_ROW = ("attn.q.w", "attn.k.w", "attn.v.w", "mlp.fc1.w"), ("attn.out.w", "mlp.fc2.w")
 
 
-def megatron_constraints(document: dict[str, Any], sequence_parallel: bool) -> list[dict[str, Any]]:
+def megatron_constraints(document: dict[str, Any], sequence_parallel: bool,
+                         data_parallel: bool = False) -> list[dict[str, Any]]:
     """Required shardings of a Megatron-style step's layer values and matrices over `tp` (the
-    embedding's output with the norms, as layer 0's input)."""
+    embedding's output with the norms, as layer 0's input); with `data_parallel`, the batch dim
+    of those values and of the step's batch inputs over `dp` too."""
+    batch = [["dp"]] if data_parallel else [[]]
     constraints = []
     for name, tensor in document["tensors"].items():
         local, rank = name.split(".", 1)[-1], len(tensor["shape"])
         if local.endswith(MEGATRON_HEAD_SPLIT):
-            axes = [[], ["tp"]] + [[]] * (rank - 2)
+            axes = batch + [["tp"]] + [[]] * (rank - 2)
         elif local.endswith(MEGATRON_FEATURE_SPLIT):
-            axes = [[]] * (rank - 1) + [["tp"]]
+            axes = batch + [[]] * (rank - 2) + [["tp"]]
         elif local.endswith(MEGATRON_COLUMN):
             axes = [[], ["tp"]]
         elif local.endswith(MEGATRON_ROW):
             axes = [["tp"], []]
         elif (local.endswith(MEGATRON_SEQUENCE) and name.startswith("layer")) or name == "embed.position_add":
-            axes = [[], ["tp"], []] if sequence_parallel else [[]] * rank
+            axes = batch + ([["tp"], []] if sequence_parallel else [[]] * (rank - 1))
+        elif data_parallel and tensor.get("role") == "input" and tensor.get("batch_dim") == 0:
+            axes = batch + [[]] * (rank - 1)
         else:
             continue
         constraints.append({"tensor": name, "split_axes": axes, "required": True})
