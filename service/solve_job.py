@@ -20,6 +20,7 @@ from typing import Any
 from autoshard.delivery.deliver import deliver
 from autoshard.delivery.document import plan_document
 from autoshard.errors import AutoshardError, InfeasibleError, InputError
+from autoshard.graph.recompute import record_recompute
 from autoshard.phases import collect_garbage_rarely
 from autoshard.planning.compose import plan_layer_once
 from autoshard.planning.pipeline_plan import plan_pipeline
@@ -95,18 +96,11 @@ def _hand_over(best: BestSoFar, canonical: Mapping[str, Any], progress: Progress
         document["topology_options"] = {key: value for key, value in
                                         (("nodes", placed.get("nodes")), ("slice", slice_of(placed.get("slice"))))
                                         if value is not None}
-        _record_recompute(document, canonical)
+        record_recompute(document, canonical["options"].get("recompute", "none"))
         progress.send("interrupted", {"plan": document})
     except Exception as error:
         # a bug: the caller learns what broke
         progress.send("failed", failure("internal", f"handing over the best plan: {type(error).__name__}: {error}"))
-
-
-def _record_recompute(document: dict[str, Any], canonical: Mapping[str, Any]) -> None:
-    """A plan of a recomputed step says so, as `plan --recompute` writes it: its ops are the rewritten graph's."""
-    recompute = canonical["options"].get("recompute", "none")
-    if recompute != "none":
-        document["recompute"] = recompute
 
 
 def run(canonical: Mapping[str, Any], conn: Connection, verify_max_bytes: float) -> None:
@@ -138,7 +132,7 @@ def run(canonical: Mapping[str, Any], conn: Connection, verify_max_bytes: float)
                             pipeline=pipelined.cut if pipelined is not None else None)
         if pipelined is not None:
             delivered.document["pipeline"] = pipelined.to_json()
-        _record_recompute(delivered.document, canonical)
+        record_recompute(delivered.document, canonical["options"].get("recompute", "none"))
         ir = [(stage, inputs.dialect, ir_arguments(stage, "local"), text) for stage, text in delivered.ir.items()]
         progress.phase("done")
         progress.send("done", {"plan": delivered.document, "ir": ir})

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from autoshard.errors import InputError
 from autoshard.graph.schema import graph_from_json
 from autoshard.mesh import Mesh
 from autoshard.models import GPTConfig, gpt
@@ -66,7 +67,7 @@ def test_the_layer_is_megatrons_and_other_shapes_are_refused():
     assert "attention" not in kinds.values()
     assert kinds["layer0.mlp.fc1"] == "add" and kinds["layer0.attn_norm"] == "layer_norm"
     assert graph.tensors["layer0.attn.attn_dropout.mask"].dtype == "bool"
-    with pytest.raises(Exception, match="kv_heads"):
+    with pytest.raises(InputError, match="kv_heads"):
         GPTConfig(style="megatron", heads=12, kv_heads=4)
-    with pytest.raises(Exception, match="moe_experts"):
+    with pytest.raises(InputError, match="moe_experts"):
         GPTConfig(style="megatron", moe_experts=8)

@@ -16,8 +16,8 @@ from autoshard import bind_hardware, estimate
 from autoshard.errors import InputError
 from autoshard.graph.model import Graph, live_ranges
 from autoshard.cli.plan import recomputations
-from autoshard.graph.recompute import PREFIX, recomputed_ops, with_recomputation
-from autoshard.graph.schema import graph_from_json
+from autoshard.graph.recompute import PREFIX, with_recomputation
+from autoshard.graph.schema import graph_from_json, graph_to_json
 from autoshard.mesh import Mesh
 from autoshard.models import GPTConfig, gpt
 from autoshard.planning.kept import kept_activation_bytes
@@ -29,6 +29,10 @@ MESH = Mesh.of(tp=1)
 SBH, ASSB = S * B * H, A * S * S * B
 MASKS = ASSB + 2 * SBH  # one byte an element: the softmax's dropout mask and the two residual ones
 CAUSAL_BIAS = S * S * 2  # read again by the recomputed masking
+
+
+def recomputed_ops(graph: Graph) -> list:
+    return [op for op in graph.ops if op.name.startswith(PREFIX)]
 
 
 def training_step_file(directory: Path) -> Path:
@@ -152,3 +156,20 @@ def test_search_plans_every_candidate_on_the_recomputed_step(tmp_path):
     code, out, err = run_cli("search", str(graph_path), "--devices", "2", "--topology", "dgx-h100", "--recompute",
                              "auto")
     assert code == 2 and "--recompute" in err
+
+
+def test_a_mask_made_inside_the_layer_is_recomputed_with_the_core_and_names_already_taken_are_refused(steps):
+    document = graph_to_json(steps["none"])
+    for layer in range(CONFIG.layers):  # the causal bias cut to the sequence inside each layer, as nanoGPT does
+        at = next(i for i, op in enumerate(document["ops"]) if op["name"] == f"layer{layer}.attn.masked")
+        document["tensors"][f"layer{layer}.attn.bias_cut"] = {"shape": [S, S], "dtype": "bf16"}
+        document["ops"].insert(at, {"name": f"layer{layer}.attn.bias_cut", "kind": "reshape",
+                                    "inputs": ["causal_bias"], "outputs": [f"layer{layer}.attn.bias_cut"],
+                                    "shape": [S, S], "layer": layer})
+        document["ops"][at + 1]["inputs"][1] = f"layer{layer}.attn.bias_cut"
+    selective = with_recomputation(graph_from_json(document, MESH), "selective", MESH)
+    for layer in range(CONFIG.layers):
+        names = {op.name for op in recomputed_ops(selective) if op.layer == layer}
+        assert {f"{PREFIX}layer{layer}.attn.softmax", f"{PREFIX}layer{layer}.attn.bias_cut"} <= names
+    with pytest.raises(InputError, match="recomputed before"):
+        with_recomputation(selective, "full", MESH)

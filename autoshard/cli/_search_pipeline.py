@@ -11,6 +11,7 @@ from typing import Any
 from autoshard.cli.plan import print_summary, write_deliverables
 from autoshard.delivery.deliver import deliver
 from autoshard.errors import InputError, Problem
+from autoshard.graph.recompute import record_recompute
 from autoshard.graph.schema import load_graph
 from autoshard.planning.pipeline_stages import layer_order
 from autoshard.search.pipeline_ranking import pipeline_section, pipeline_table
@@ -86,8 +87,7 @@ def deliver_pipelined(args: argparse.Namespace, found: PipelineSearch, stages: t
     delivered.document["pipeline"] = pipelined.to_json()
     delivered.document["search"] = {"ranking": "ranking.json", "configurations": len(found.priced),
                                     "certified_lower_bound_step_s": found.certified_bound_s}
-    if args.recompute != "none":
-        delivered.document["recompute"] = args.recompute
+    record_recompute(delivered.document, args.recompute)
     written = write_deliverables(delivered, args.output, pipelined.result.phases)
     print_summary(delivered.document, ([Path(args.output) / "ranking.json"] if args.output else []) + written)
     return 1 if delivered.document["verification"]["status"] == "failed" else 0

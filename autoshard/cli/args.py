@@ -109,4 +109,8 @@ def write_graph(document: dict[str, Any], graph: Graph, output: str) -> None:
 def graph_of_plan(path: str, document: Any, mesh: Mesh) -> Graph:
     """The graph at `path` as the plan `document` was made for it: with the recomputation the
     plan states (`plan --recompute`)."""
-    return with_recomputation(load_graph(path, mesh), stated_recompute(document), mesh)
+    graph = load_graph(path, mesh)
+    try:
+        return with_recomputation(graph, stated_recompute(document), mesh)
+    except InputError as error:  # the plan's field, which the rewrite could not apply to this graph
+        raise InputError([Problem("/recompute", p.message) for p in error.problems]) from None

@@ -18,7 +18,7 @@ from autoshard.delivery.document import plan_document
 from autoshard.errors import InfeasibleError, InputError, Interrupted, Problem
 from autoshard.graph.builder import document_text
 from autoshard.graph.model import Graph
-from autoshard.graph.recompute import MODES, with_recomputation
+from autoshard.graph.recompute import MODES, record_recompute, with_recomputation
 from autoshard.graph.schema import load_graph
 from autoshard.graph.summary import si, size
 from autoshard.mesh import Mesh
@@ -199,6 +199,7 @@ class ProgressLine:
 def run(args: argparse.Namespace) -> int:
     phases = PhaseTimes(announce=lambda text: print(f"  {text}", file=sys.stderr, flush=True))
     attempt = Attempt("none" if args.recompute == "auto" else args.recompute)
+    chosen: Attempt | None = None  # with auto, the fastest recomputation planned so far
     try:  # from the first step: a Ctrl-C while the graph loads is said as any before a plan is found
         with phases.phase("load"):  # and validate: the graph, the mesh, the machine, every flag
             mesh = mesh_from_args(args)
@@ -211,6 +212,9 @@ def run(args: argparse.Namespace) -> int:
                 rewritten = recomputations(graph, args.recompute, mesh)
             except InputError as error:
                 raise InputError([Problem("--recompute", p.message) for p in error.problems]) from None
+            if args.recompute in ("selective", "full") and rewritten[args.recompute] is graph:
+                print(f"  recompute {args.recompute}: no layer has a value to compute again (a fused attention "
+                      f"already recomputes its scores); the step is planned as it is", file=sys.stderr, flush=True)
             if pipeline is None:
                 hw = hardware_from_args(args, mesh)
             else:  # the stages against the graph's layers first; the machine is the stages times one's mesh
@@ -220,7 +224,6 @@ def run(args: argparse.Namespace) -> int:
                 except InputError as error:
                     raise flagged(error) from None
             settings, stages = checked_settings(args)
-        chosen = None
         for mode, recomputed in rewritten.items():
             attempt = Attempt(mode)
             if len(rewritten) > 1:
@@ -230,13 +233,13 @@ def run(args: argparse.Namespace) -> int:
             except InfeasibleError as error:
                 if len(rewritten) == 1:
                     raise
-                print(f"  recompute {mode}: no plan within memory ({error})", file=sys.stderr, flush=True)
+                print(f"  recompute {mode}: infeasible: {error}", file=sys.stderr, flush=True)
                 continue
             if len(rewritten) > 1:
                 print(f"  recompute {mode}: step {attempt.step_s:.6g} s", file=sys.stderr, flush=True)
             chosen = attempt if chosen is None or attempt.step_s < chosen.step_s else chosen
         if chosen is None:
-            raise InfeasibleError(f"no plan within memory with any recomputation ({', '.join(rewritten)})")
+            raise InfeasibleError(f"no feasible plan with any recomputation ({', '.join(rewritten)})")
         attempt = chosen
         result, pipelined = chosen.result, chosen.pipelined
         delivered = deliver(result, hw, args.topology, emit=stages, dialect=args.dialect, arguments=args.arguments,
@@ -245,13 +248,16 @@ def run(args: argparse.Namespace) -> int:
                             pipeline=pipelined.cut if pipelined is not None else None)
         if pipelined is not None:
             delivered.document["pipeline"] = pipelined.to_json()
-        if chosen.mode != "none":
-            delivered.document["recompute"] = chosen.mode
+        if rewritten[chosen.mode] is not graph:  # the graph as planned is the rewritten one
+            record_recompute(delivered.document, chosen.mode)
         written = write_deliverables(delivered, args.output, phases)
         if pipelined is not None and args.trace:
             written.append(write_trace(pipelined.timeline, args.trace))
     except KeyboardInterrupt:
-        raise interrupted(attempt.result or attempt.best.result(), attempt.mode, args, phases) from None
+        found = attempt.result or attempt.best.result()
+        if chosen is not None and chosen is not attempt and (found is None or chosen.step_s <= step_of(found)):
+            attempt, found = chosen, chosen.result  # with auto: a finished plan beats a running one's incumbent
+        raise interrupted(found, attempt.mode, args, phases) from None
     print_summary(delivered.document, written)
     return 1 if delivered.document["verification"]["status"] == "failed" else 0
 
@@ -294,10 +300,14 @@ class Attempt:
 
     @property
     def step_s(self) -> float:
-        """What the choice between recomputations compares: the pipelined step, or the solver's objective."""
+        """What the choice between recomputations compares: the pipelined step, or the plan's."""
         if self.pipelined is not None:
             return self.pipelined.timeline.step_s
-        return self.result.solver["objective_s"]
+        return step_of(self.result)
+
+
+def step_of(result: PlanResult) -> float:
+    return result.report.step_s
 
 
 def interrupted(found: PlanResult | None, recompute: str, args: argparse.Namespace, phases: PhaseTimes) -> Interrupted:
@@ -313,8 +323,7 @@ def interrupted(found: PlanResult | None, recompute: str, args: argparse.Namespa
     document = plan_document(found, args.topology)
     document["topology_options"] = placement_options(args.nodes, parse_slice(args.slice))
     document["verification"] = {"status": "skipped", "reason": "interrupted before verification"}
-    if recompute != "none":
-        document["recompute"] = recompute
+    record_recompute(document, recompute)
     document["phases"] = phases.to_json()
     written = write_deliverables(Deliverables(document, {}), args.output, phases)
     return Interrupted(f"interrupted; wrote the best plan found so far to {written[0]} ({said})")

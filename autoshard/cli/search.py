@@ -19,7 +19,7 @@ from autoshard.cli.plan import (add_recompute_arg, add_solve_args, checked_setti
 from autoshard.delivery.deliver import deliver
 from autoshard.errors import InputError, Interrupted, Problem
 from autoshard.graph.builder import document_text
-from autoshard.graph.recompute import with_recomputation
+from autoshard.graph.recompute import record_recompute, with_recomputation
 from autoshard.graph.schema import graph_from_json, graph_to_json, read_json
 from autoshard.search.candidates import MAX_AXES, parse_fixed
 from autoshard.search.ranking import best_plan, ranking_document, ranking_table
@@ -129,8 +129,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         progress.finish()
     ranking = ranking_document(result, options, str(document.get("name", Path(args.graph).stem)))
-    if args.recompute != "none":
-        ranking["recompute"] = args.recompute
+    record_recompute(ranking, args.recompute)
     print("\n".join(ranking_table(ranking)))
     counts = result.counts
     print(f"{counts['placements']} placements in {counts['candidates']} candidates: {counts['pruned']} pruned, "
@@ -153,8 +152,7 @@ def run(args: argparse.Namespace) -> int:
                         nodes=candidate.nodes, slice_shape=candidate.slice_shape, mapping=candidate.mapping_json)
     delivered.document["search"] = {"ranking": "ranking.json", "candidates": counts["candidates"],
                                     "gap": result.gap}
-    if args.recompute != "none":
-        delivered.document["recompute"] = args.recompute
+    record_recompute(delivered.document, args.recompute)
     written = write_deliverables(delivered, args.output, plan_result.phases)
     print_summary(delivered.document, ([Path(args.output) / "ranking.json"] if args.output else []) + written)
     return 1 if delivered.document["verification"]["status"] == "failed" else 0

@@ -19,8 +19,6 @@ backward: no output needs them but the gradients). The plan chooses their shardi
 
 from __future__ import annotations
 
-from typing import Iterable
-
 from autoshard.errors import InputError
 from autoshard.graph.model import Graph, Op
 from autoshard.graph.schema import graph_from_json, graph_to_json
@@ -41,17 +39,20 @@ def with_recomputation(graph: Graph, mode: str, mesh: Mesh | None = None) -> Gra
         raise InputError("recomputation rewrites a training step's backward; this graph has no gradients "
                          "(generate or import it with --training)", "recompute")
     phases = graph.phases
-    layers = sorted({op.layer for op in graph.ops if op.layer is not None})
-    if not layers:
+    by_layer: dict[int, dict[str, list[Op]]] = {}
+    for op in graph.order:
+        if op.layer is not None and phases[op.name] in ("forward", "backward"):
+            by_layer.setdefault(op.layer, {"forward": [], "backward": []})[phases[op.name]].append(op)
+    if not by_layer:
         raise InputError("recomputation works layer by layer; no op of this graph names its layer", "recompute")
+    parameters = {t.name for t in graph.tensors.values() if t.role == "parameter"}
     copies: dict[str, list[Op]] = {}  # first backward op of a layer -> the copies listed before it
     renamed: dict[str, dict[str, str]] = {}  # backward op -> its input -> the recomputed value
-    for layer in layers:
-        forward = [op for op in graph.order if op.layer == layer and phases[op.name] == "forward"]
-        backward = [op for op in graph.order if op.layer == layer and phases[op.name] == "backward"]
+    for layer in sorted(by_layer):
+        forward, backward = by_layer[layer]["forward"], by_layer[layer]["backward"]
         if not forward or not backward:
             continue
-        chosen = _recomputed(graph, forward, backward, mode)
+        chosen = _recomputed(forward, backward, parameters, mode)
         if not chosen:
             continue
         made = {t for op in chosen for t in op.outputs}
@@ -61,16 +62,26 @@ def with_recomputation(graph: Graph, mode: str, mesh: Mesh | None = None) -> Gra
                 renamed[op.name] = {t: PREFIX + t for t in op.inputs if t in made}
     if not copies:
         return graph
+    _check_names(graph, copies)
     return graph_from_json(_rewritten(graph, copies, renamed), mesh)
 
 
-def _recomputed(graph: Graph, forward: list[Op], backward: list[Op], mode: str) -> list[Op]:
+def _check_names(graph: Graph, copies: dict[str, list[Op]]) -> None:
+    """The copies' names are free: a value or op already named like one would be taken over."""
+    taken = [PREFIX + name for ops in copies.values() for op in ops for name in (op.name, *op.outputs)
+             if PREFIX + name in graph.tensors or PREFIX + name in graph.op_by_name]
+    if taken:
+        raise InputError(f"the graph already has {taken[:3]}{' ...' if len(taken) > 3 else ''}, names that "
+                         f"recomputation gives its copies ({PREFIX}<name>): was it recomputed before?", "recompute")
+
+
+def _recomputed(forward: list[Op], backward: list[Op], parameters: set[str], mode: str) -> list[Op]:
     """The forward ops of one layer to copy, in order: those producing the values its backward
     reads (all of them, or the attention core's), and the ops of the layer these need again."""
     own = {t for op in forward for t in op.outputs}
     read = {t for op in backward for t in op.inputs if t in own}
     if mode == "selective":
-        read &= _attention_core(graph, forward)
+        read &= _attention_core(forward, parameters)
     needed: set[str] = set()
     pending = list(read)
     producer = {t: op for op in forward for t in op.outputs}
@@ -85,35 +96,32 @@ def _recomputed(graph: Graph, forward: list[Op], backward: list[Op], mode: str) 
     return [op for op in forward if op.name in needed]
 
 
-def _attention_core(graph: Graph, forward: list[Op]) -> set[str]:
+def _attention_core(forward: list[Op], parameters: set[str]) -> set[str]:
     """Values of the layer on a path from a contraction of two activations to a contraction of
     two activations reading them, the first one's result included."""
     producer = {t: op for op in forward for t in op.outputs}
-    parameters = {t.name for t in graph.tensors.values() if t.role == "parameter"}
-    between = [op for op in forward if op.kind in CONTRACTIONS and not parameters & set(op.inputs)]
     core: set[str] = set()
-    for end in between:
-        # walk back from the second contraction's operands to a first contraction
-        for start in end.inputs:
-            path = _path_to_contraction(start, producer, parameters)
-            core |= path
+    for end in forward:
+        if end.kind in CONTRACTIONS and not parameters & set(end.inputs):
+            for start in end.inputs:
+                core |= _path_to_contraction(start, producer, parameters, set())
     return core
 
 
-def _path_to_contraction(tensor: str, producer: dict[str, Op], parameters: set[str]) -> set[str]:
-    """The values from `tensor` back to the result of a contraction of two activations, if every
-    op on the way has one input from the layer (a chain: masking, softmax, dropout)."""
+def _path_to_contraction(tensor: str, producer: dict[str, Op], parameters: set[str], seen: set[str]) -> set[str]:
+    """The values from `tensor` back to the result of a contraction of two activations, through
+    ops that are not contractions (masking, softmax, dropout); their other inputs (a mask made in
+    the layer) are not on the path. Empty if no such contraction is reached."""
+    op = producer.get(tensor)
+    if op is None or tensor in seen:
+        return set()
+    seen.add(tensor)
+    if op.kind in CONTRACTIONS:
+        return {tensor} if not parameters & set(op.inputs) else set()
     path: set[str] = set()
-    while tensor in producer:
-        path.add(tensor)
-        op = producer[tensor]
-        if op.kind in CONTRACTIONS:
-            return path if not parameters & set(op.inputs) else set()
-        inside = [t for t in op.inputs if t in producer]
-        if len(inside) != 1:
-            return set()
-        tensor = inside[0]
-    return set()
+    for source in op.inputs:
+        path |= _path_to_contraction(source, producer, parameters, seen)
+    return path | {tensor} if path else set()
 
 
 def _rewritten(graph: Graph, copies: dict[str, list[Op]], renamed: dict[str, dict[str, str]]) -> dict:
@@ -135,11 +143,6 @@ def _rewritten(graph: Graph, copies: dict[str, list[Op]], renamed: dict[str, dic
     return document
 
 
-def recomputed_ops(graph: Graph) -> Iterable[Op]:
-    """The ops a recomputation added."""
-    return (op for op in graph.ops if op.name.startswith(PREFIX))
-
-
 def stated_recompute(document: object) -> str:
     """The recomputation a plan document was made with (`recompute`, default none): the graph it
     plans is the one given, rewritten so (`with_recomputation`)."""
@@ -147,3 +150,9 @@ def stated_recompute(document: object) -> str:
     if stated not in MODES:
         raise InputError(f"expected one of {list(MODES)}, got {stated!r}", "/recompute")
     return stated
+
+
+def record_recompute(document: dict, recompute: str) -> None:
+    """A plan document says the recomputation its graph was rewritten with (none says nothing)."""
+    if recompute != "none":
+        document["recompute"] = recompute

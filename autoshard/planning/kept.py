@@ -3,6 +3,7 @@ reads that were held since its forward, per device under a plan."""
 
 from __future__ import annotations
 
+from autoshard.errors import InputError
 from autoshard.graph.model import live_ranges
 from autoshard.planning.costs import tensor_bytes
 from autoshard.planning.plan import Plan
@@ -17,7 +18,10 @@ def kept_activation_bytes(plan: Plan, layer: int) -> int:
     order = list(graph.order)
     ranges = live_ranges(graph, order)
     phases = graph.phases
-    first_backward = next(i for i, op in enumerate(order) if phases[op.name] == "backward")
+    first_backward = next((i for i, op in enumerate(order) if phases[op.name] == "backward"), None)
+    if first_backward is None:
+        raise InputError(f"graph {graph.name!r} has no backward: only a training step keeps activations for one",
+                         "graph")
     kept: set[str] = set()
     for op in order:
         if phases[op.name] != "backward" or op.layer != layer:

@@ -27,6 +27,7 @@ from typing import Any, Mapping
 
 from autoshard.errors import InputError, Problem, ShardingError, json_type
 from autoshard.graph.model import Graph
+from autoshard.graph.recompute import stated_recompute
 from autoshard.graph.schema import pointer
 from autoshard.mesh import Mesh
 from autoshard.planning.plan import MESH_DOCUMENT, Plan, check_plan_mesh, mesh_document_problems, plan_from_json
@@ -36,9 +37,10 @@ from autoshard.sharding import Sharding
 PLAN_FORMAT = "autoshard.plan/v1"
 
 # What `plan_document` and `deliver` write (delivery/); everything but `format`, `mesh`, `ops`,
-# `tensors`, `reshardings`, `microbatches`, `topology`, `topology_options` and `pipeline` (a
-# pipelined plan's cut, checked by planning/pipeline_cut.read_cut where it is run or emitted) is a
-# report the readers do not act on.
+# `tensors`, `reshardings`, `microbatches`, `recompute` (the readers rewrite the graph as it says
+# before reading the plan onto it), `topology`, `topology_options` and `pipeline` (a pipelined
+# plan's cut, checked by planning/pipeline_cut.read_cut where it is run or emitted) is a report the
+# readers do not act on.
 DOCUMENT_KEYS = frozenset({
     "format", "mesh", "ops", "tensors", "reshardings", "microbatches", "autoshard_version", "graph", "topology",
     "topology_options", "totals", "roles", "solver", "partition_specs", "dtensor", "collective_optimizations",
@@ -84,6 +86,10 @@ def document_problems(document: Any, graph: Graph, mesh: Mesh) -> list[Problem]:
     try:
         from autoshard.planning.microbatches import stated_microbatches  # local: it imports the formulation
         stated_microbatches(document)
+    except InputError as error:
+        problems += error.problems
+    try:
+        stated_recompute(document)
     except InputError as error:
         problems += error.problems
     if "reshardings" in document and not isinstance(document["reshardings"], list):

@@ -32,6 +32,7 @@ from autoshard.frontends.torch.runtime import require_torch
 from autoshard.frontends.torch.stage_cut import StagePart, cut_program
 from autoshard.frontends.torch.stage_module import PlainStage, ShardedStage
 from autoshard.graph.model import Graph
+from autoshard.graph.recompute import stated_recompute, with_recomputation
 from autoshard.mesh import Mesh
 from autoshard.planning.microbatches import microbatch
 from autoshard.planning.pipeline_cut import PipelineCut, read_cut
@@ -112,7 +113,8 @@ def _planned_graph(exported_program: Any, plan: Mapping[str, Any], forward: Impo
     the plan has ops the forward graph lacks (as `import torch --training` makes it)."""
     ops = plan.get("ops")
     if isinstance(ops, Mapping) and not set(ops) <= set(forward.graph.op_by_name):
-        return import_program(exported_program, training=True, batch_dim=BATCH_DIM).graph
+        step = import_program(exported_program, training=True, batch_dim=BATCH_DIM).graph
+        return with_recomputation(step, stated_recompute(plan))  # as `plan --recompute` rewrote it
     return forward.graph
 
 
