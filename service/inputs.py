@@ -148,6 +148,8 @@ def canonical_plan_request(request: Mapping[str, Any], settings: Settings) -> di
         graph = with_recomputation(graph, given.get("recompute", "none"), mesh)
     except InputError as error:
         raise InputError([Problem("/options/recompute", p.message) for p in error.problems]) from None
+    # the copies count against the service's limits too
+    check_graph_size({"ops": list(graph.ops), "tensors": dict(graph.tensors)}, settings)
     pipeline = pipeline_of(given)
     machine = mesh
     if pipeline is not None:  # the stages against the graph's layers; the machine is the stages times the mesh
