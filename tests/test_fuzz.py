@@ -107,8 +107,8 @@ def test_every_graph_validate_accepts_is_planned(document, mesh):
         code, text = cli("plan", graph, f"--mesh={mesh}", "--time-limit=2", "-o", str(Path(tmp) / "out"))
         assert code in (0, 3), text
         assert "Traceback" not in text
-        if code == 3:
-            assert "infeasible:" in text and "budget" in text, text
+        if code == 3:  # over the memory budget, or a pinned sharding no option of its producer makes
+            assert "infeasible:" in text and ("budget" in text or "pinned sharding" in text), text
             return
         code, text = cli("estimate", graph, f"--mesh={mesh}", "--plan", str(Path(tmp) / "out" / "plan.json"))
         assert code == 0, text
