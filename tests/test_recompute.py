@@ -41,6 +41,14 @@ def training_step_file(directory: Path) -> Path:
     return path
 
 
+def planned(directory: Path, command: str, *flags: str) -> tuple[dict, str]:
+    """`autoshard COMMAND` run on the training step with FLAGS, writing into DIRECTORY/out: the
+    plan.json it wrote and what it said on stderr."""
+    code, out, err = run_cli(command, str(training_step_file(directory)), *flags, "-o", str(directory / "out"))
+    assert code == 0, err
+    return json.loads((directory / "out" / "plan.json").read_text()), err
+
+
 def replicated(graph: Graph) -> Plan:
     return Plan(graph, MESH, {op.name: ShardingOption.replicated(op.nest.num_loops) for op in graph.ops},
                 {t.name: Sharding() for t in graph.tensors.values() if t.role != "intermediate"})
@@ -97,17 +105,14 @@ def test_recomputation_trades_activation_memory_for_backward_compute(steps):
 
 
 def test_a_plan_with_recomputation_simulates_and_its_partitioned_ir_holds_the_copies(tmp_path):
-    graph_path = training_step_file(tmp_path)
-    code, out, err = run_cli("plan", str(graph_path), "--mesh", "dp=2,tp=2", "--recompute", "full", "--time-limit",
-                             "10", "--verify", "always", "--emit", "partitioned", "-o", str(tmp_path / "out"))
-    assert code == 0, err
-    document = json.loads((tmp_path / "out" / "plan.json").read_text())
+    document, _ = planned(tmp_path, "plan", "--mesh", "dp=2,tp=2", "--recompute", "full", "--time-limit", "10",
+                          "--verify", "always", "--emit", "partitioned")
     assert document["recompute"] == "full" and document["verification"]["status"] == "passed"
     assert any(name.startswith(PREFIX) for name in document["ops"])
     ir = next((tmp_path / "out").glob("*partitioned*.mlir")).read_text()
     assert f"{PREFIX}layer1.attn.softmax" in ir
     # the plan reads back onto the graph rewritten as it says
-    code, out, err = run_cli("estimate", str(graph_path), "--plan", str(tmp_path / "out" / "plan.json"), "--mesh",
+    code, out, err = run_cli("estimate", str(tmp_path / "g.json"), "--plan", str(tmp_path / "out" / "plan.json"), "--mesh",
                              "dp=2,tp=2", "--json")
     assert code == 0, err
     assert any(entry["op"].startswith(PREFIX) for entry in json.loads(out)["ops"])
@@ -123,14 +128,11 @@ def test_recomputation_needs_a_training_step_with_layers_and_a_known_mode():
 
 
 def test_auto_plans_each_recomputation_and_keeps_the_fastest(tmp_path):
-    graph_path = training_step_file(tmp_path)
-    code, out, err = run_cli("plan", str(graph_path), "--mesh", "dp=2,tp=2", "--recompute", "auto", "--time-limit",
-                             "3", "--memory-budget", "1.2MiB", "--verify", "always", "-o", str(tmp_path / "out"))
-    assert code == 0, err
+    document, err = planned(tmp_path, "plan", "--mesh", "dp=2,tp=2", "--recompute", "auto", "--time-limit", "3",
+                            "--memory-budget", "1.2MiB", "--verify", "always")
     steps = {line.split()[1].rstrip(":"): float(line.split()[3]) for line in err.splitlines()
              if line.startswith("  recompute ") and " step " in line}
     assert sorted(steps) == ["full", "none", "selective"]
-    document = json.loads((tmp_path / "out" / "plan.json").read_text())
     chosen = min(steps, key=steps.get)
     assert document.get("recompute", "none") == chosen
     assert document["solver"]["objective_s"] == pytest.approx(steps[chosen], rel=1e-5)
@@ -145,15 +147,12 @@ def test_auto_skips_a_selective_recomputation_that_frees_nothing():
 
 
 def test_search_plans_every_candidate_on_the_recomputed_step(tmp_path):
-    graph_path = training_step_file(tmp_path)
-    code, out, err = run_cli("search", str(graph_path), "--devices", "2", "--topology", "dgx-h100", "--recompute",
-                             "full", "--time-limit", "3", "--max-axes", "1", "-o", str(tmp_path / "out"))
-    assert code == 0, err
-    document = json.loads((tmp_path / "out" / "plan.json").read_text())
+    document, _ = planned(tmp_path, "search", "--devices", "2", "--topology", "dgx-h100", "--recompute", "full",
+                          "--time-limit", "3", "--max-axes", "1")
     ranking = json.loads((tmp_path / "out" / "ranking.json").read_text())
     assert document["recompute"] == ranking["recompute"] == "full"
     assert f"{PREFIX}layer0.attn.softmax" in document["ops"]
-    code, out, err = run_cli("search", str(graph_path), "--devices", "2", "--topology", "dgx-h100", "--recompute",
+    code, out, err = run_cli("search", str(tmp_path / "g.json"), "--devices", "2", "--topology", "dgx-h100", "--recompute",
                              "auto")
     assert code == 2 and "--recompute" in err
 
