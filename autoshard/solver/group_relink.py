@@ -75,6 +75,8 @@ def relink_groups(fp: FlatProblem, group: np.ndarray, best: np.ndarray, other: n
     # Both ends differ, in two groups: costs of the four combinations, a product for the rest.
     pairs = np.flatnonzero((iu >= 0) & (iv >= 0) & (iu != iv))
     products: dict[tuple[int, int], float] = {}
+    implied: list[tuple[int, int]] = []  # (a, b): taking a takes b (a forbidden pair otherwise)
+    exclusive: list[tuple[int, int]] = []  # not both
     if len(pairs):
         c00 = entry(best[eu[pairs]], best[ev[pairs]], pairs)
         c10 = entry(other[eu[pairs]], best[ev[pairs]], pairs)
@@ -83,10 +85,13 @@ def relink_groups(fp: FlatProblem, group: np.ndarray, best: np.ndarray, other: n
         for k, (a, b) in enumerate(zip(iu[pairs].tolist(), iv[pairs].tolist())):
             if c10[k] >= FORBIDDEN:
                 model.add_implication(take[a], take[b])
+                implied.append((a, b))
             if c01[k] >= FORBIDDEN:
                 model.add_implication(take[b], take[a])
+                implied.append((b, a))
             if c11[k] >= FORBIDDEN:
                 model.add_bool_or([take[a].Not(), take[b].Not()])
+                exclusive.append((a, b))
             v10 = c10[k] - c00[k] if c10[k] < FORBIDDEN else 0.0
             v01 = c01[k] - c00[k] if c01[k] < FORBIDDEN else 0.0
             v11 = c11[k] - c00[k] if c11[k] < FORBIDDEN else v10 + v01
@@ -104,10 +109,15 @@ def relink_groups(fp: FlatProblem, group: np.ndarray, best: np.ndarray, other: n
         model.add_bool_or([take[a].Not(), take[b].Not()]).only_enforce_if(both.Not())
         objective.append(int(round(c)) * both)
     model.minimize(sum(objective))
-    _add_rows(model, fp, take, differ, var_of_differ, best, other, count)
+    columns, limits = _add_rows(model, fp, take, differ, var_of_differ, best, other, count)
 
-    for t in take:
-        model.add_hint(t, 0)
+    # CP-SAT starts from the greedy mix when it is a cheaper one than keeping `best`: where most
+    # groups switch together (C: 117 of 134, only 3 of them cheaper alone), its search from
+    # "keep everything" took 1.5-3 s to find that mix, so a loaded machine left the relink
+    # with a mix 14% dearer (benchmarks/RESULTS.md, issue 37).
+    start = _greedy_mix(linear, products, banned, implied, exclusive, columns, limits)
+    for t, value in zip(take, start.tolist() if start is not None else [False] * count):
+        model.add_hint(t, int(value))
     solver = cp_solver()
     if deterministic_time is None:
         solver.parameters.max_time_in_seconds = max(time_limit_s, 0.01)
@@ -143,12 +153,69 @@ class _Solutions(cp_model.CpSolverSolutionCallback):
         self._stall.note(self.objective_value, -np.inf)
 
 
+def _greedy_mix(linear: np.ndarray, products: dict[tuple[int, int], float], banned: np.ndarray,
+                implied: list[tuple[int, int]], exclusive: list[tuple[int, int]], columns: np.ndarray,
+                limits: np.ndarray) -> np.ndarray | None:
+    """A mix from the other side: take every group that may switch, drop the one that costs least
+    per unit of overload it removes until the rows hold, then flip single groups while that
+    lowers the cost and keeps the rows. Returns the choice if it breaks no pair constraint and
+    costs less than keeping `best` (0), else None. `columns[k, i]`: group i's usage change in
+    constraint k, at most `limits[k]` in all."""
+    count = len(linear)
+    if count == 0:
+        return None
+    first = np.array([a for a, _ in products], dtype=np.int64)
+    second = np.array([b for _, b in products], dtype=np.int64)
+    weight = np.array(list(products.values()), dtype=np.float64)
+
+    def marginal(t: np.ndarray) -> np.ndarray:
+        """Each group's cost of being taken, given the others in t."""
+        gain = linear.copy()
+        np.add.at(gain, first, weight * t[second])
+        np.add.at(gain, second, weight * t[first])
+        return gain
+
+    t = ~banned
+    usage = columns @ t.astype(np.int64)
+    while True:
+        over = usage - limits
+        if not (over > 0).any():
+            break
+        hot = over > 0
+        relief = np.minimum(np.maximum(columns[hot], 0), over[hot, None]).sum(axis=0)
+        candidates = np.flatnonzero(t & (relief > 0))
+        if len(candidates) == 0:
+            return None
+        # Dropping a group saves -marginal; the cheapest loss per unit of relief goes first.
+        loss = -marginal(t)[candidates]
+        i = int(candidates[np.argmin(loss / relief[candidates])])
+        t[i] = False
+        usage -= columns[:, i]
+    for _ in range(count):  # single flips while one pays and keeps the rows
+        gain = marginal(t)
+        change = np.where(t, -gain, gain)
+        delta = np.where(t[None, :], -columns, columns)
+        allowed = ~banned & np.all(usage[:, None] + delta <= limits[:, None], axis=0)
+        change[~allowed] = 0.0
+        i = int(np.argmin(change))
+        if change[i] >= 0:
+            break
+        t[i] = not t[i]
+        usage += delta[:, i]
+    if any(t[a] and not t[b] for a, b in implied) or any(t[a] and t[b] for a, b in exclusive):
+        return None
+    cost = float(linear @ t) + float(weight @ (t[first] & t[second]))
+    return t if cost < 0 else None
+
+
 def _add_rows(model: cp_model.CpModel, fp: FlatProblem, take: list, differ: np.ndarray, var_of_differ: np.ndarray,
-              best: np.ndarray, other: np.ndarray, count: int) -> None:
+              best: np.ndarray, other: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
     """Each memory row the changes could overload: the usage each group's switch adds there
-    within the room `best` leaves (rows with the same changes kept once, with the least room)."""
+    within the room `best` leaves (rows with the same changes kept once, with the least room).
+    Returns them as constraints (one row of group changes each) and their limits."""
+    none = (np.zeros((0, count), dtype=np.int64), np.zeros(0, dtype=np.int64))
     if fp.num_rows == 0:
-        return
+        return none
     change = fp.use[fp.soff[differ] + other[differ]] - fp.use[fp.soff[differ] + best[differ]]
     live = fp.r1[differ] > fp.r0[differ]
     table = np.zeros((count, fp.num_rows + 1), dtype=np.int64)
@@ -158,10 +225,11 @@ def _add_rows(model: cp_model.CpModel, fp: FlatProblem, take: list, differ: np.n
     room = fp.cap - fp.row_load(best)
     at_risk = np.flatnonzero(np.maximum(table, 0).sum(axis=0) > room)
     if len(at_risk) == 0:
-        return
+        return none
     columns, first = np.unique(table[:, at_risk].T, axis=0, return_inverse=True)
     least_room = np.full(len(columns), np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(least_room, first.reshape(-1), room[at_risk])
     for column, limit in zip(columns, least_room.tolist()):
         terms = [int(c) * take[i] for i, c in enumerate(column.tolist()) if c != 0]
         model.add(sum(terms) <= limit)
+    return columns, least_room
