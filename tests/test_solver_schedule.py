@@ -114,26 +114,3 @@ def test_cp_sat_bound_progress_reaches_the_progress_callback_and_the_stall_watch
     progress.on_bound(12.0)
     assert calls == [(math.inf, 30.0), (math.inf, 36.0)]  # in flat costs (times the scale), before any solution
     assert watch.bound == 36.0
-
-
-def test_headway_starts_the_count_again_only_up_to_the_headway_limit():
-    # Rounds: a relaxation climbing on its own (headway) but never past the best bound (no gain).
-    patience = Patience(3, None, best=100.0, bound=0.0, now=0.0, bound_gain=0.01, headway_limit=2)
-    for now in range(1, 6):
-        assert patience.spent(100.0, 0.0, now=float(now), headway=True) is None
-    assert patience.spent(100.0, 0.0, now=6.0, headway=True) == "6 rounds of headway without gain"
-    # Seconds (wall-clock runs: rounds of headway do not count): the same, twice the budget of 2 s.
-    patience = Patience(3, 2.0, best=100.0, bound=0.0, now=0.0, bound_gain=0.01, headway_limit=2)
-    for now in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7):
-        assert patience.spent(100.0, 0.0, now=now, headway=True) is None
-    patience = Patience(100, 2.0, best=100.0, bound=0.0, now=0.0, bound_gain=0.01, headway_limit=2)
-    assert patience.spent(100.0, 0.0, now=1.5, headway=True) is None
-    assert patience.spent(100.0, 0.0, now=3.0, headway=True) is None  # 3 s, but headway at 1.5 s
-    assert patience.spent(100.0, 0.0, now=4.0, headway=True) == "4.0 s of headway without gain"
-    # A gain starts both counts again.
-    patience = Patience(3, None, best=100.0, bound=0.0, now=0.0, bound_gain=0.01, headway_limit=2)
-    for now in range(1, 6):
-        patience.spent(100.0, 0.0, now=float(now), headway=True)
-    assert patience.spent(90.0, 0.0, now=6.0) is None and patience.gains == 1
-    assert patience.spent(90.0, 0.0, now=7.0, headway=True) is None
-

@@ -650,7 +650,7 @@ class HeuristicRun:
         self.phase_s = None if self.deterministic else \
             schedule.patience_share * self.time_limit_s * self.budget_factor
         patience = Patience(schedule.patience_rounds * self.budget_factor, self.phase_s,
-                            self._best_fitting(), self.bound, started, schedule.bound_gain, schedule.headway_limit)
+                            self._best_fitting(), self.bound, started, schedule.bound_gain)
         last_s = self.sweep_s
         stopped = "nothing to do"
         while True:

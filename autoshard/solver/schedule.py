@@ -118,12 +118,6 @@ class Schedule:
     # budgets grow `budget_growth` times, up to `budget_max` times: only the time limit or the gap
     # limit ends the turns (a late gain on a large instance is worth the wait).
     cycle: tuple[str, ...] = ("improve", "relax", "wider", "restart", "rows")
-    # A phase whose rounds make headway of their own (a relaxation started again on the original
-    # nodes climbing back under the best bound) but no gain still stops after `headway_limit`
-    # times its budget: its climb carries on in its next turn (multipliers and step lengths kept)
-    # and the other phases get theirs meanwhile (C: such a relax phase held 20 s of 60 without
-    # a gain before the wider balls found the next plan).
-    headway_limit: int = 2
     patience_rounds: int = 12
     patience_share: float = 0.04
     bound_gain: float = 1e-3
@@ -162,35 +156,25 @@ class Patience:
     deterministic budget counts rounds only)."""
 
     def __init__(self, rounds: int, seconds: float | None, best: float, bound: float, now: float,
-                 bound_gain: float, headway_limit: int = 2):
+                 bound_gain: float):
         self.rounds, self.seconds, self.bound_gain = rounds, seconds, bound_gain
-        self.headway_limit = headway_limit
         self.best, self.bound = best, bound
         self.since = now
         self.idle_rounds = 0
-        self.gain_at, self.rounds_since_gain = now, 0  # headway does not reset these
         self.gains = 0
 
     def spent(self, best: float, bound: float, now: float, headway: bool = False) -> str | None:
         """After a round that left the best plan at `best` and the bound at `bound`, at `now`;
         `headway`: the round made progress of its own that neither shows yet (it starts the
-        count again without being a gain, up to `headway_limit` times the budget)."""
+        count again without being a gain)."""
         if gained(best, bound, self.best, self.bound, self.bound_gain):
             self.gains += 1
             self.idle_rounds, self.since = 0, now
-            self.gain_at, self.rounds_since_gain = now, 0
             self.best, self.bound = min(best, self.best), max(bound, self.bound)
         elif headway:
             self.idle_rounds, self.since = 0, now
-            self.rounds_since_gain += 1
         else:
             self.idle_rounds += 1
-            self.rounds_since_gain += 1
-        if self.seconds is None:  # rounds only (the deterministic budget)
-            if self.rounds_since_gain >= self.headway_limit * self.rounds:
-                return f"{self.rounds_since_gain} rounds of headway without gain"
-        elif now - self.gain_at >= self.headway_limit * self.seconds:
-            return f"{now - self.gain_at:.1f} s of headway without gain"
         if self.idle_rounds >= self.rounds:
             return f"{self.idle_rounds} round{'s' if self.idle_rounds > 1 else ''} without gain"
         if self.seconds is not None and now - self.since >= self.seconds:
