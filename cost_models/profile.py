@@ -136,6 +136,28 @@ class DcnLevel(_Section):
     latency_per_slice_s: NonNegativeFloat
 
 
+class MatmulSweep(_Section):
+    """Measured GEMM rates on a grid of shapes: per dtype, the achieved rate over the dtype's peak
+    for every (batch, m, n, k) in `batches` x `dims` x `dims` x `dims`, listed batch-major, then
+    m, n, k (`cost_models.compute` interpolates it)."""
+
+    batches: list[PositiveInt] = Field(min_length=1)
+    dims: list[PositiveInt] = Field(min_length=2)
+    efficiency: dict[str, list[Fraction]] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _full_grid(self) -> "MatmulSweep":
+        for name, values in (("batches", self.batches), ("dims", self.dims)):
+            if values != sorted(set(values)):
+                raise ValueError(f"{name} must be increasing, got {values}")
+        points = len(self.batches) * len(self.dims) ** 3
+        for dtype, values in self.efficiency.items():
+            if len(values) != points:
+                raise ValueError(f"efficiency.{dtype} has {len(values)} values; the grid has {points} "
+                                 f"({len(self.batches)} batches x {len(self.dims)}**3 shapes)")
+        return self
+
+
 class _ChipProfile(_Section):
     name: str = Field(min_length=1)
     description: str
@@ -144,6 +166,8 @@ class _ChipProfile(_Section):
     # Dtypes without a published peak are priced at this dtype's rate (see `BoundTopology.peak_flops`).
     fallback_dtype: str
     matmul_efficiency: dict[str, Fraction] = {}
+    # GEMM rates by shape where a sweep is published; without one a GEMM runs at matmul_efficiency
+    matmul_sweep: MatmulSweep | None = None
     hbm_bytes: PositiveInt
     hbm_bytes_per_s: PositiveFloat
     # (collective size in bytes, fraction of link bandwidth reached), sizes increasing; None (left
@@ -163,6 +187,10 @@ class _ChipProfile(_Section):
     def _consistent(self) -> "_ChipProfile":
         if self.fallback_dtype not in self.peak_flops_per_s:
             raise ValueError(f"fallback_dtype {self.fallback_dtype!r} has no entry in peak_flops_per_s")
+        swept = set(self.matmul_sweep.efficiency) if self.matmul_sweep else set()
+        if swept - set(self.peak_flops_per_s):
+            raise ValueError(f"matmul_sweep.efficiency has dtypes {sorted(swept - set(self.peak_flops_per_s))} "
+                             "without an entry in peak_flops_per_s")
         ramp = self.bandwidth_ramp or []
         sizes = [size for size, _ in ramp]
         fractions = [fraction for _, fraction in ramp]

@@ -11,11 +11,13 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Mapping, Sequence
 
 from cost_models.bandwidth import algbw_bytes_per_s, busbw_bytes_per_s
 from cost_models.binding import Segment, Segments, default_segments, mapped_segments, unsplit_count
 from cost_models.collectives import COLLECTIVE_KINDS, GroupCost, Protocols, Ramp
+from cost_models.compute import SweepRates
 from cost_models.errors import BindingError, TopologyError
 from cost_models.levels import NetworkLevel, SwitchLevel, TorusDim, TorusLevel
 from cost_models.machine import Machine, gpu_machine, tpu_machines
@@ -34,6 +36,7 @@ class BoundTopology:
     segments: Segments
     _costs: dict[tuple[str, tuple[str, ...]], GroupCost] = field(default_factory=dict, init=False, repr=False,
                                                                  compare=False)
+    _gemm_rates: dict[tuple, float] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # -- compute and memory ---------------------------------------------------------------
     @property
@@ -49,11 +52,28 @@ class BoundTopology:
         peaks = self.profile.peak_flops_per_s
         return peaks.get(dtype, peaks[self.profile.fallback_dtype])
 
-    def matmul_efficiency(self, dtype: str) -> float:
+    def matmul_efficiency(self, dtype: str, gemm: tuple[int, int, int, int] | None = None) -> float:
         """Measured best matmul rate over peak (MAMF). A dtype without a measurement gets the fallback
-        dtype's; 1.0 (peak) where the profile publishes none."""
+        dtype's; 1.0 (peak) where the profile publishes none. With `gemm` (batch, m, n, k of one
+        device's GEMM) and a measured sweep for the dtype (or the fallback dtype), the sweep's rate
+        at that shape, never above the best rate: lower bounds price every GEMM at the best."""
         efficiency = self.profile.matmul_efficiency
-        return efficiency.get(dtype, efficiency.get(self.profile.fallback_dtype, 1.0))
+        best = efficiency.get(dtype, efficiency.get(self.profile.fallback_dtype, 1.0))
+        sweep = self._sweep
+        if gemm is None or sweep is None:
+            return best
+        swept = dtype if dtype in sweep.grids else self.profile.fallback_dtype
+        if swept not in sweep.grids:
+            return best
+        key = (swept, *gemm)
+        found = self._gemm_rates.get(key)
+        if found is None:
+            found = self._gemm_rates[key] = min(best, sweep.efficiency(swept, *gemm))
+        return found
+
+    @cached_property
+    def _sweep(self) -> SweepRates | None:
+        return SweepRates(self.profile.matmul_sweep) if self.profile.matmul_sweep else None
 
     # -- collectives ----------------------------------------------------------------------
     def collective_seconds(self, kind: str, axes: Sequence[str], bytes_per_device: float) -> float:

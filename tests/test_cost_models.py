@@ -128,6 +128,43 @@ def test_peak_flops_falls_back_for_unpublished_dtypes():
     assert gpu.hbm_bytes == 80e9 and gpu.hbm_bytes_per_s == 3.35e12
 
 
+# XLA's measured sm_90 GEMM rates (kDefaultMatmulPTable), FLOP/s: (batch, m, n, k) -> (bf16, f32)
+XLA_SM90 = {(1, 4096, 4096, 4096): (783328793548203, 401589990188086),
+            (1, 1024, 2048, 256): (139519467775467, 82342164417177),
+            (2, 256, 2048, 2048): (332247798870580, 147979854465270),
+            (1, 2048, 2048, 2048): (631984593290170, 329166714898835)}
+
+
+def test_gemm_rates_follow_the_measured_sweep_between_and_beyond_its_shapes():
+    gpu = bind("dgx-h100", ["tp"], [8])
+    for shape, (bf16, f32) in XLA_SM90.items():  # at a measured shape: the measurement
+        assert gpu.peak_flops("bf16") * gpu.matmul_efficiency("bf16", shape) == pytest.approx(bf16, rel=1e-3)
+        assert gpu.peak_flops("f32") * gpu.matmul_efficiency("f32", shape) == pytest.approx(
+            min(f32, 0.803 * gpu.peak_flops("f32")), rel=1e-3)  # never above the best rate
+    # between two measured shapes (log2 midway in m), between their rates
+    low, high = (gpu.matmul_efficiency("bf16", (1, m, 2048, 2048)) for m in (1024, 2048))
+    assert low < gpu.matmul_efficiency("bf16", (1, 1448, 2048, 2048)) < high
+    # beyond the grid: the nearest measured shape's rate; a batch past 4 stacks onto m
+    assert gpu.matmul_efficiency("bf16", (1, 16384, 8192, 65536)) == gpu.matmul_efficiency("bf16", (1, 4096, 4096, 4096))
+    assert gpu.matmul_efficiency("bf16", (16, 256, 512, 1024)) == gpu.matmul_efficiency("bf16", (4, 1024, 512, 1024))
+    assert gpu.matmul_efficiency("bf16") == 0.803  # no shape: the best rate, what lower bounds use
+    a100 = bind("dgx-a100", ["tp"], [8])  # no published sweep: one rate for every shape
+    assert a100.matmul_efficiency("bf16", (1, 256, 256, 256)) == a100.matmul_efficiency("bf16") == 0.869
+
+
+def test_a_sweep_that_is_not_a_full_grid_is_refused_naming_the_field():
+    data = raw("dgx-h100")
+    data["matmul_sweep"]["efficiency"]["bf16"] = data["matmul_sweep"]["efficiency"]["bf16"][:-1]
+    with pytest.raises(ProfileError) as error:
+        load_profile(data)
+    assert error.value.field == "matmul_sweep" and "374 values" in error.value.message
+    data = raw("dgx-h100")
+    data["matmul_sweep"]["efficiency"]["f4"] = data["matmul_sweep"]["efficiency"]["f32"]
+    with pytest.raises(ProfileError) as error:
+        load_profile(data)
+    assert "f4" in error.value.message
+
+
 # -- binding ----------------------------------------------------------------------------------
 
 def test_default_binding_puts_inner_axis_on_fastest_links():

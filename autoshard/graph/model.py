@@ -15,6 +15,7 @@ from typing import Any, Mapping
 import networkx as nx
 
 from autoshard.dtypes import DTYPES
+from autoshard.graph.fusion import fused_values
 from autoshard.ops import OP_KINDS, LoopNest, OpKind
 from autoshard.sharding import Sharding
 
@@ -104,6 +105,11 @@ class Graph:
     def gradients(self) -> dict[str, str]:
         """Parameter -> its gradient (values the graph declares with `grad_of`)."""
         return {t.grad_of: t.name for t in self.tensors.values() if t.grad_of is not None}
+
+    @cached_property
+    def fused(self) -> frozenset[str]:
+        """Values a compiled step computes without writing them to memory (`graph.fusion`)."""
+        return fused_values(self)
 
     @cached_property
     def phases(self) -> dict[str, str]:

@@ -2,8 +2,9 @@
 computed again from what the forward kept, instead of values held from the forward.
 
 - `full`: a layer keeps only what it reads from outside itself (its input, the masks and other
-  step inputs); every value its backward reads from its own forward is computed again, by copies
-  of the forward ops that lead to it, just before the layer's backward.
+  step inputs); its whole forward runs again just before its backward, as Megatron-LM's and
+  PyTorch's checkpointed layers do (ops whose values the backward does not read included: the
+  rerun is one call of the layer).
 - `selective` (Korthikanti et al.'s): only the attention core is computed again, the values
   between a contraction of two activations (Q·Kᵀ) and the contraction of two activations that
   reads them (the probabilities times V): scores, masking, softmax, dropout. Layers whose
@@ -14,7 +15,8 @@ The copies are ops of their own (`recompute.<op>`, results `recompute.<value>`),
 listed right before its first backward op: the order that lists them there runs them after the
 layers after it are done, so a kept value's live range ends in the forward and the copies' time
 and collectives count in the backward, where a plan prices them (`Graph.phases` calls them
-backward: no output needs them but the gradients). The plan chooses their shardings as any op's.
+backward: no output needs them but the gradients). A copy runs with its forward op's option (the
+formulation ties the two), so the recomputed forward moves what the forward moved.
 """
 
 from __future__ import annotations
@@ -78,6 +80,8 @@ def _check_names(graph: Graph, copies: dict[str, list[Op]]) -> None:
 def _recomputed(forward: list[Op], backward: list[Op], parameters: set[str], mode: str) -> list[Op]:
     """The forward ops of one layer to copy, in order: those producing the values its backward
     reads (all of them, or the attention core's), and the ops of the layer these need again."""
+    if mode == "full":
+        return list(forward)  # the layer's forward runs again whole, as a checkpointed layer does
     own = {t for op in forward for t in op.outputs}
     read = {t for op in backward for t in op.inputs if t in own}
     if mode == "selective":

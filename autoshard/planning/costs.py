@@ -1,7 +1,8 @@
 """Compute and memory model of one op under one option, per device.
 
 Compute time is a roofline: the larger of the local FLOPs at the chip's peak for the dtype
-(times its matmul efficiency) and the local bytes moved at HBM bandwidth. Work is split over
+(times its matmul efficiency, by the GEMM's shape where the profile has a measured sweep) and the local bytes moved at HBM bandwidth, where a value fused
+between pointwise ops (`Graph.fused`) moves none. Work is split over
 the split loops; loops left whole are computed redundantly on every device of those axes,
 which is exactly what the per-device local extents express.
 """
@@ -26,7 +27,7 @@ class Hardware(Protocol):
 
     def peak_flops(self, dtype: str) -> float: ...
 
-    def matmul_efficiency(self, dtype: str) -> float: ...
+    def matmul_efficiency(self, dtype: str, gemm: tuple[int, int, int, int] | None = None) -> float: ...
 
     def collective_seconds(self, kind: str, axes: Sequence[str], bytes_per_device: float) -> float: ...
 
@@ -55,18 +56,41 @@ def op_cost(graph: Graph, op: Op, option: ShardingOption, mesh: Mesh, hw: Hardwa
     nest = op.nest
     flops = device_flops(op, option, mesh)
     shardings = operand_shardings(nest, option) + result_shardings(nest, option)
+    fused = graph.fused  # computed inside one kernel with its neighbours: never in memory
     moved = sum(tensor_bytes(graph.tensors[t].shape, graph.tensors[t].itemsize, s, mesh)
-                for t, s in zip(op.operands, shardings))
-    compute_s = flops / flops_per_s(graph, op, hw) if flops else 0.0
+                for t, s in zip(op.operands, shardings) if t not in fused)
+    splits = tuple(mesh.group_size(axes) if axes else 1 for axes in option.loop_axes)
+    compute_s = flops / flops_per_s(graph, op, hw, gemm_shape(op, splits)) if flops else 0.0
     memory_s = moved / hw.hbm_bytes_per_s
     return OpCost(flops, moved, max(compute_s, memory_s), "compute" if compute_s >= memory_s else "memory")
 
 
-def flops_per_s(graph: Graph, op: Op, hw: Hardware) -> float:
+def flops_per_s(graph: Graph, op: Op, hw: Hardware, gemm: tuple[int, int, int, int] | None = None) -> float:
     """The rate an op computes at on one device: the chip's peak for its (first input's) dtype
-    times the matmul efficiency."""
+    times the matmul efficiency, at the shape of its GEMM where it is one (`gemm_shape`)."""
     dtype = graph.tensors[op.inputs[0]].dtype if op.inputs else graph.tensors[op.outputs[0]].dtype
-    return hw.peak_flops(dtype) * hw.matmul_efficiency(dtype)
+    return hw.peak_flops(dtype) * hw.matmul_efficiency(dtype, gemm)
+
+
+def gemm_shape(op: Op, splits: Sequence[int]) -> tuple[int, int, int, int] | None:
+    """(batch, m, n, k) of the largest block of a contraction of two operands whose loops are cut
+    into `splits` blocks: batch loops are read by both operands and the result, m loops by the
+    first operand and the result, n loops by the second and the result, k the summed loops. None
+    for other ops (and for a contraction with a loop of another kind, as a window's)."""
+    nest = op.nest
+    if len(nest.input_maps) != 2 or len(nest.output_maps) != 1 or not nest.reduction_loops or nest.reduction_kind != "sum":
+        return None
+    reads = [{loop for expr in m.results for loop in expr.loops} for m in nest.maps]
+    lhs, rhs, out = reads
+    sizes = {"b": 1, "m": 1, "n": 1, "k": 1}
+    for loop, (extent, split) in enumerate(zip(nest.extents, splits)):
+        role = ("k" if loop in nest.reduction_loops and loop in lhs and loop in rhs and loop not in out
+                else "b" if loop in lhs and loop in rhs and loop in out
+                else "m" if loop in lhs and loop in out else "n" if loop in rhs and loop in out else None)
+        if role is None:
+            return None
+        sizes[role] *= -(-extent // split)
+    return sizes["b"], sizes["m"], sizes["n"], sizes["k"]
 
 
 def least_compute_s(graph: Graph, op: Op, devices: int, hw: Hardware) -> float:

@@ -32,6 +32,7 @@ import numpy as np
 
 from autoshard.errors import InfeasibleError, InputError
 from autoshard.graph.model import Graph, Op, Tensor, live_ranges, topological_order
+from autoshard.graph.recompute import PREFIX as RECOMPUTED
 from autoshard.mesh import Mesh
 from autoshard.planning.costs import Hardware, op_cost, result_bytes, tensor_bytes
 from autoshard.planning.options import ShardingOption, operand_shardings, result_shardings
@@ -45,6 +46,7 @@ from autoshard.solver.problem import FORBIDDEN_COST, Problem
 PICOSECONDS = 1e12
 WRITE_BACK = -1  # the input index of an edge that stores a value written in place into its old storage
 DELIVER = -2  # the input index of an edge from a value's producer to its delivered node
+SAME_OPTION = -3  # the input index of an edge holding a recomputed op to its forward op's option
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,8 @@ class Formulation:
     nodes: list[tuple[str, str]]  # ("op", op name), ("storage", tensor name) or ("delivered", tensor name)
     choices: list[list[ShardingOption | Sharding]]
     # per edge: (tensor, consumer op, input index), (new value, overwritten value, WRITE_BACK),
-    # or (tensor, its first reader, DELIVER) from its producer to its delivered node
+    # (tensor, its first reader, DELIVER) from its producer to its delivered node, or (forward
+    # op, its recomputed copy, SAME_OPTION)
     uses: list[tuple[str, str, int]]
     hint: list[int] = field(default_factory=list)  # preferred strategy per node (from hints)
 
@@ -374,6 +377,13 @@ def formulate(graph: Graph, mesh: Mesh, hw: Hardware, *, memory_budget_bytes: fl
         out_pos = graph.producers[new].outputs.index(new)
         add_edge(u, v, (kinds[u], out_pos, kinds[v], WRITE_BACK), shared[kinds[u]].results[out_pos],
                  shared[kinds[v]].results[0], graph.tensors[new], (new, old, WRITE_BACK))
+    for op in order:
+        copied = graph.op_by_name.get(op.name.removeprefix(RECOMPUTED)) if op.name.startswith(RECOMPUTED) else None
+        if copied is not None:
+            u, v = index[copied.outputs[0]], index[op.outputs[0]]
+            edge_costs.append(_same_option_matrix(shared[kinds[u]].choices, shared[kinds[v]].choices))
+            edges.append((u, v))
+            uses.append((copied.name, op.name, SAME_OPTION))
     # A delivered node is numbered before the op after its value's producer (or stored
     # tensor): between the value and its uses, in the order the relaxation sweeps and decodes.
     # Numbered last, a 2-layer GPT training step on dp=2,tp=4 took 20 s to a gap of 1e-4, 4 s here.
@@ -414,7 +424,8 @@ def _op_signature(graph: Graph, op: Op, pins: dict[str, Sharding], returned: fro
     """Everything an op node's strategies and costs depend on, its name and neighbours aside."""
     inputs = tuple((graph.tensors[t].shape, graph.tensors[t].dtype) for t in op.inputs)
     outputs = tuple((graph.tensors[t].shape, graph.tensors[t].dtype, t in returned, pins.get(t)) for t in op.outputs)
-    return op.kind, op.nest, _hashable(op.attrs), inputs, outputs
+    fused = tuple(t in graph.fused for t in op.operands)  # what its kernel reads and writes in memory
+    return op.kind, op.nest, _hashable(op.attrs), inputs, outputs, fused
 
 
 def _hashable(value: Any) -> Any:
@@ -477,6 +488,17 @@ def _pair_matrix(sources: list[Sharding], targets: list[Sharding],
     src_index = np.array([src_ids.setdefault(s, len(src_ids)) for s in sources])
     dst_index = np.array([dst_ids.setdefault(d, len(dst_ids)) for d in targets])
     return table(list(src_ids), list(dst_ids))[src_index[:, None], dst_index[None, :]]
+
+
+def _same_option_matrix(forward: list[ShardingOption], copy: list[ShardingOption]) -> np.ndarray:
+    """A recomputed op runs as its forward op does (Megatron's recomputation reruns the forward as
+    it ran): free where both take the same option, forbidden elsewhere."""
+    column = {option: j for j, option in enumerate(copy)}
+    matrix = np.full((len(forward), len(copy)), FORBIDDEN_COST, dtype=np.int64)
+    for i, option in enumerate(forward):
+        if option in column:
+            matrix[i, column[option]] = 0
+    return matrix
 
 
 def _delivery_candidates(sources: list[Sharding], reads: list[list[Sharding]]) -> list[Sharding] | None:

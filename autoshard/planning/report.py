@@ -195,11 +195,11 @@ def estimate(plan: Plan, hw: Hardware, microbatching: Microbatching | None = Non
     costs: dict[tuple, OpCost] = {}
     for op in shardings.order:
         option = plan.options[op.name]
-        # `op_cost` reads the op through its nest, busiest device's FLOPs and operands' shapes and
-        # dtypes only (the first input's dtype, or the first result's if it has none): repeated
-        # layers are priced once
+        # `op_cost` reads the op through its nest, busiest device's FLOPs and operands' shapes,
+        # dtypes and fusion only (the first input's dtype, or the first result's if it has none):
+        # repeated layers are priced once
         key = (op.nest, option, device_flops(op, option, mesh), len(op.inputs),
-               tuple((graph.tensors[t].shape, graph.tensors[t].dtype) for t in op.operands))
+               tuple((graph.tensors[t].shape, graph.tensors[t].dtype, t in graph.fused) for t in op.operands))
         if key not in costs:
             costs[key] = op_cost(graph, op, option, mesh, hw)
         cost, times = costs[key], runs.get(op.name, 1)
