@@ -455,7 +455,7 @@ INTERRUPT_DELAYS_S = [round(_delays.uniform(0, 3), 2), round(_delays.uniform(3, 
 def gpt(tmp_path_factory) -> Path:
     """A training step that takes seconds to formulate and much longer to solve."""
     path = tmp_path_factory.mktemp("graphs") / "gpt.json"
-    assert run_cli("generate", "gpt", "--training", "--layers", "3", "-o", str(path))[0] == 0
+    assert run_cli("generate", "gpt", "--training", "--layers", "4", "-o", str(path))[0] == 0
     return path
 
 
