@@ -24,22 +24,28 @@ f32 master weights and Adam moments, as planned; the embedding's and the head's 
 holding them) and the activations of the microbatches it holds at its peak under the schedule
 (not the working set of one layer's recomputation).
 
-    python benchmarks/published_runs.py [--csv FILE] [--json] [--only MODEL] [--time-limit 20]
+With `--search`, per model and cluster, every layout Megatron-LM could run it in (`layouts`) is
+priced the same way and the fastest that fits is set beside the published ones, with their rank.
+
+    python benchmarks/published_runs.py [--csv FILE] [--json] [--only MODEL] [--time-limit 20] [--search]
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import json
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from cost_models import load_profile
+
 from autoshard.errors import AutoshardError, InputError, Problem
-from autoshard.graph.recompute import with_recomputation
+from autoshard.graph.recompute import MODES, with_recomputation
 from autoshard.graph.schema import graph_from_json
 from autoshard.mesh import Mesh
 from autoshard.models import GPTConfig, gpt
@@ -167,7 +173,7 @@ class Prediction:
     solve: dict[str, Any]
 
 
-def layer_step(run: Run, time_limit_s: float) -> tuple[PlanResult, Mesh, Any]:
+def layer_step(run: Run, time_limit_s: float, deterministic: bool = True) -> tuple[PlanResult, Mesh, Any]:
     """The plan of a three-layer sample of the run's model on the mesh inside a stage."""
     stage_mesh = Mesh.of(dp=run.dp, tp=run.tp) if run.dp > 1 else Mesh.of(tp=run.tp)
     config = GPTConfig(layers=SAMPLE_LAYERS, hidden=run.hidden, heads=run.heads, seq=run.seq,
@@ -178,20 +184,56 @@ def layer_step(run: Run, time_limit_s: float) -> tuple[PlanResult, Mesh, Any]:
     graph = with_recomputation(graph_from_json(document, stage_mesh), run.recompute, stage_mesh)
     hw = bind_hardware(PROFILES[run.gpu], pipeline_mesh(stage_mesh, run.pp))
     # memory is reported, not bound; a fixed amount of solver work, so every run prices alike
-    settings = SolveSettings(time_limit_s=time_limit_s, workers=1, memory_budget_bytes=2.0**60, deterministic=True)
+    settings = SolveSettings(time_limit_s=time_limit_s, workers=1, memory_budget_bytes=2.0**60, deterministic=deterministic,
+                             gap_limit=1e-4 if deterministic else SEARCH_GAP_LIMIT)
     return make_plan(graph, stage_mesh, hw, settings), stage_mesh, hw
 
 
-def predict(run: Run, time_limit_s: float = 20.0) -> Prediction:
-    result, stage_mesh, hw = layer_step(run, time_limit_s)
-    plan, graph = result.plan, result.plan.graph
-    positions = op_positions(graph)
-    kinds = work_kinds(graph, positions)
-    seconds = seconds_per_run(result.report, graph)
-    per = {(p, k): 0.0 for p in range(SAMPLE_LAYERS) for k in ("F", "B", "W", "tail")}
-    for op, entry in seconds.items():
-        per[positions[op], kinds[op]] += entry["compute"] + entry["communication"]
+@dataclass(frozen=True)
+class LayerPrices:
+    """What a three-layer sample prices for a stage's layout, whatever the pipeline around it:
+    seconds per (position, kind), the bytes a stage sends the next, and the state and kept
+    activation bytes per position."""
 
+    seconds: dict[tuple[int, str], float]
+    sent_bytes: float
+    state_bytes: list[float]
+    kept_bytes: float
+    solve: dict[str, Any]
+
+
+# The sample's prices depend on the stage's layout only (the stage axis is outermost, so a stage's
+# dp and tp groups sit on the same links at any depth): pipelines of other depths reuse them.
+LAYOUT_FIELDS = ("model", "layers", "hidden", "heads", "seq", "vocab", "gpu", "tp", "dp", "micro_batch",
+                 "recompute", "seq_parallel")
+_PRICES: dict[tuple, LayerPrices] = {}
+
+
+def layer_prices(run: Run, time_limit_s: float, deterministic: bool = True) -> LayerPrices:
+    key = tuple(getattr(run, f) for f in LAYOUT_FIELDS) + (time_limit_s, deterministic)
+    if key not in _PRICES:
+        result, stage_mesh, _ = layer_step(run, time_limit_s, deterministic)
+        plan, graph = result.plan, result.plan.graph
+        positions = op_positions(graph)
+        kinds = work_kinds(graph, positions)
+        seconds = {(p, k): 0.0 for p in range(SAMPLE_LAYERS) for k in ("F", "B", "W", "tail")}
+        for op, entry in seconds_per_run(result.report, graph).items():
+            seconds[positions[op], kinds[op]] += entry["compute"] + entry["communication"]
+        boundary = "layer1.mlp_residual"  # what one layer hands the next, as planned
+        sent = tensor_bytes(graph.tensors[boundary].shape, graph.tensors[boundary].itemsize,
+                            plan.produced(boundary), stage_mesh)
+        _PRICES[key] = LayerPrices(seconds, sent, _state_bytes_per_layer(plan), kept_activation_bytes(plan, 1),
+                                   {"status": result.solver["status"], "gap": result.solver.get("gap"),
+                                    "solve_s": result.solver.get("solve_s")})
+    return _PRICES[key]
+
+
+def predict(run: Run, time_limit_s: float = 20.0, deterministic: bool = True) -> Prediction:
+    """The row's step: deterministic solves by default (a fixed amount of work, so every run
+    prices alike), or solves of `time_limit_s` seconds on the clock stopping at 1% of their bound
+    (`--search`, which prices hundreds of layouts)."""
+    prices = layer_prices(run, time_limit_s, deterministic)
+    per = prices.seconds
     stages, chunks = run.pp, run.interleave
     per_chunk = run.layers // (stages * chunks)
     orders = stage_orders("interleaved" if chunks > 1 else "1f1b", stages, run.microbatches, chunks)
@@ -219,20 +261,16 @@ def predict(run: Run, time_limit_s: float = 20.0) -> Prediction:
                 + (table[2] - table[1] if s == last_stage else 0.0) for s in range(stages)]
 
     tail = per_stage({position: per[position, "tail"] for position in range(SAMPLE_LAYERS)})
-    boundary = "layer1.mlp_residual"  # what one layer hands the next, as planned
-    sent = tensor_bytes(graph.tensors[boundary].shape, graph.tensors[boundary].itemsize, plan.produced(boundary),
-                        stage_mesh)
-    transfer_s = hw.collective_seconds(TRANSFER, [STAGE_AXIS], sent) if stages > 1 else None
+    stage_mesh = Mesh.of(dp=run.dp, tp=run.tp) if run.dp > 1 else Mesh.of(tp=run.tp)
+    hw = bind_hardware(PROFILES[run.gpu], pipeline_mesh(stage_mesh, stages))
+    transfer_s = hw.collective_seconds(TRANSFER, [STAGE_AXIS], prices.sent_bytes) if stages > 1 else None
     timeline = simulate_pipeline(orders, chunk_seconds("F"), chunk_seconds("B"), chunk_seconds("W"),
                                  transfer_s=transfer_s, tail_s=tail)
-
-    kept = kept_activation_bytes(plan, 1)
-    held = activation_peaks(orders, [[per_chunk * kept] * chunks for _ in range(stages)])
-    state = per_stage(dict(enumerate(_state_bytes_per_layer(plan))))
+    held = activation_peaks(orders, [[per_chunk * prices.kept_bytes] * chunks for _ in range(stages)])
+    state = per_stage(dict(enumerate(prices.state_bytes)))
     fullest = max(range(stages), key=lambda s: state[s] + held[s])
     return Prediction(timeline.step_s, timeline.bubble_fraction, state[fullest] + held[fullest], state[fullest],
-                      held[fullest], {"status": result.solver["status"], "gap": result.solver.get("gap"),
-                                      "solve_s": result.solver.get("solve_s")})
+                      held[fullest], prices.solve)
 
 
 def _state_bytes_per_layer(plan: Any) -> list[float]:
@@ -256,12 +294,87 @@ def _state_bytes_per_layer(plan: Any) -> list[float]:
     return out
 
 
+SEARCH_GAP_LIMIT = 0.01
+MICRO_BATCHES = (1, 2, 4, 8)
+INTERLEAVES = (1, 2, 3, 4)
+STATE_BYTES_AT_LEAST = (2, 4 + 4 + 4 + 4)  # per parameter: bf16 weight (whole over dp); f32 grad, master, moments
+
+
+def layouts(run: Run) -> list[Run]:
+    """Every layout Megatron-LM could run the row's model in on its GPUs and global batch, that
+    could hold its state: tp within a node dividing the heads, pp dividing the layers, V chunks
+    of equal layers (V > 1 needs the microbatches a multiple of pp), micro batches dividing a
+    replica's share, each recomputation, sequence parallelism wherever tp > 1. A layout whose
+    least state (bf16 weights whole over dp, everything else sharded over it) exceeds the GPU's
+    memory is left out unpriced."""
+    profile = load_profile(PROFILES[run.gpu])
+    node, hbm = profile.nvlink.domain_gpus, profile.hbm_bytes
+    parameters = run.layers * 12 * run.hidden ** 2 + run.vocab * run.hidden
+    found = []
+    for tp in (t for t in range(1, node + 1) if run.gpus % t == 0 and run.heads % t == 0):
+        for pp in (p for p in range(1, run.layers + 1) if run.layers % p == 0 and (run.gpus // tp) % p == 0):
+            dp = run.gpus // (tp * pp)
+            weights, rest = STATE_BYTES_AT_LEAST
+            if parameters / (tp * pp) * (weights + rest / dp) > hbm:
+                continue
+            for micro, chunks, recompute in itertools.product(MICRO_BATCHES, INTERLEAVES, MODES):
+                candidate = replace(run, tp=tp, pp=pp, dp=dp, interleave=chunks, micro_batch=micro, recompute=recompute,
+                                    seq_parallel=tp > 1, measured_s_per_step=None)
+                if chunks > 1 and pp == 1 or run.global_batch % (dp * micro):
+                    continue
+                if not _shape_problems(candidate, ""):
+                    found.append(candidate)
+    return found
+
+
+def search(run: Run, time_limit_s: float) -> list[tuple[Run, Prediction]]:
+    """The layouts of `layouts(run)` that fit the GPU's memory, fastest first."""
+    hbm = load_profile(PROFILES[run.gpu]).hbm_bytes
+    priced = []
+    for candidate in layouts(run):
+        try:
+            prediction = predict(candidate, time_limit_s, deterministic=False)
+        except AutoshardError:
+            continue
+        if prediction.memory_bytes_per_gpu <= hbm:
+            priced.append((candidate, prediction))
+    return sorted(priced, key=lambda pair: pair[1].step_s)
+
+
+def layout_words(run: Run) -> str:
+    return (f"{run.tp} x {run.pp} x {run.dp}, V {run.interleave}, micro {run.micro_batch}, {run.recompute}"
+            f"{', SP' if run.seq_parallel else ''}")
+
+
+def print_searches(runs: list[Run], time_limit_s: float) -> None:
+    """Per model and cluster: the fastest fitting layout beside each published one, their
+    predicted seconds, and the published layout's rank among the fitting ones."""
+    print("| model | GPUs | layouts priced (fitting) | fastest found | predicted s | memory (GiB) | published layout | "
+          "its predicted s | its rank |\n| --- | ---: | ---: | --- | ---: | ---: | --- | ---: | ---: |")
+    for key, group in itertools.groupby(runs, key=lambda r: (r.model, r.gpus, r.global_batch)):
+        group = list(group)
+        ranked = search(group[0], time_limit_s)
+        if not ranked:
+            print(f"| {key[0]} | {key[1]} | 0 | - | - | - | - | - | - |")
+            continue
+        best, best_p = ranked[0]
+        for published in group:
+            mine = predict(published, time_limit_s, deterministic=False)
+            rank = 1 + sum(1 for _, p in ranked if p.step_s < mine.step_s)
+            print(f"| {key[0]} | {key[1]} | {len(layouts(group[0]))} ({len(ranked)}) | {layout_words(best)} | "
+                  f"{best_p.step_s:.4g} | {best_p.memory_bytes_per_gpu / 2**30:.1f} | {layout_words(published)} | "
+                  f"{mine.step_s:.4g} | {rank} |", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--csv", type=Path, default=CSV, help=f"rows to price (columns: {', '.join(COLUMNS)})")
     parser.add_argument("--json", action="store_true", help="one JSON object per row instead of the table")
     parser.add_argument("--only", action="append", default=[], help="price only rows of this model (repeatable)")
     parser.add_argument("--time-limit", type=float, default=20.0, help="solver seconds per row (default 20)")
+    parser.add_argument("--search", action="store_true",
+                        help="per model and cluster, the fastest layout that fits beside the published ones "
+                             "(--time-limit then bounds each solve on the clock; 3 is plenty)")
     args = parser.parse_args(argv)
     try:
         runs = [r for r in read_runs(args.csv) if not args.only or r.model in args.only]
@@ -269,6 +382,9 @@ def main(argv: list[str] | None = None) -> int:
         for problem in error.problems:
             print(f"published_runs: {problem}", file=sys.stderr)
         return 2
+    if args.search:
+        print_searches(runs, args.time_limit)
+        return 0
     errors, failed = [], 0
     if not args.json:
         print("| model | GPUs | tp x pp x dp, V | recompute, SP | predicted s | measured s | error | bubble | "

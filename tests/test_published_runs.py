@@ -84,3 +84,18 @@ def test_a_data_parallel_pipelined_row_is_priced_with_its_batch_over_the_replica
                                    time_limit_s=5)
     # each replica runs the same microbatches; the replicated step adds the gradients' reduction over dp
     assert replicated.step_s > one_replica.step_s > 0 and 0 < replicated.bubble_fraction < 1
+
+
+def test_the_layout_search_covers_the_published_degrees_and_ranks_a_small_cluster(tmp_path):
+    for run in published_runs.read_runs(published_runs.CSV):
+        degrees = {(c.tp, c.pp, c.dp, c.interleave, c.micro_batch, c.recompute) for c in published_runs.layouts(run)}
+        assert (run.tp, run.pp, run.dp, run.interleave, run.micro_batch, run.recompute) in degrees
+    # on a small cluster every layout is priced: the fitting ones, fastest first
+    row = {"model": "small", "layers": "2", "hidden": "256", "heads": "8", "seq": "128", "vocab": "512", "gpus": "4",
+           "gpu": "H100-80GB", "tp": "2", "pp": "2", "dp": "1", "interleave": "1", "global_batch": "4",
+           "micro_batch": "2", "recompute": "selective", "seq_parallel": "yes", "measured_s_per_step": ""}
+    [run] = published_runs.read_runs(write_rows(tmp_path / "small.csv", [row]))
+    ranked = published_runs.search(run, 2.0)
+    assert ranked and [p.step_s for _, p in ranked] == sorted(p.step_s for _, p in ranked)
+    assert all(c.tp * c.pp * c.dp == 4 and 4 % (c.dp * c.micro_batch) == 0 for c, _ in ranked)
+    assert all(p.memory_bytes_per_gpu <= 80e9 for _, p in ranked)
