@@ -1,10 +1,10 @@
 """Compute and memory model of one op under one option, per device.
 
 Compute time is a roofline: the larger of the local FLOPs at the chip's peak for the dtype
-(times its matmul efficiency, by the GEMM's shape where the profile has a measured sweep) and the local bytes moved at HBM bandwidth, where a value fused
-between pointwise ops (`Graph.fused`) moves none. Work is split over
-the split loops; loops left whole are computed redundantly on every device of those axes,
-which is exactly what the per-device local extents express.
+(times its matmul efficiency, by the GEMM's shape where the profile has a measured sweep) and
+the local bytes moved at HBM bandwidth, where a value fused between pointwise ops (`Graph.fused`)
+moves none. Work is split over the split loops; loops left whole are computed redundantly on
+every device of those axes, which is exactly what the per-device local extents express.
 """
 
 from __future__ import annotations
