@@ -97,7 +97,8 @@ def least_compute_s(graph: Graph, op: Op, devices: int, hw: Hardware) -> float:
     """At most `op_cost(...).seconds` of any option on any mesh of `devices` devices: an option
     splits the loops over at most every device (each mesh axis once), so a device computes at
     least the op's FLOPs over the devices (more where a split is uneven or loops stay whole), at
-    the same rate; the roofline's memory side only adds."""
+    the chip's best rate (a GEMM's shape only slows it: `matmul_efficiency` caps the sweep at the
+    best); the roofline's memory side only adds."""
     flops = op.flops()
     return flops / (devices * flops_per_s(graph, op, hw)) if flops else 0.0
 
