@@ -42,8 +42,8 @@ def test_a_value_only_pointwise_ops_read_is_fused_and_moves_no_bytes():
     moved = {op.name: op_cost(graph, op, whole(op), MESH, hw).bytes for op in graph.ops}
     element = 2  # bf16
     assert moved == {"s": 2 * N * element,        # reads x and y, writes nothing
-                     "e": N * element,            # reads nothing fused, writes e
-                     "m": 2 * N * element,        # reads e, writes m
+                     "e": N * element,            # reads s inside the kernel, writes e
+                     "m": 2 * N * element,        # reads e (s inside the kernel), writes m
                      "total": N * element + element}
     seconds = op_cost(graph, graph.op_by_name["m"], whole(graph.op_by_name["m"]), MESH, hw).seconds
     assert seconds == pytest.approx(2 * N * element / hw.hbm_bytes_per_s)
