@@ -173,9 +173,14 @@ class Prediction:
     solve: dict[str, Any]
 
 
-def layer_step(run: Run, time_limit_s: float, deterministic: bool = True) -> tuple[PlanResult, Mesh, Any]:
+def stage_mesh_of(run: Run) -> Mesh:
+    """The mesh inside one pipeline stage."""
+    return Mesh.of(dp=run.dp, tp=run.tp) if run.dp > 1 else Mesh.of(tp=run.tp)
+
+
+def layer_step(run: Run, time_limit_s: float, deterministic: bool = True) -> tuple[PlanResult, Mesh]:
     """The plan of a three-layer sample of the run's model on the mesh inside a stage."""
-    stage_mesh = Mesh.of(dp=run.dp, tp=run.tp) if run.dp > 1 else Mesh.of(tp=run.tp)
+    stage_mesh = stage_mesh_of(run)
     config = GPTConfig(layers=SAMPLE_LAYERS, hidden=run.hidden, heads=run.heads, seq=run.seq,
                        batch=run.micro_batch * run.dp, vocab=run.vocab, style="megatron")
     with training_precision("bf16-mixed"):
@@ -186,7 +191,7 @@ def layer_step(run: Run, time_limit_s: float, deterministic: bool = True) -> tup
     # memory is reported, not bound; a fixed amount of solver work, so every run prices alike
     settings = SolveSettings(time_limit_s=time_limit_s, workers=1, memory_budget_bytes=2.0**60, deterministic=deterministic,
                              gap_limit=1e-4 if deterministic else SEARCH_GAP_LIMIT)
-    return make_plan(graph, stage_mesh, hw, settings), stage_mesh, hw
+    return make_plan(graph, stage_mesh, hw, settings), stage_mesh
 
 
 @dataclass(frozen=True)
@@ -212,7 +217,7 @@ _PRICES: dict[tuple, LayerPrices] = {}
 def layer_prices(run: Run, time_limit_s: float, deterministic: bool = True) -> LayerPrices:
     key = tuple(getattr(run, f) for f in LAYOUT_FIELDS) + (time_limit_s, deterministic)
     if key not in _PRICES:
-        result, stage_mesh, _ = layer_step(run, time_limit_s, deterministic)
+        result, stage_mesh = layer_step(run, time_limit_s, deterministic)
         plan, graph = result.plan, result.plan.graph
         positions = op_positions(graph)
         kinds = work_kinds(graph, positions)
@@ -261,8 +266,7 @@ def predict(run: Run, time_limit_s: float = 20.0, deterministic: bool = True) ->
                 + (table[2] - table[1] if s == last_stage else 0.0) for s in range(stages)]
 
     tail = per_stage({position: per[position, "tail"] for position in range(SAMPLE_LAYERS)})
-    stage_mesh = Mesh.of(dp=run.dp, tp=run.tp) if run.dp > 1 else Mesh.of(tp=run.tp)
-    hw = bind_hardware(PROFILES[run.gpu], pipeline_mesh(stage_mesh, stages))
+    hw = bind_hardware(PROFILES[run.gpu], pipeline_mesh(stage_mesh_of(run), stages))
     transfer_s = hw.collective_seconds(TRANSFER, [STAGE_AXIS], prices.sent_bytes) if stages > 1 else None
     timeline = simulate_pipeline(orders, chunk_seconds("F"), chunk_seconds("B"), chunk_seconds("W"),
                                  transfer_s=transfer_s, tail_s=tail)
