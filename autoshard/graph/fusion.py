@@ -29,14 +29,15 @@ def pointwise(op: "Op") -> bool:
 def fused_values(graph: "Graph") -> frozenset[str]:
     phases = graph.phases
     kept = set(graph.outputs) | set(graph.updated_by.values()) | set(graph.gradients.values())
+    chained = {op.name for op in graph.ops if pointwise(op)}
     fused = set()
     for op in graph.ops:
-        if not pointwise(op):
+        if op.name not in chained:
             continue
         value = op.outputs[0]
         readers = graph.consumers[value]
         if (value not in kept and readers
-                and all(pointwise(r) and graph.tensors[r.outputs[0]].shape == graph.tensors[value].shape
+                and all(r.name in chained and graph.tensors[r.outputs[0]].shape == graph.tensors[value].shape
                         and phases[r.name] == phases[op.name] for r in readers)):
             fused.add(value)
     return frozenset(fused)
