@@ -20,6 +20,7 @@ from autoshard.ops import OP_KINDS, Block, evaluate, evaluate_block
 from autoshard.ops.interpret import interpret
 from autoshard.ops.loops import INVALID, PARALLEL, REDUCTION
 from autoshard.ops.payloads import PAYLOADS
+from autoshard.ops.nn import COMBINED
 from autoshard.reductions import REDUCTIONS
 
 rng = np.random.default_rng(7)
@@ -263,8 +264,8 @@ def test_split_loops_reassemble_the_result(case):
     splittable = nest.splittable_loops()
     assert splittable, "every kind has at least one loop that can be split"
     for loop in splittable:
-        if nest.extents[loop] < 2:
-            continue
+        if nest.extents[loop] < 2 or nest.iterator_types[loop] == COMBINED:
+            continue  # a combined loop's blocks meet in the op's own collectives: tests/test_context_parallel.py
         full, reassembled = evaluate_split(kind, nest, attrs, inputs, loop)
         np.testing.assert_allclose(reassembled, full, rtol=1e-5, atol=1e-6, err_msg=f"loop d{loop}")
 
@@ -276,14 +277,15 @@ def test_split_loops_reassemble_the_result(case):
     ("top_k_values", [(3, 6)], {"k": 2}, 2),  # the row the k largest are picked from
     ("cumulative", [(3, 6)], {"axis": 1, "reduction": "sum"}, 1),  # the running dim
     ("scatter", [(7, 4), (5,), (5, 4)], {}, 2),  # the ids: a later write must win
-    ("attention", [(1, 2, 4, 3), (1, 2, 6, 3), (1, 2, 6, 2)], {}, 4),  # keys
+    ("attention", [(1, 2, 4, 3), (1, 2, 6, 3), (1, 2, 6, 2)], {}, 4),  # keys: combined, never a plain sum
     ("attention", [(1, 2, 4, 4), (1, 2, 6, 4), (1, 2, 6, 2)], {}, 5),  # query features
 ])
 def test_invalid_loops_are_the_ones_a_split_would_break(kind_name, shapes, attrs, loop):
-    """The loops marked invalid really change the result when split, treated either way."""
+    """The loops marked invalid (or combined, split only through the op's own combine) really
+    change the result when split as a parallel or reduction loop."""
     kind = OP_KINDS[kind_name]
     nest = kind.loops(shapes, attrs)
-    assert nest.iterator_types[loop] == INVALID
+    assert nest.iterator_types[loop] in (INVALID, COMBINED)
     inputs = make_inputs(kind_name, shapes)
     # A loop indexing the result could only be a parallel split; one that does not, a reduction.
     indexes_result = any(loop in e.loops for e in nest.output_maps[0].results)

@@ -238,3 +238,13 @@ STEP_PRINTERS: dict[str, Printer] = {
     "permute": _permute,
     "update_halo": _update_halo,
 }
+
+
+def emit_all_reduce(b: Body, dialect: Dialect, mesh: Mesh, mesh_axes: Sequence[str], x: Operand, kind: str,
+                    hint: str) -> Operand:
+    """`all_reduce` of `x` with reduction `kind` over `mesh_axes`, outside any resharding step
+    (an op's own combine: attention with its key loop split)."""
+    name = b.name(hint)
+    b.emit(f"{name} = {dialect.op('all_reduce')} {x.name} on {MESH_SYMBOL} {dialect.axes_attr} = "
+           f"{axes_list(mesh, mesh_axes)} reduction = {dialect.reduction(kind)} : {x.type} -> {x.type}")
+    return Operand(name, x.spec)

@@ -34,6 +34,7 @@ from autoshard.mlir.lower_selection import one_hot, top_k
 from autoshard.mlir.scalar import combine, constant, convert, payload
 from autoshard.mlir.text import Body, elem_type, int_list
 from autoshard.ops.loops import PARALLEL, REDUCTION
+from autoshard.ops.nn import KEY_LOOP, QUERY_LOOP
 from autoshard.ops.payloads import PAYLOADS
 from autoshard.ops.table import accumulated_dtype, normalize_dim
 
@@ -47,6 +48,9 @@ class LoweringContext:
     offset: Callable[[int], str | None]  # first global index of a loop's block as an SSA index; None: 0
     # Per input, the (start, end) halo of each dim its value holds (none in the global op).
     input_halos: tuple[tuple[tuple[int, int], ...], ...] = ()
+    # An all_reduce of a value over the mesh axes of the op's split combined loop (attention's
+    # keys), given the reduction kind and a name hint; None where no such loop is split.
+    all_reduce: Callable[[Body, Operand, str, str], Operand] | None = None
 
     def halo(self, index: int, dim: int) -> tuple[int, int]:
         halos = self.input_halos[index] if index < len(self.input_halos) else ()
@@ -196,13 +200,17 @@ def _normalise(b: Body, ctx: LoweringContext, centre: bool) -> list[Operand]:
 
 def _attention(b: Body, ctx: LoweringContext) -> list[Operand]:
     """scores = q k^T (generic), scaled and causally masked (generic), linalg.softmax over the
-    keys, then weights v (generic). Loops of the op: b0 h1 s2 e3 t4 d5."""
+    keys, then weights v (generic). Loops of the op: b0 h1 s2 e3 t4 d5. With the key loop split
+    (`ctx.all_reduce` given), the block's online-softmax state combined over the key axes
+    (`_combined_attention`)."""
     q, k, v = ctx.inputs[:3]
     mask = ctx.inputs[3] if len(ctx.inputs) == 4 else None
     dtype = q.dtype
     scale = ctx.op.attrs.get("scale", 1.0 / math.sqrt(ctx.op.nest.extents[5]))
     causal = bool(ctx.op.attrs.get("causal", False))
-    query_offset = ctx.offset(2) if causal else None  # outside the region: it is a top-level value
+    # outside the region: they are top-level values
+    query_offset = ctx.offset(QUERY_LOOP) if causal else None
+    key_offset = ctx.offset(KEY_LOOP) if causal else None
     scores_spec = Spec(q.shape[:3] + (k.shape[2],), dtype, q.sizes[:3] + (k.sizes[2],))
 
     def dot(b: Body, args: list[str], acc: str) -> str:
@@ -218,7 +226,7 @@ def _attention(b: Body, ctx: LoweringContext) -> list[Operand]:
         if not causal:
             return value
         query = linalg_index(b, 2, query_offset)
-        key = linalg_index(b, 3, None)
+        key = linalg_index(b, 3, key_offset)
         seen = b.name("seen")
         b.emit(f"{seen} = arith.cmpi ule, {key}, {query} : index")
         return _keep_or_ninf(b, seen, value, dtype)
@@ -226,11 +234,64 @@ def _attention(b: Body, ctx: LoweringContext) -> list[Operand]:
     masks = [] if mask is None else [_scores_map(ctx.op.nest.maps[3])]
     logits = _elementwise(b, [scores] + ([mask] if mask is not None else []), scores_spec, scaled, "logits",
                           maps=[identity] + masks)
+    if ctx.all_reduce is not None:
+        return [_combined_attention(b, ctx, logits, v, ctx.all_reduce)]
     weights = Operand(b.name("weights"), scores_spec)
     out = empty(b, scores_spec)
     b.emit(f"{weights.name} = linalg.softmax dimension(3) {ins_outs([logits], [out])} -> {out.type}")
     return [generic(b, [_loops(5, 0, 1, 2, 4), _loops(5, 0, 1, 4, 3), _loops(5, 0, 1, 2, 3)], contraction, [weights, v],
                     reduction_init(b, ctx.out, "sum"), dot, hint=ctx.op.outputs[0])]
+
+
+def _combined_attention(b: Body, ctx: LoweringContext, logits: Operand, v: Operand,
+                        all_reduce: Callable[[Body, Operand, str, str], Operand]) -> Operand:
+    """The key block's row maximum m, exponent sums l and weighted values o against m; then
+    all_reduce max of m to M, l and o rescaled by exp(m - M), all_reduce sum of both, o / l (as
+    `ops.nn.attention_block_state` and `sim.attention`). A row all masked in this block has
+    m = -inf: it exponentiates against 0 and its factor exp(-inf - M) is 0."""
+    dtype = logits.dtype
+    rows_spec = logits.spec.take((0, 1, 2))
+    rows, scores_rows = _loops(4, 0, 1, 2), AffineMap.identity(4)
+    reduce_keys = ["parallel"] * 3 + ["reduction"]
+
+    def fold(kind: str) -> Callable[[Body, list[str], str], str]:
+        return lambda b, args, acc: combine(b, kind, acc, args[0], dtype, ctx.where)
+    row_max = generic(b, [scores_rows, rows], reduce_keys, [logits], reduction_init(b, rows_spec, "max"), fold("max"),
+                      hint="row_max")
+
+    def finite(b: Body, m: str) -> str:  # -inf (a row all masked here) as 0
+        ninf = constant(b, float("-inf"), dtype, "ninf")
+        masked = b.name("masked")
+        b.emit(f"{masked} = arith.cmpf oeq, {m}, {ninf} : {elem_type(dtype)}")
+        kept = b.name("shift")
+        b.emit(f"{kept} = arith.select {masked}, {constant(b, 0.0, dtype, 'zero')}, {m} : {elem_type(dtype)}")
+        return kept
+
+    def exponent(b: Body, args: list[str]) -> str:
+        return payload(b, "exp", [payload(b, "sub", [args[0], finite(b, args[1])], dtype, "")], dtype, "")
+    weights = _elementwise(b, [logits, row_max], logits.spec, exponent, "block_weights", maps=[scores_rows, rows])
+    exp_sum = generic(b, [scores_rows, rows], reduce_keys, [weights], reduction_init(b, rows_spec, "sum"), fold("sum"),
+                      hint="exp_sum")
+
+    def dot(b: Body, args: list[str], acc: str) -> str:
+        return payload(b, "add", [acc, payload(b, "mul", args, dtype, "")], dtype, "")
+    weighted = generic(b, [_loops(5, 0, 1, 2, 4), _loops(5, 0, 1, 4, 3), _loops(5, 0, 1, 2, 3)],
+                       ["parallel"] * 4 + ["reduction"], [weights, v], reduction_init(b, ctx.out, "sum"), dot,
+                       hint="weighted")
+    global_max = all_reduce(b, row_max, "max", "global_max")
+
+    def factor(b: Body, args: list[str]) -> str:
+        return payload(b, "exp", [payload(b, "sub", [args[0], finite(b, args[1])], dtype, "")], dtype, "")
+    factors = _elementwise(b, [row_max, global_max], rows_spec, factor, "rescale")
+    identity3, out_rows = AffineMap.identity(3), _loops(4, 0, 1, 2)
+    scaled_sum = _elementwise(b, [exp_sum, factors], rows_spec,
+                              lambda b, a: payload(b, "mul", a, dtype, ""), "scaled_sum", maps=[identity3, identity3])
+    scaled = _elementwise(b, [weighted, factors], ctx.out, lambda b, a: payload(b, "mul", a, dtype, ""),
+                          "scaled_weighted", maps=[AffineMap.identity(4), out_rows])
+    total_sum = all_reduce(b, scaled_sum, "sum", "total_sum")
+    total = all_reduce(b, scaled, "sum", "total")
+    return _elementwise(b, [total, total_sum], ctx.out, lambda b, a: payload(b, "div", a, dtype, ""),
+                        ctx.op.outputs[0], maps=[AffineMap.identity(4), out_rows])
 
 
 def _keep_or_ninf(b: Body, keep: str, value: str, dtype: str) -> str:

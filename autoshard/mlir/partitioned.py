@@ -2,8 +2,9 @@
 
 Values have the device's local types: the largest shard per dim, and `?` for a dim whose shards
 differ in size between devices (their sizes computed from the process index where an op needs
-them). Every `LocalOp` is the graph op lowered on local shapes; every `Communicate` is the
-dialect's collective. Arguments follow one of the two conventions of the design:
+them). Every `LocalOp` is the graph op lowered on local shapes (an attention with its key loop
+split adds its combine's all_reduces); every `Communicate` is the dialect's collective.
+Arguments follow one of the two conventions of the design:
 
 - `local`: the function receives every argument already partitioned (its local shard);
 - `global`: it receives the full tensors and cuts its shard, one split dim at a time: with
@@ -17,13 +18,14 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from autoshard.errors import InputError
-from autoshard.mlir.collectives import emit_step
+from autoshard.mlir.collectives import emit_all_reduce, emit_step
 from autoshard.mlir.device import DeviceIndex
 from autoshard.mlir.dialect import dialect as dialect_named
 from autoshard.mlir.linalg import Operand, Spec
 from autoshard.mlir.lower import LoweringContext, lower
 from autoshard.mlir.module import MESH_SYMBOL, axes_list, function_name, mesh_comment, module_text
 from autoshard.mlir.text import Body
+from autoshard.ops.nn import KEY_LOOP
 from autoshard.planning.options import local_extents
 from autoshard.planning.plan import Plan
 from autoshard.resharding import Price, halo_step
@@ -144,7 +146,12 @@ def _emit_local_op(b: Body, device: DeviceIndex, instruction: LocalOp, values: d
     inputs = tuple(values[v.id] for v in instruction.inputs)
     specs = tuple(value_spec(device, v) for v in instruction.outputs)
     halos = tuple(tuple(v.sharding.halo(d) for d in range(len(v.shape))) for v in instruction.inputs)
-    results = lower(b, LoweringContext(op, inputs, specs, local_extents(op.nest, option, mesh), offset, halos))
+    key_axes = option.loop_axes[KEY_LOOP] if op.kind == "attention" else ()
+
+    def all_reduce(b: Body, x: Operand, kind: str, hint: str) -> Operand:
+        return emit_all_reduce(b, device.dialect, mesh, key_axes, x, kind, hint)
+    results = lower(b, LoweringContext(op, inputs, specs, local_extents(op.nest, option, mesh), offset, halos,
+                                       all_reduce if key_axes else None))
     for value, result in zip(instruction.outputs, results):
         values[value.id] = result
 

@@ -23,7 +23,7 @@ import numpy as np
 from autoshard.affine import AffineMap
 from autoshard.ops.attributes import attribute_problems
 from autoshard.ops.loops import INVALID, PARALLEL, REDUCTION, LoopNest, map_extent
-from autoshard.ops.nn import attention_pairs, attention_weights, window_params, windows
+from autoshard.ops.nn import COMBINED, attention_pairs, attention_weights, window_params, windows
 from autoshard.ops.payloads import PAYLOADS
 from autoshard.ops.selection import top_k_order
 from autoshard.ops.table import OP_KINDS, Attrs, Context, OpError, OpKind, Shape, normalize_dim, register
@@ -281,7 +281,8 @@ def _grad_loops(shapes: Sequence[Shape], attrs: Attrs) -> LoopNest:
                       f"got {list(shapes[-1])}")
     target = nest.input_maps[wrt]
     indexed = {loop for expr in target.results for loop in expr.loops}
-    iterators = tuple(INVALID if t == INVALID else PARALLEL if loop in indexed else REDUCTION
+    # A loop the forward combines itself (attention's keys) stays whole: the gradient has no combine.
+    iterators = tuple(INVALID if t in (INVALID, COMBINED) else PARALLEL if loop in indexed else REDUCTION
                       for loop, t in enumerate(nest.iterator_types))
     shapes_known = nest.input_shapes + nest.output_shapes() if nest.input_shapes else ()
     return LoopNest(nest.extents, iterators, nest.input_maps + nest.output_maps, (target,), input_shapes=shapes_known)

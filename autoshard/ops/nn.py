@@ -1,5 +1,24 @@
 """Neural-network blocks: scaled-dot-product attention, channels-last convolutions (1-D, 2-D, 3-D)
-and 2-D max/average pooling."""
+and 2-D max/average pooling.
+
+Context parallelism: attention's key loop `t` may be split (the "combined" iterator type below).
+A device holding a block of the keys computes its block's partial state of the online softmax:
+the row maximum `m_j` (a partial `max` over the key axis), the exponent sums `l_j` and the
+un-normalised weighted values `o_j`, both taken against `m_j`. The blocks are combined by
+`all_reduce` max of `m_j` giving `M`, the rescaling `l_j * exp(m_j - M)`, `o_j * exp(m_j - M)`,
+`all_reduce` sum of both, and `o / l` (the flash-decoding combine).
+
+Why the op combines its own blocks rather than leaving a partial result: a sharding's partial
+value is one tensor per device combined elementwise with one reduction kind, and a block of
+attention's output cannot be combined without its row statistics (the output alone loses the
+weight each block carries). So a split key loop is neither `reduction` (its results would claim a
+partial kind no collective can finish) nor `invalid`: it is `combined`, a loop the op's own
+realisation reduces over the loop's axes (the collectives above, priced by
+`planning.costs.attention_combine_seconds`). Its results are complete and replicated over those
+axes, exactly what the loop nest's maps say of a loop no result indexes. The simulator runs the
+combine through the mesh collectives (`sim.attention`) and the partitioned IR prints them
+(`mlir.lower`). With `t` whole the fused op is computed as before.
+"""
 
 from __future__ import annotations
 
@@ -9,18 +28,22 @@ import numpy as np
 
 from autoshard.affine import AffineExpr, AffineMap
 from autoshard.ops.loops import INVALID, PARALLEL, REDUCTION, LoopNest
-from autoshard.ops.table import (Attrs, Context, OpError, OpKind, Shape, int_list_attr, largest_block_share, register,
-                                 shape_error)
+from autoshard.ops.table import Attrs, Context, OpError, OpKind, Shape, int_list_attr, register, shape_error
+
+# A loop whose blocks the op combines itself over the loop's axes: splittable, its results whole.
+COMBINED = "combined"
+QUERY_LOOP, KEY_LOOP = 2, 4  # attention's loops: b0 h1 s2 e3 t4 d5
 
 
 # --- scaled-dot-product attention -------------------------------------------------------
 def _sdpa_loops(shapes: Sequence[Shape], attrs: Attrs) -> LoopNest:
-    """Loops b, h, s (queries), e (value features): parallel; t (keys), d (query features): invalid.
+    """Loops b, h, s (queries), e (value features): parallel; t (keys): combined; d (query
+    features): invalid.
 
-    Splitting t would need the online-softmax rescaling, and splitting d makes the scores
-    partial before the softmax, so both stay whole. An optional fourth input is a mask that
-    broadcasts (numpy rules) to the scores [B, H, S, T]: a bool mask keeps the scores where it
-    is true, any other mask is added to them.
+    A split of t is combined by the op itself (the online-softmax combine, see the module
+    docstring); splitting d makes the scores partial before the softmax, so it stays whole. An
+    optional fourth input is a mask that broadcasts (numpy rules) to the scores [B, H, S, T]: a
+    bool mask keeps the scores where it is true, any other mask is added to them.
     """
     q, k, v = shapes[:3]
     if len(q) != 4 or len(k) != 4 or len(v) != 4 or q[:2] != k[:2] or k[:3] != v[:3] or q[3] != k[3]:
@@ -32,7 +55,7 @@ def _sdpa_loops(shapes: Sequence[Shape], attrs: Attrs) -> LoopNest:
     maps = (L(0, 1, 2, 5), L(0, 1, 4, 5), L(0, 1, 4, 3))
     if len(shapes) == 4:
         maps += (_mask_map(shapes[3], (b, h, s, t), shapes),)
-    return LoopNest((b, h, s, e, t, d), (PARALLEL, PARALLEL, PARALLEL, PARALLEL, INVALID, INVALID),
+    return LoopNest((b, h, s, e, t, d), (PARALLEL, PARALLEL, PARALLEL, PARALLEL, COMBINED, INVALID),
                     maps, (L(0, 1, 2, 3),))
 
 
@@ -45,21 +68,27 @@ def _mask_map(mask: Shape, scores: Shape, shapes: Sequence[Shape]) -> AffineMap:
                               for m, n, l in zip(mask, scores[4 - len(mask):], loops)))
 
 
-def attention_weights(inputs: Sequence[np.ndarray], ctx: Context) -> np.ndarray:
-    """softmax(q k^T * scale) over the keys, with the causal mask and the mask input applied;
+def attention_scores(inputs: Sequence[np.ndarray], ctx: Context) -> np.ndarray:
+    """q k^T * scale with the causal mask and the mask input applied (-inf where masked);
     `inputs` are q, k, v and the optional mask, each cut to the block."""
     q, k = inputs[0], inputs[1]
     scale = ctx.attrs.get("scale", 1.0 / np.sqrt(ctx.block.extents[5]))
     scores = np.einsum("bhsd,bhtd->bhst", q, k) * scale
     if ctx.attrs.get("causal", False):
-        # Positions are global: a device holding queries [s0, s0 + S) masks keys after each query.
-        s0 = ctx.block.starts[2]
-        rows = s0 + np.arange(q.shape[2])[:, None]
-        cols = np.arange(k.shape[2])[None, :]
+        # Positions are global: a block of queries from s0 and keys from t0 masks each query's later keys.
+        rows = ctx.block.starts[QUERY_LOOP] + np.arange(q.shape[2])[:, None]
+        cols = ctx.block.starts[KEY_LOOP] + np.arange(k.shape[2])[None, :]
         scores = np.where(cols <= rows, scores, -np.inf)
     if len(inputs) == 4:
         mask = inputs[3]
         scores = np.where(mask, scores, -np.inf) if mask.dtype == np.bool_ else scores + mask
+    return scores
+
+
+def attention_weights(inputs: Sequence[np.ndarray], ctx: Context) -> np.ndarray:
+    """softmax(q k^T * scale) over the keys, with the causal mask and the mask input applied;
+    `inputs` are q, k, v and the optional mask, each cut to the block."""
+    scores = attention_scores(inputs, ctx)
     scores = scores - np.max(scores, axis=-1, keepdims=True)
     weights = np.exp(scores)
     return weights / np.sum(weights, axis=-1, keepdims=True)
@@ -67,6 +96,26 @@ def attention_weights(inputs: Sequence[np.ndarray], ctx: Context) -> np.ndarray:
 
 def _sdpa(inputs: list[np.ndarray], ctx: Context) -> list[np.ndarray]:
     return [np.einsum("bhst,bhte->bhse", attention_weights(inputs, ctx), inputs[2])]
+
+
+def attention_block_state(inputs: Sequence[np.ndarray], ctx: Context) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One block of keys' online-softmax state: the row maximum m [B, H, S], the exponent sums
+    l [B, H, S] and the weighted values o [B, H, S, E], both against m. A row whose keys are all
+    masked in this block has m = -inf and l = o = 0, so it weighs nothing in the combine."""
+    scores = attention_scores(inputs, ctx)
+    row_max = np.max(scores, axis=-1)
+    shift = np.where(np.isneginf(row_max), 0.0, row_max)[..., None]
+    weights = np.exp(scores - shift)
+    return row_max, np.sum(weights, axis=-1), np.einsum("bhst,bhte->bhse", weights, inputs[2])
+
+
+def rescale_block_state(row_max: np.ndarray, exp_sum: np.ndarray, weighted: np.ndarray,
+                        global_max: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A block's exponent sums and weighted values against the global row maximum (the
+    rescaling between the combine's `all_reduce` max and its `all_reduce` sum)."""
+    # exp(-inf) = 0 for a block whose row is all masked; a row masked everywhere stays 0 / 0 as unsplit
+    factor = np.exp(row_max - np.where(np.isneginf(global_max), 0.0, global_max))
+    return exp_sum * factor, weighted * factor[..., None]
 
 
 def causal_pairs(queries: int, keys: int, first_query: int = 0, first_key: int = 0) -> int:
@@ -92,17 +141,21 @@ def _sdpa_flops(nest: LoopNest, attrs: Attrs) -> float:
 
 
 def attention_block_share(nest: LoopNest, attrs: Attrs, splits: Sequence[int]) -> float:
-    """Under the causal mask the work of a block of contiguous queries and keys is its unmasked
-    area: with the queries in n blocks the last does 2n - 1 times the first's work, and the
-    busiest device's share is its area over the whole (other loops split evenly)."""
-    share = largest_block_share(nest, attrs, splits)
-    s, t = nest.extents[2], nest.extents[4]
-    if not attrs.get("causal", False) or splits[2] == splits[4] == 1:
-        return share
-    rows, cols = -(-s // splits[2]), -(-t // splits[4])
-    busiest = max(causal_pairs(min(rows, s - i), min(cols, t - j), i, j)
-                  for i in range(0, s, rows) for j in range(0, t, cols))
-    return share / (rows * cols / (s * t)) * busiest / causal_pairs(s, t)
+    """The busiest device's share of attention's FLOPs. Its (query, key) pairs are its block's:
+    under the causal mask the unmasked area of its query and key blocks (with the queries in n
+    contiguous blocks the last does 2n - 1 times the first's work). Of each pair's work only the
+    weighted values' 2e FLOPs divide with a split of the value features e: every device of such
+    a split computes the scores and the softmax (2d + 5) of its pairs whole."""
+    b, h, s, e, t, d = nest.extents
+    rows, cols = -(-s // splits[QUERY_LOOP]), -(-t // splits[KEY_LOOP])
+    if attrs.get("causal", False):
+        busiest = max(causal_pairs(min(rows, s - i), min(cols, t - j), i, j)
+                      for i in range(0, s, rows) for j in range(0, t, cols))
+    else:
+        busiest = rows * cols
+    pairs = -(-b // splits[0]) * -(-h // splits[1]) * busiest / attention_pairs(nest, attrs)
+    per_pair = 2.0 * (d + e) + 5.0
+    return pairs * (2.0 * d + 5.0 + 2.0 * -(-e // splits[3])) / per_pair
 
 
 register(OpKind("attention", (3, 4), _sdpa_loops, _sdpa, _sdpa_flops, attrs=("causal", "scale"), float_only=True,

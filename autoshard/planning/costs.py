@@ -4,7 +4,8 @@ Compute time is a roofline: the larger of the local FLOPs at the chip's peak for
 (times its matmul efficiency, by the GEMM's shape where the profile has a measured sweep) and
 the local bytes moved at HBM bandwidth, where a value fused between pointwise ops (`Graph.fused`)
 moves none. Work is split over the split loops; loops left whole are computed redundantly on
-every device of those axes, which is exactly what the per-device local extents express.
+every device of those axes, which is exactly what the per-device local extents express. An
+attention whose key loop is split adds its combine's two all-reduces (`attention_combine_seconds`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from typing import Protocol, Sequence
 
 from autoshard.graph.model import Graph, Op
 from autoshard.mesh import Mesh
-from autoshard.planning.options import ShardingOption, operand_shardings, result_shardings
+from autoshard.ops.nn import KEY_LOOP
+from autoshard.planning.options import ShardingOption, local_extents, operand_shardings, result_shardings
 from autoshard.sharding import Sharding
 
 
@@ -62,7 +64,23 @@ def op_cost(graph: Graph, op: Op, option: ShardingOption, mesh: Mesh, hw: Hardwa
     splits = tuple(mesh.group_size(axes) if axes else 1 for axes in option.loop_axes)
     compute_s = flops / flops_per_s(graph, op, hw, gemm_shape(op, splits)) if flops else 0.0
     memory_s = moved / hw.hbm_bytes_per_s
-    return OpCost(flops, moved, max(compute_s, memory_s), "compute" if compute_s >= memory_s else "memory")
+    return OpCost(flops, moved, max(compute_s, memory_s) + attention_combine_seconds(graph, op, option, mesh, hw),
+                  "compute" if compute_s >= memory_s else "memory")
+
+
+def attention_combine_seconds(graph: Graph, op: Op, option: ShardingOption, mesh: Mesh, hw: Hardware) -> float:
+    """The combine of an attention whose key loop is split (`ops.nn`): after its blocks, each
+    device all-reduces its row maxima (max), then its exponent sums and weighted values (sum),
+    each at its local [B, H, S] and [B, H, S, E] shapes over the key loop's axes. Zero for any
+    other op or option."""
+    axes = option.loop_axes[KEY_LOOP] if op.kind == "attention" else ()
+    if not axes:
+        return 0.0
+    b, h, s, e = local_extents(op.nest, option, mesh)[:4]
+    itemsize = graph.tensors[op.outputs[0]].itemsize
+    rows_bytes = b * h * s * itemsize
+    return (hw.collective_seconds("all_reduce", axes, rows_bytes)
+            + hw.collective_seconds("all_reduce", axes, rows_bytes * (1 + e)))
 
 
 def flops_per_s(graph: Graph, op: Op, hw: Hardware, gemm: tuple[int, int, int, int] | None = None) -> float:

@@ -6,6 +6,7 @@ index over that loop's axes. Each operand is cut to the range the block reads th
 taken from the device's own shard of that operand (its halos included); a device that does not hold the range is a
 bug of the program, reported with the op, operand and device. Where a reduction loop is split
 the results are partial; a device whose block is empty contributes the reduction's identity.
+An attention op with its key loop split combines its blocks over those axes (`sim.attention`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from autoshard.ops.loops import LoopNest
 from autoshard.planning.options import ShardingOption
 from autoshard.reductions import REDUCTIONS
 from autoshard.sharding import Sharding, ceildiv
+from autoshard.sim.attention import key_split_attention, splits_keys
 from autoshard.sim.collectives import Shards
 
 
@@ -98,16 +100,20 @@ def run_local_op(mesh: Mesh, op: Op, option: ShardingOption, inputs: Sequence[Pl
     nest = op.nest
     dtypes = [np.dtype(DTYPES[dtype].numpy) for _, _, dtype in outputs]
     results: list[Shards] = [{} for _ in outputs]
-    for device in mesh.devices():
-        block = loop_block(mesh, nest, option, device)
-        if 0 in block.sizes:
+    blocks = {device: loop_block(mesh, nest, option, device) for device in mesh.devices()}
+    cuts = {device: [cut_operand(op, i, value, mesh, device, block) for i, value in enumerate(inputs)]
+            for device, block in blocks.items() if 0 not in block.sizes}
+    combined = key_split_attention(mesh, op, option, blocks, cuts, dtypes[0]) if splits_keys(op, option) else None
+    for device, block in blocks.items():
+        if combined is not None:
+            values = [combined[device]]
+        elif 0 in block.sizes:
             # Nothing to compute: an empty shard, or the identity where only a reduction loop is empty.
             values = [np.full(tuple(r.stop - r.start for r in _written(m, block)),
                               REDUCTIONS[nest.reduction_kind].identity(dt), dt)
                       for m, dt in zip(nest.output_maps, dtypes)]
         else:
-            cut = [cut_operand(op, i, value, mesh, device, block) for i, value in enumerate(inputs)]
-            values = evaluate_block(op.op_kind, nest, op.attrs, cut, block)
+            values = evaluate_block(op.op_kind, nest, op.attrs, cuts[device], block)
         for k, (value, (sharding, shape, _), dt) in enumerate(zip(values, outputs, dtypes)):
             value = np.asarray(value).astype(dt, copy=False)
             _check_result(op, k, value, nest, block, sharding, shape, mesh, device)

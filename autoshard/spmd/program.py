@@ -30,7 +30,11 @@ How a device executes the body (the contract the simulator and the IR printer fo
   indices), taken relative to the device's own shard (`inputs[i].sharding.device_slices`), which
   always contains it. `autoshard.ops.evaluate_block(op.op_kind, op.nest, op.attrs, cut, block)`
   gives the device's local results, which are its shards of `outputs[k].sharding`. A device
-  whose block is empty along a reduction loop contributes the reduction's identity.
+  whose block is empty along a reduction loop contributes the reduction's identity. An attention
+  op whose key loop is split (`ops.nn`'s combined loop) computes its key block's online-softmax
+  state instead and combines it over the key loop's axes: all_reduce max of the row maxima, the
+  rescaling, all_reduce sum of the exponent sums and weighted values, their quotient (as
+  `autoshard.sim.attention` runs it); its outputs are then complete, not partial.
 - Partial values: a split reduction loop makes the outputs partial over its axes (kind
   `op.nest.reduction_kind`). Collective optimisations may also run an op that is linear in
   its partial inputs (`add`/`sub` on `sum`-partial values, `max`/`min` on values partial

@@ -15,6 +15,7 @@ from autoshard.ops import Block, evaluate_block
 from autoshard.planning.options import ShardingOption, enumerate_options, enumerate_storage
 from autoshard.planning.plan import Plan
 from autoshard.sharding import Sharding, ceildiv
+from autoshard.sim.attention import key_split_attention, splits_keys
 from autoshard.sim.layout import assemble, distribute
 from autoshard.sim.reshard_exec import apply_step
 from autoshard.spmd.program import Communicate, LocalOp, SpmdProgram, partition
@@ -175,17 +176,24 @@ def run_program(program: SpmdProgram, inputs: dict[str, np.ndarray]) -> dict[str
             continue
         nest = instruction.op.nest
         results: list[dict] = [{} for _ in instruction.outputs]
+        blocks, cuts = {}, {}
         for device in mesh.devices():
-            block = device_block(mesh, instruction, device)
+            block = blocks[device] = device_block(mesh, instruction, device)
             assert 0 not in block.sizes, "the zoo's options leave no device without work"
-            cut = []
+            cut = cuts[device] = []
             for value, map_ in zip(instruction.inputs, nest.input_maps):
                 need = nest.operand_range(map_, block, value.shape)
                 held = value.sharding.device_box(mesh, value.shape, device)  # halos included
                 cut.append(env[value.id][device][tuple(slice(n.start - start, n.stop - start)
                                                        for n, (start, _) in zip(need, held))])
-            for k, result in enumerate(evaluate_block(instruction.op.op_kind, nest, instruction.op.attrs, cut, block)):
-                results[k][device] = np.asarray(result)
+        if splits_keys(instruction.op, instruction.option):  # the key blocks meet in the op's own combine
+            dtype = next(iter(cuts.values()))[0].dtype
+            results[0] = key_split_attention(mesh, instruction.op, instruction.option, blocks, cuts, dtype)
+        else:
+            for device, block in blocks.items():
+                for k, result in enumerate(evaluate_block(instruction.op.op_kind, nest, instruction.op.attrs,
+                                                          cuts[device], block)):
+                    results[k][device] = np.asarray(result)
         for value, shards in zip(instruction.outputs, results):
             env[value.id] = shards
     return {v.tensor: assemble(env[v.id], mesh, v.sharding, v.shape) for v in program.results}
