@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 import time
@@ -18,7 +19,7 @@ from autoshard.delivery.document import plan_document
 from autoshard.errors import InfeasibleError, InputError, Interrupted, Problem
 from autoshard.graph.builder import document_text
 from autoshard.graph.model import Graph
-from autoshard.graph.recompute import MODES, record_recompute, with_recomputation
+from autoshard.graph.recompute import MODES, Recompute, record_recompute, with_recomputation
 from autoshard.graph.schema import load_graph
 from autoshard.graph.summary import si, size
 from autoshard.mesh import Mesh
@@ -29,7 +30,10 @@ from autoshard.planning.compose import plan_layer_once
 from autoshard.planning.costs import Hardware
 from autoshard.planning.formulation import Weights, weight_name_problem
 from autoshard.planning.make_plan import MAX_SEED, BestSoFar, PlanResult, SolveSettings, make_plan, memory_budget_problem
-from autoshard.planning.pipeline_plan import PipelinedPlan, checked_orders, plan_pipeline
+from autoshard.planning.pipeline_plan import (PipelinedPlan, check_budget, checked_orders, price_pipeline,
+                                              stage_budget_bytes, stage_plan)
+from autoshard.planning.pipeline_stages import layer_order
+from autoshard.planning.recompute_choice import choose_modes, placements, position_costs
 from autoshard.sim.verify import VERIFY_POLICIES, policy_problem
 
 
@@ -53,7 +57,8 @@ def add_recompute_arg(parser: argparse.ArgumentParser, auto: bool) -> None:
     parser.add_argument("--recompute", default="none", choices=(*MODES, "auto") if auto else MODES, metavar="MODE",
                         help="activations computed again in the backward instead of kept: none (default), selective "
                              "(the attention core: scores, softmax, dropout), full (every layer keeps its input only)"
-                             + (" or auto (each planned, the fastest within memory kept)" if auto else "")
+                             + (" or auto (each planned, the fastest within memory kept; with --pipeline also a "
+                                "mode per layer, fitted to each stage's microbatches in flight)" if auto else "")
                              + "; needs a training step with layers")
 
 
@@ -224,20 +229,18 @@ def run(args: argparse.Namespace) -> int:
                 except InputError as error:
                     raise flagged(error) from None
             settings, stages = checked_settings(args)
+        attempts: list[Attempt] = []
         for mode, recomputed in rewritten.items():
             attempt = Attempt(mode)
-            if len(rewritten) > 1:
-                print(f"  recompute {mode}: planning", file=sys.stderr, flush=True)
-            try:
-                attempt.solve(recomputed, mesh, hw, settings, pipeline, args.layer_once, phases)
-            except InfeasibleError as error:
-                if len(rewritten) == 1:
-                    raise
-                print(f"  recompute {mode}: infeasible: {error}", file=sys.stderr, flush=True)
-                continue
-            if len(rewritten) > 1:
-                print(f"  recompute {mode}: step {attempt.step_s:.6g} s", file=sys.stderr, flush=True)
-            chosen = attempt if chosen is None or attempt.step_s < chosen.step_s else chosen
+            attempts.append(attempt)
+            chosen = attempt.run(recomputed, mesh, hw, settings, pipeline, args.layer_once, phases, chosen,
+                                 announce=len(rewritten) > 1)
+        if args.recompute == "auto" and pipeline is not None:
+            per_layer = mixed_recompute(graph, attempts, settings, hw)
+            if per_layer is not None:
+                attempt = Attempt(per_layer)
+                chosen = attempt.run(with_recomputation(graph, per_layer, mesh), mesh, hw, settings, pipeline,
+                                     args.layer_once, phases, chosen, announce=True)
         if chosen is None:
             raise InfeasibleError(f"no feasible plan with any recomputation ({', '.join(rewritten)})")
         attempt = chosen
@@ -248,7 +251,7 @@ def run(args: argparse.Namespace) -> int:
                             pipeline=pipelined.cut if pipelined is not None else None)
         if pipelined is not None:
             delivered.document["pipeline"] = pipelined.to_json()
-        if rewritten[chosen.mode] is not graph:  # the graph as planned is the rewritten one
+        if chosen.graph is not graph:  # the graph as planned is the rewritten one
             record_recompute(delivered.document, chosen.mode)
         written = write_deliverables(delivered, args.output, phases)
         if pipelined is not None and args.trace:
@@ -275,23 +278,82 @@ def recomputations(graph: Graph, recompute: str, mesh: Mesh) -> dict[str, Graph]
     return found
 
 
+def mixed_recompute(graph: Graph, attempts: list["Attempt"], settings: SolveSettings,
+                    hw: Hardware) -> dict[int, str] | None:
+    """A mode per layer from the uniform modes' pipelined plans (fitting or not), on the cut
+    of each in turn, the one of least estimated bottleneck kept; None when no cut has a choice
+    that fits or the choice is one of the uniform modes (already planned)."""
+    priced = {a.mode: a.unbent for a in attempts if isinstance(a.mode, str) and a.unbent is not None}
+    if len(priced) < 2:
+        return None
+    costs = {mode: position_costs(pipelined) for mode, pipelined in priced.items()}
+    budget = stage_budget_bytes(settings, hw)
+    found = [choice for pipelined in priced.values()
+             if (choice := choose_modes(costs, pipelined.orders, placements(pipelined), budget)) is not None]
+    if not found:
+        return None
+    best = min(found, key=lambda choice: max(choice.stage_seconds))
+    if len(set(best.modes)) == 1:
+        return None
+    return best.per_layer(layer_order(graph))
+
+
+def mode_words(mode: Recompute) -> str:
+    """A recomputation as the progress lines say it: the mode, or how many layers take each."""
+    if isinstance(mode, str):
+        return mode
+    counts = {m: sum(1 for value in mode.values() if value == m) for m in MODES}
+    return "per layer (" + ", ".join(f"{m} x{n}" for m, n in counts.items() if n) + ")"
+
+
 class Attempt:
     """One recomputation's plan (a pipelined one with `--pipeline`), and the best so far while it solves."""
 
-    def __init__(self, mode: str) -> None:
+    def __init__(self, mode: Recompute) -> None:
         self.mode, self.best = mode, BestSoFar()
+        self.graph: Graph | None = None
         self.result: PlanResult | None = None
         self.pipelined: PipelinedPlan | None = None
+        # the first solve's pipelined plan, priced whether its stages fit or not: its shardings are
+        # the mode's own, not those a shrunk budget bends every layer to for the fullest stage
+        self.unbent: PipelinedPlan | None = None
+
+    def run(self, graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings, pipeline: Any, layer_once: bool,
+            phases: PhaseTimes, chosen: "Attempt | None", announce: bool) -> "Attempt | None":
+        """Solve; the faster of this plan and `chosen` (an infeasible one said when `announce`,
+        else raised)."""
+        words = mode_words(self.mode)
+        if announce:
+            print(f"  recompute {words}: planning", file=sys.stderr, flush=True)
+        try:
+            self.solve(graph, mesh, hw, settings, pipeline, layer_once, phases)
+        except InfeasibleError as error:
+            if not announce:
+                raise
+            print(f"  recompute {words}: infeasible: {error}", file=sys.stderr, flush=True)
+            return chosen
+        if announce:
+            print(f"  recompute {words}: step {self.step_s:.6g} s", file=sys.stderr, flush=True)
+        return self if chosen is None or self.step_s < chosen.step_s else chosen
 
     def solve(self, graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings, pipeline: Any,
               layer_once: bool, phases: PhaseTimes) -> None:
+        self.graph = graph
         if pipeline is not None:
             try:
-                self.pipelined = plan_pipeline(graph, mesh, hw, settings, pipeline, progress=ProgressLine(),
-                                               phases=phases, best_so_far=self.best)
+                orders = checked_orders(graph, pipeline, settings.microbatches)
+                rounds: list[PlanResult] = []
+                self.result = stage_plan(graph, mesh, hw, settings, orders, progress=ProgressLine(), phases=phases,
+                                         best_so_far=self.best, solved=rounds)
+                with phases.phase("pipeline"):
+                    priced = price_pipeline(self.result, mesh, hw, orders, math.inf)
+                    self.unbent = priced if rounds[0] is self.result else price_pipeline(rounds[0], mesh, hw, orders,
+                                                                                         math.inf)
             except InputError as error:
                 raise flagged(error) from None
-            self.result = self.pipelined.result
+            budget = stage_budget_bytes(settings, hw)
+            check_budget(priced.memory, budget)
+            self.pipelined = dataclasses.replace(priced, budget_bytes=budget)
         elif layer_once:
             self.result = plan_layer_once(graph, mesh, hw, settings, phases=phases)
         else:

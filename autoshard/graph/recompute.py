@@ -11,6 +11,10 @@ computed again from what the forward kept, instead of values held from the forwa
   attention is one fused `attention` op have none (its backward already recomputes the scores).
 - `none`: the step as it is.
 
+A mode may also be given per layer (`{layer: mode}`, layers not named keep everything): a plan
+that recomputes some layers of a stage and keeps others, as `plan --recompute auto` chooses
+under a pipeline's memory (`planning.recompute_choice`).
+
 The copies are ops of their own (`recompute.<op>`, results `recompute.<value>`), in the layer,
 listed right before its first backward op: the order that lists them there runs them after the
 layers after it are done, so a kept value's live range ends in the forward and the copies' time
@@ -21,7 +25,9 @@ formulation ties the two), so the recomputed forward moves what the forward move
 
 from __future__ import annotations
 
-from autoshard.errors import InputError
+from typing import Mapping, Union
+
+from autoshard.errors import InputError, Problem
 from autoshard.graph.model import Graph, Op
 from autoshard.graph.schema import graph_from_json, graph_to_json
 from autoshard.mesh import Mesh
@@ -30,12 +36,15 @@ MODES = ("none", "selective", "full")
 PREFIX = "recompute."
 CONTRACTIONS = ("matmul", "batch_matmul", "dot_general")
 
+# One mode for every layer, or a mode per layer (layers not named: none)
+Recompute = Union[str, Mapping[int, str]]
 
-def with_recomputation(graph: Graph, mode: str, mesh: Mesh | None = None) -> Graph:
-    """`graph` with every layer's backward reading recomputed values as `mode` says."""
-    if mode not in MODES:
-        raise InputError(f"must be one of {list(MODES)}, got {mode!r}", "recompute")
-    if mode == "none":
+
+def with_recomputation(graph: Graph, mode: Recompute, mesh: Mesh | None = None) -> Graph:
+    """`graph` with every layer's backward reading recomputed values as `mode` says (one mode,
+    or one per layer)."""
+    per_layer = _checked(mode)
+    if not per_layer:
         return graph
     if not graph.gradients:
         raise InputError("recomputation rewrites a training step's backward; this graph has no gradients "
@@ -50,11 +59,15 @@ def with_recomputation(graph: Graph, mode: str, mesh: Mesh | None = None) -> Gra
     parameters = {t.name for t in graph.tensors.values() if t.role == "parameter"}
     copies: dict[str, list[Op]] = {}  # first backward op of a layer -> the copies listed before it
     renamed: dict[str, dict[str, str]] = {}  # backward op -> its input -> the recomputed value
+    if isinstance(per_layer, dict) and set(per_layer) - set(by_layer):
+        raise InputError(f"names layers the graph does not have: {sorted(set(per_layer) - set(by_layer))[:5]} "
+                         f"(its layers: {min(by_layer)} to {max(by_layer)})", "recompute")
     for layer in sorted(by_layer):
         forward, backward = by_layer[layer]["forward"], by_layer[layer]["backward"]
-        if not forward or not backward:
+        layer_mode = per_layer.get(layer, "none") if isinstance(per_layer, dict) else per_layer
+        if not forward or not backward or layer_mode == "none":
             continue
-        chosen = _recomputed(forward, backward, parameters, mode)
+        chosen = _recomputed(forward, backward, parameters, layer_mode)
         if not chosen:
             continue
         made = {t for op in chosen for t in op.outputs}
@@ -66,6 +79,31 @@ def with_recomputation(graph: Graph, mode: str, mesh: Mesh | None = None) -> Gra
         return graph
     _check_names(graph, copies)
     return graph_from_json(_rewritten(graph, copies, renamed), mesh)
+
+
+def _checked(mode: Recompute) -> str | dict[int, str]:
+    """The mode as one string, or as {layer: mode} without the layers that keep everything; ""
+    when nothing is recomputed."""
+    if isinstance(mode, str):
+        if mode not in MODES:
+            raise InputError(f"must be one of {list(MODES)}, got {mode!r}", "recompute")
+        return "" if mode == "none" else mode
+    if not isinstance(mode, Mapping):
+        raise InputError(f"expected a mode ({list(MODES)}) or one per layer, got {mode!r}", "recompute")
+    problems = [Problem(f"recompute[{layer!r}]", f"expected a layer number and one of {list(MODES)}, got {value!r}")
+                for layer, value in mode.items()
+                if isinstance(layer, bool) or not isinstance(layer, int) or value not in MODES]
+    if problems:
+        raise InputError(problems)
+    return {layer: value for layer, value in mode.items() if value != "none"}
+
+
+def uniform(per_layer: Mapping[int, str], layers: tuple[int, ...]) -> Recompute:
+    """One mode when every layer of `layers` has it, else the mapping without its `none` layers."""
+    modes = {per_layer.get(layer, "none") for layer in layers}
+    if len(modes) == 1:
+        return modes.pop()
+    return {layer: per_layer[layer] for layer in layers if per_layer.get(layer, "none") != "none"}
 
 
 def _check_names(graph: Graph, copies: dict[str, list[Op]]) -> None:
@@ -147,16 +185,33 @@ def _rewritten(graph: Graph, copies: dict[str, list[Op]], renamed: dict[str, dic
     return document
 
 
-def stated_recompute(document: object) -> str:
-    """The recomputation a plan document was made with (`recompute`, default none): the graph it
-    plans is the one given, rewritten so (`with_recomputation`)."""
+def stated_recompute(document: object) -> Recompute:
+    """The recomputation a plan document was made with (`recompute`, default none: one mode, or
+    an object of layer number -> mode for the layers recomputed): the graph it plans is the one
+    given, rewritten so (`with_recomputation`)."""
     stated = document.get("recompute", "none") if isinstance(document, dict) else "none"
+    if isinstance(stated, dict):
+        problems = [Problem(f"/recompute/{layer}", f"expected a layer number naming one of {list(MODES)}, "
+                                                   f"got {layer!r}: {mode!r}")
+                    for layer, mode in stated.items() if not _is_layer_number(layer) or mode not in MODES]
+        if problems:
+            raise InputError(problems)
+        return {int(layer): mode for layer, mode in stated.items()}
     if stated not in MODES:
-        raise InputError(f"expected one of {list(MODES)}, got {stated!r}", "/recompute")
+        raise InputError(f"expected one of {list(MODES)} or an object of layer number -> mode, got {stated!r}",
+                         "/recompute")
     return stated
 
 
-def record_recompute(document: dict, recompute: str) -> None:
-    """A plan document says the recomputation its graph was rewritten with (none says nothing)."""
-    if recompute != "none":
-        document["recompute"] = recompute
+def _is_layer_number(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
+def record_recompute(document: dict, recompute: Recompute) -> None:
+    """A plan document says the recomputation its graph was rewritten with (none says nothing;
+    per layer: the layers recomputed, by number)."""
+    if isinstance(recompute, str):
+        if recompute != "none":
+            document["recompute"] = recompute
+    elif any(mode != "none" for mode in recompute.values()):
+        document["recompute"] = {str(layer): mode for layer, mode in sorted(recompute.items()) if mode != "none"}

@@ -199,12 +199,14 @@ def stage_budget_bytes(settings: SolveSettings, hw: Hardware) -> float:
 
 def stage_plan(graph: Graph, stage_mesh: Mesh, hw: Hardware, settings: SolveSettings, fit: StageOrders,
                progress: Callable[[str, float, float, float], None] | None = None,
-               phases: PhaseTimes | None = None, best_so_far: BestSoFar | None = None) -> PlanResult:
+               phases: PhaseTimes | None = None, best_so_far: BestSoFar | None = None,
+               solved: list[PlanResult] | None = None) -> PlanResult:
     """Step 1: the intra-stage plan of the whole graph, within `stages` budgets per device, solved
     again under a shrunk budget (at most `FIT_ROUNDS` solves) while a stage of the schedule `fit`
     is over one budget. The plan does not depend on the schedule otherwise, so one plan prices
     every schedule and V (the search's use, fitted to its least-memory schedule). When no solve
-    fits, the one closest to fitting is returned and the caller's pricing names its stages over."""
+    fits, the one closest to fitting is returned and the caller's pricing names its stages over.
+    `solved` collects every round's plan, the first one's shardings not yet bent to fit a stage."""
     budget = stage_budget_bytes(settings, hw)
     whole = min(budget * fit.stages, MAX_MEMORY_BUDGET_BYTES)
     found: list[tuple[float, PlanResult]] = []  # (worst stage's peak, plan) of each solve
@@ -218,6 +220,8 @@ def stage_plan(graph: Graph, stage_mesh: Mesh, hw: Hardware, settings: SolveSett
                 break
             raise InfeasibleError(f"the whole graph on one stage's mesh, within {fit.stages} x the budget per device "
                                   f"(each stage holds about 1/{fit.stages} of it): {error}") from None
+        if solved is not None:
+            solved.append(result)
         worst = max(m.peak_bytes for m in price_pipeline(result, stage_mesh, hw, fit, math.inf).memory)
         if worst <= budget:
             return result
@@ -301,7 +305,7 @@ def price_cut(result: PlanResult, stage_mesh: Mesh, hw: Hardware, orders: StageO
                                      for s in range(orders.stages)])
     memory = tuple(StageMemory(stored[s], int(held[s]), timeline.inflight_peak[s]) for s in range(orders.stages))
     if refuse_over_budget:
-        _check_budget(memory, budget)
+        check_budget(memory, budget)
     return PipelinedPlan(result, stage_mesh, orders, parts, transfer_s, tail_s, memory, budget, timeline, overlapped,
                          tail_hidden_s)
 
@@ -368,7 +372,7 @@ def _per_chunk(parts: tuple[Part, ...], orders: StageOrders) -> np.ndarray:
     return table
 
 
-def _check_budget(memory: tuple[StageMemory, ...], budget: float) -> None:
+def check_budget(memory: tuple[StageMemory, ...], budget: float) -> None:
     """An error naming every stage whose peak is over the budget, with its parts."""
     over = [f"stage {stage} needs {size(m.peak_bytes)} per device (parameters {size(m.stored.parameter_bytes)}, "
             f"gradients {size(m.stored.gradient_bytes)}, optimizer state {size(m.stored.optimizer_state_bytes)}, "
