@@ -13,7 +13,7 @@ from autoshard.mesh import Mesh
 from autoshard.mlir import emit_partitioned, verify
 from autoshard.models import GraphBuilder
 from autoshard.ops import OP_KINDS, evaluate
-from autoshard.ops.loops import INVALID, map_extent
+from autoshard.ops.loops import PARALLEL, REDUCTION, map_extent
 from autoshard.ops.nn import COMBINED, KEY_LOOP, attention_scores, causal_pairs
 from autoshard.ops.table import Context
 from autoshard.planning.costs import attention_combine_seconds, device_flops, op_cost
@@ -105,14 +105,49 @@ def test_one_key_block_alone_is_not_the_answer_the_combine_is():
     assert not np.allclose(alone, full[:, :, 4:8])
 
 
-def test_the_gradient_keeps_the_key_loop_whole():
-    """The forward's key loop is combined; its gradient has no combine yet, so its key loop stays
-    whole (the solver cannot pick a key split there)."""
+def test_the_gradient_sums_dq_over_the_key_blocks_and_writes_dk_dv_block_by_block():
     forward = OP_KINDS["attention"].loops([Q, K, V], {})
     assert forward.iterator_types[KEY_LOOP] == COMBINED and KEY_LOOP in forward.splittable_loops()
+    kinds = {}
     for wrt in (0, 1, 2):
         nest = OP_KINDS["grad"].loops([Q, K, V, (2, 4, 16, 6)], {"of": "attention", "wrt": wrt, "forward": {}})
-        assert nest.iterator_types[KEY_LOOP] == INVALID and KEY_LOOP not in nest.splittable_loops()
+        kinds[wrt] = nest.iterator_types[KEY_LOOP]
+    assert kinds == {0: REDUCTION, 1: PARALLEL, 2: PARALLEL}
+
+
+def gradient_graph(causal: bool, mask: str | None = None):
+    b = GraphBuilder("cp_grad", "f32")
+    q, k, v = (b.input(n, s) for n, s in zip("qkv", (Q, K, V)))
+    inputs = [q, k, v]
+    if mask is not None:
+        inputs.append(b.input("mask", (Q[1], Q[2], K[2]), mask))
+    dy = b.input("dy", (2, 4, 16, 6))
+    forward = {"causal": causal}
+    wrts = (0, 1, 2, 3) if mask == "f32" else (0, 1, 2)
+    b.mark_outputs(*(b.op("grad", [*inputs, dy], f"d{'qkvm'[w]}", of="attention", wrt=w, forward=forward)
+                     for w in wrts))
+    return graph_from_json(b.document())
+
+
+@pytest.mark.parametrize("causal, mask", [(False, None), (True, None), (True, "bool"), (False, "f32")])
+def test_key_split_gradients_equal_unsharded_gradients(causal, mask):
+    graph = gradient_graph(causal, mask)
+    plan = Plan(graph, MESH, {op.name: KEYS_OVER_CP for op in graph.ops}, stored_whole(graph))
+    program = partition(plan)
+    found = inputs(graph)
+    found["dy"] = np.random.default_rng(1).standard_normal((2, 4, 16, 6))
+    verdict = simulate_program(program, found)
+    assert verdict.passed, verdict.summary()
+    assert verdict.max_error < 1e-12
+    produced = {op.op.name: op.outputs[0].sharding for op in program.local_ops()}
+    # dq: a partial sum over the key blocks (then all-reduced); dk and dv: each device its keys' rows
+    assert produced["dq"] == S(((), (), ("dp",)), ("cp",))
+    # (the queries split over dp make them partial over dp)
+    assert produced["dk"] == produced["dv"] == S(((), (), ("cp",)), ("dp",))
+    if mask == "f32":  # the [H, S, T] mask's gradient: queries over dp, keys over cp
+        assert produced["dm"] == S(((), ("dp",), ("cp",)))
+    reduced = sorted((c.input.tensor, c.step.mesh_axes) for c in program.communicates() if c.step.kind == "all_reduce")
+    assert reduced == [("dk", ("dp",)), ("dq", ("cp",)), ("dv", ("dp",))]
 
 
 def test_per_device_flops_of_a_contiguous_causal_split_are_its_unmasked_area():
@@ -154,8 +189,9 @@ def test_the_combine_is_priced_as_two_all_reduces_over_the_key_axes():
     op = graph.op_by_name["sdpa"]
     hw = bind_hardware("dgx-h100", MESH)
     rows_bytes = 2 * 4 * 8 * 4  # [B, H, S/dp] rows of f32
-    combine = (hw.collective_seconds("all_reduce", ("cp",), rows_bytes)
-               + hw.collective_seconds("all_reduce", ("cp",), rows_bytes * (1 + 6)))
+    # max of the row maxima, sum of the exponent sums, sum of the weighted values [B, H, S/dp, E]
+    combine = (2 * hw.collective_seconds("all_reduce", ("cp",), rows_bytes)
+               + hw.collective_seconds("all_reduce", ("cp",), rows_bytes * 6))
     assert attention_combine_seconds(graph, op, KEYS_OVER_CP, MESH, hw) == pytest.approx(combine)
     queries = O(((), (), ("dp",), (), (), ()))
     assert attention_combine_seconds(graph, op, queries, MESH, hw) == 0.0
@@ -230,3 +266,17 @@ def test_the_partitioned_ir_of_a_key_split_verifies_with_its_combine(dialect):
     assert len(combines) == 3 and all(k in line for k, line in zip(kinds, combines))
     assert all("_axes = [1]" in line for line in combines)  # cp is mesh axis 1
     assert ["global_max", "total_sum", "total"] == [line.split(" = ")[0].lstrip("%") for line in combines]
+
+
+def test_the_partitioned_ir_of_key_split_gradients_verifies_with_their_combines():
+    graph = gradient_graph(causal=True)
+    plan = Plan(graph, MESH, {op.name: KEYS_OVER_CP for op in graph.ops}, stored_whole(graph))
+    for dialect in ("mesh", "shard"):
+        text = emit_partitioned(plan, dialect)
+        verify(text, dialect)
+    reduces = [line.strip().split(" = ")[0].lstrip("%") for line in text.splitlines() if "shard.all_reduce" in line]
+    # per gradient: the row max and the exponent sums, dq and dk also rowsum(p dp); then the results'
+    # partial sums: dq's over the key blocks (cp), dk's and dv's over the query blocks (dp)
+    assert [r.rstrip("_0123456789") for r in reduces] == [
+        "global_max", "total_sum", "total_rowdot", "global_max", "total_sum", "total_rowdot",
+        "global_max", "total_sum", "dq", "dk", "dv"]

@@ -201,7 +201,9 @@ def _norm_grad(centred: bool) -> Callable:
 
 def _attention_grad(b: Body, ctx: LoweringContext, of: str, wrt: int) -> list[Operand]:
     """Recompute the weights p = softmax(mask(q k^T * scale)); then dv = p^T dy, or with
-    dp = dy v^T and ds = p (dp - rowsum(p dp)) scale: dq = ds k, dk = ds^T q."""
+    dp = dy v^T and ds = p (dp - rowsum(p dp)) scale: dq = ds k, dk = ds^T q. With the key loop
+    split (`ctx.all_reduce` given) the softmax's row statistics span every device's keys: the
+    row maximum and the exponent sums, and rowsum(p dp), each all-reduced (max, sum, sum)."""
     forward = ctx.op.attrs.get("forward", {})
     if len(ctx.inputs) != 4:
         raise InputError(f"op {ctx.op.name!r} (gradient of attention with a mask input) is not lowered to MLIR yet", ctx.where)
@@ -209,7 +211,8 @@ def _attention_grad(b: Body, ctx: LoweringContext, of: str, wrt: int) -> list[Op
     dtype = q.dtype
     scale = forward.get("scale", 1.0 / math.sqrt(ctx.op.nest.extents[5]))
     causal = bool(forward.get("causal", False))
-    query_offset = ctx.offset(2) if causal else None  # outside the regions: it is a top-level value
+    # outside the regions: they are top-level values
+    query_offset, key_offset = (ctx.offset(2), ctx.offset(4)) if causal else (None, None)
     scores = Spec(q.shape[:3] + (k.shape[2],), dtype, q.sizes[:3] + (k.sizes[2],))
     contract = ["parallel"] * 4 + ["reduction"]
     dot = lambda a, args: a.mul(*args)  # noqa: E731
@@ -220,30 +223,60 @@ def _attention_grad(b: Body, ctx: LoweringContext, of: str, wrt: int) -> list[Op
         value = a.mul(args[0], a.const(scale))
         if not causal:
             return value
-        query, key = linalg_index(a.b, 2, query_offset), linalg_index(a.b, 3, None)
+        query, key = linalg_index(a.b, 2, query_offset), linalg_index(a.b, 3, key_offset)
         seen, out = a.b.name("seen"), a.b.name("masked")
         a.b.emit(f"{seen} = arith.cmpi ule, {key}, {query} : index")
         a.b.emit(f"{out} = arith.select {seen}, {value}, {a.const(float('-inf'))} : {elem_type(dtype)}")
         return out
     logits = _parallel(b, [logits], [AffineMap.identity(4)], scores, masked, "logits")
-    p = Operand(b.name("weights"), scores)
-    out = empty(b, scores)
-    b.emit(f"{p.name} = linalg.softmax dimension(3) {ins_outs([logits], [out])} -> {out.type}")
+    identity, rows = AffineMap.identity(4), _loops(4, 0, 1, 2)
+    if ctx.all_reduce is None:
+        p = Operand(b.name("weights"), scores)
+        out = empty(b, scores)
+        b.emit(f"{p.name} = linalg.softmax dimension(3) {ins_outs([logits], [out])} -> {out.type}")
+    else:
+        p = _key_split_weights(b, logits, ctx.all_reduce)
     name = ctx.op.outputs[0]
     if wrt == 2:
         return [_summed(b, [p, dy], [_loops(5, 0, 1, 4, 2), _loops(5, 0, 1, 4, 3), _loops(5, 0, 1, 2, 3)], contract,
                         ctx.out, dot, name)]
     dp = _summed(b, [dy, v], [_loops(5, 0, 1, 2, 4), _loops(5, 0, 1, 3, 4), _loops(5, 0, 1, 2, 3)], contract, scores,
                  dot, "dp")
-    rowdot = _summed(b, [p, dp], [AffineMap.identity(4)] * 2 + [_loops(4, 0, 1, 2)], ["parallel"] * 3 + ["reduction"],
+    rowdot = _summed(b, [p, dp], [identity] * 2 + [rows], ["parallel"] * 3 + ["reduction"],
                      scores.take([0, 1, 2]), dot, "rowdot")
-    ds = _parallel(b, [p, dp, rowdot], [AffineMap.identity(4)] * 2 + [_loops(4, 0, 1, 2)], scores,
+    if ctx.all_reduce is not None:
+        rowdot = ctx.all_reduce(b, rowdot, "sum", "total_rowdot")
+    ds = _parallel(b, [p, dp, rowdot], [identity] * 2 + [rows], scores,
                    lambda a, v: a.mul(v[0], a.op("sub", v[1], v[2]), a.const(scale)), "ds")
     if wrt == 0:
         return [_summed(b, [ds, k], [_loops(5, 0, 1, 2, 4), _loops(5, 0, 1, 4, 3), _loops(5, 0, 1, 2, 3)], contract,
                         ctx.out, dot, name)]
     return [_summed(b, [ds, q], [_loops(5, 0, 1, 4, 2), _loops(5, 0, 1, 4, 3), _loops(5, 0, 1, 2, 3)], contract,
                     ctx.out, dot, name)]
+
+
+def _key_split_weights(b: Body, logits: Operand, all_reduce: Callable[[Body, Operand, str, str], Operand]) -> Operand:
+    """softmax over every device's keys of this block's logits: exp(logits - M) / l with M the
+    all-reduced row maximum and l the all-reduced exponent sums (a row all masked everywhere has
+    M = -inf and stays 0 / 0, as the unsplit softmax)."""
+    dtype = logits.dtype
+    row_spec = logits.spec.take([0, 1, 2])
+    identity, rows = AffineMap.identity(4), _loops(4, 0, 1, 2)
+    reduce_keys = ["parallel"] * 3 + ["reduction"]
+    local_max = generic(b, [identity, rows], reduce_keys, [logits], reduction_init(b, row_spec, "max"),
+                        lambda b, args, acc: combine(b, "max", acc, args[0], dtype, ""), hint="row_max")
+    row_max = all_reduce(b, local_max, "max", "global_max")
+
+    def exponent(a: _Arith, args: list[str]) -> str:
+        masked, shift = a.b.name("masked"), a.b.name("shift")
+        a.b.emit(f"{masked} = arith.cmpf oeq, {args[1]}, {a.const(float('-inf'))} : {elem_type(dtype)}")
+        a.b.emit(f"{shift} = arith.select {masked}, {a.const(0.0)}, {args[1]} : {elem_type(dtype)}")
+        return a.op("exp", a.op("sub", args[0], shift))
+    weights = _parallel(b, [logits, row_max], [identity, rows], logits.spec, exponent, "block_weights")
+    local_sum = _summed(b, [weights], [identity, rows], reduce_keys, row_spec, lambda a, args: args[0], "exp_sum")
+    exp_sum = all_reduce(b, local_sum, "sum", "total_sum")
+    return _parallel(b, [weights, exp_sum], [identity, rows], logits.spec, lambda a, v: a.op("div", v[0], v[1]),
+                     "weights")
 
 
 def _embedding_grad(b: Body, ctx: LoweringContext, of: str, wrt: int) -> list[Operand]:

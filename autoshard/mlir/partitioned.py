@@ -2,8 +2,8 @@
 
 Values have the device's local types: the largest shard per dim, and `?` for a dim whose shards
 differ in size between devices (their sizes computed from the process index where an op needs
-them). Every `LocalOp` is the graph op lowered on local shapes (an attention with its key loop
-split adds its combine's all_reduces); every `Communicate` is the dialect's collective.
+them). Every `LocalOp` is the graph op lowered on local shapes (an attention or attention gradient
+with its key loop split adds its combine's all_reduces); every `Communicate` is the dialect's collective.
 Arguments follow one of the two conventions of the design:
 
 - `local`: the function receives every argument already partitioned (its local shard);
@@ -25,7 +25,7 @@ from autoshard.mlir.linalg import Operand, Spec
 from autoshard.mlir.lower import LoweringContext, lower
 from autoshard.mlir.module import MESH_SYMBOL, axes_list, function_name, mesh_comment, module_text
 from autoshard.mlir.text import Body
-from autoshard.ops.nn import KEY_LOOP
+from autoshard.ops.grads import attention_key_axes
 from autoshard.planning.options import local_extents
 from autoshard.planning.plan import Plan
 from autoshard.resharding import Price, halo_step
@@ -146,7 +146,7 @@ def _emit_local_op(b: Body, device: DeviceIndex, instruction: LocalOp, values: d
     inputs = tuple(values[v.id] for v in instruction.inputs)
     specs = tuple(value_spec(device, v) for v in instruction.outputs)
     halos = tuple(tuple(v.sharding.halo(d) for d in range(len(v.shape))) for v in instruction.inputs)
-    key_axes = option.loop_axes[KEY_LOOP] if op.kind == "attention" else ()
+    key_axes = attention_key_axes(op.kind, op.attrs, option.loop_axes)
 
     def all_reduce(b: Body, x: Operand, kind: str, hint: str) -> Operand:
         return emit_all_reduce(b, device.dialect, mesh, key_axes, x, kind, hint)

@@ -23,7 +23,7 @@ import numpy as np
 from autoshard.affine import AffineMap
 from autoshard.ops.attributes import attribute_problems
 from autoshard.ops.loops import INVALID, PARALLEL, REDUCTION, LoopNest, map_extent
-from autoshard.ops.nn import COMBINED, attention_pairs, attention_weights, window_params, windows
+from autoshard.ops.nn import KEY_LOOP, attention_pairs, attention_scores, window_params, windows
 from autoshard.ops.payloads import PAYLOADS
 from autoshard.ops.selection import top_k_order
 from autoshard.ops.table import OP_KINDS, Attrs, Context, OpError, OpKind, Shape, normalize_dim, register
@@ -147,20 +147,36 @@ GRAD_RULES["rms_norm"] = GradRule(_norm_grad(False), (0, 1), lambda nest, attrs,
 
 
 # --- attention ---------------------------------------------------------------------------
-def _attention_grad(inputs: list[np.ndarray], dy: np.ndarray, ctx: Context, wrt: int) -> np.ndarray:
-    """Recompute the weights P, then dS = P * (dP - rowsum(P * dP)) with dP = dy v^T.
+# The weights P = exp(s - M) / l over the scores s, with M the row maximum and l the exponent
+# sums; the softmax backward needs rowsum(P * dP) = u / l with u = rowsum(exp(s - M) * dP). All
+# three are row statistics over the keys: with the key loop split each device computes its key
+# block's part, combined by all_reduce (max for M, then sum for l and u), and from them its own
+# gradient block, whole or partial as the grad nest says (dq sums over the keys; dk and dv are
+# the block's own rows).
+def _against(scores: np.ndarray, row_max: np.ndarray) -> np.ndarray:
+    """exp(scores - M) per row; a row all masked (M = -inf) gives zeros."""
+    return np.exp(scores - np.where(np.isneginf(row_max), 0.0, row_max)[..., None])
 
-    Every gradient is linear in dy and v over the value features e, and a sum over queries for
-    k and v, so blocks of those loops give partial sums. An added float mask's gradient is dS
-    before the scale.
-    """
+
+def _attention_sums(inputs: list[np.ndarray], dy: np.ndarray, ctx: Context,
+                    row_max: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """This block's exponent sums l and u = rowsum(exp(s - M) * dP) against the row maximum M."""
+    weights = _against(attention_scores(inputs, ctx), row_max)
+    dp = np.einsum("bhse,bhte->bhst", dy, inputs[2])
+    return weights.sum(axis=-1), (weights * dp).sum(axis=-1)
+
+
+def _attention_grad_given(inputs: list[np.ndarray], dy: np.ndarray, ctx: Context, wrt: int,
+                          row_max: np.ndarray, exp_sum: np.ndarray, dot_sum: np.ndarray) -> np.ndarray:
+    """The gradient block from the row statistics of all the keys: dS = P * (dP - u / l). An
+    added float mask's gradient is dS before the scale."""
     q, k, v = inputs[:3]
     scale = ctx.attrs.get("scale", 1.0 / np.sqrt(ctx.block.extents[5]))
-    p = attention_weights(inputs, ctx)
+    p = _against(attention_scores(inputs, ctx), row_max) / exp_sum[..., None]
     if wrt == 2:
         return np.einsum("bhst,bhse->bhte", p, dy)
     dp = np.einsum("bhse,bhte->bhst", dy, v)
-    ds = p * (dp - np.sum(p * dp, axis=-1, keepdims=True))
+    ds = p * (dp - (dot_sum / exp_sum)[..., None])
     if wrt == 3:  # an added mask (T5's position bias): the scores' gradient, summed where it broadcast
         mask = inputs[3]
         ds = ds.sum(axis=tuple(range(ds.ndim - mask.ndim)))
@@ -169,6 +185,42 @@ def _attention_grad(inputs: list[np.ndarray], dy: np.ndarray, ctx: Context, wrt:
     if wrt == 0:
         return np.einsum("bhst,bhtd->bhsd", ds, k)
     return np.einsum("bhst,bhsd->bhtd", ds, q)
+
+
+def _attention_grad(inputs: list[np.ndarray], dy: np.ndarray, ctx: Context, wrt: int) -> np.ndarray:
+    """Recompute the weights P, then dS = P * (dP - rowsum(P * dP)) with dP = dy v^T, every
+    key in this block."""
+    row_max = np.max(attention_scores(inputs, ctx), axis=-1)
+    return _attention_grad_given(inputs, dy, ctx, wrt, row_max, *_attention_sums(inputs, dy, ctx, row_max))
+
+
+def attention_key_axes(kind: str, attrs: Attrs, loop_axes: Sequence[Sequence[str]]) -> tuple[str, ...]:
+    """The mesh axes an attention op or an attention gradient splits its key loop over (their key
+    blocks then meet in the op's own combine); () for any other op or option."""
+    if kind == "attention" or (kind == "grad" and attrs.get("of") == "attention"):
+        return tuple(loop_axes[KEY_LOOP])
+    return ()
+
+
+def attention_grad_row_max(inputs: list[np.ndarray], ctx: Context) -> np.ndarray:
+    """A grad-of-attention op's key block: its row maxima of the scores [B, H, S]."""
+    fwd_inputs, _, fwd_ctx, _ = _forward_view(inputs, ctx)
+    return np.max(attention_scores(fwd_inputs, fwd_ctx), axis=-1)
+
+
+def attention_grad_sums(inputs: list[np.ndarray], ctx: Context,
+                        row_max: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A grad-of-attention op's key block: its exponent sums l and u against the global row max."""
+    fwd_inputs, dy, fwd_ctx, _ = _forward_view(inputs, ctx)
+    return _attention_sums(fwd_inputs, dy, fwd_ctx, row_max)
+
+
+def attention_grad_block(inputs: list[np.ndarray], ctx: Context, row_max: np.ndarray, exp_sum: np.ndarray,
+                         dot_sum: np.ndarray) -> np.ndarray:
+    """A grad-of-attention op's result on its key block, given the statistics of all the keys."""
+    fwd_inputs, dy, fwd_ctx, wrt = _forward_view(inputs, ctx)
+    grad = _attention_grad_given(fwd_inputs, dy, fwd_ctx, wrt, row_max, exp_sum, dot_sum)
+    return np.asarray(grad).reshape(ctx.out_shapes[0])
 
 
 def _attention_grad_flops(nest: LoopNest, attrs: Attrs, wrt: int) -> float:
@@ -281,22 +333,29 @@ def _grad_loops(shapes: Sequence[Shape], attrs: Attrs) -> LoopNest:
                       f"got {list(shapes[-1])}")
     target = nest.input_maps[wrt]
     indexed = {loop for expr in target.results for loop in expr.loops}
-    # A loop the forward combines itself (attention's keys) stays whole: the gradient has no combine.
-    iterators = tuple(INVALID if t in (INVALID, COMBINED) else PARALLEL if loop in indexed else REDUCTION
+    # A loop the forward combines itself (attention's keys) is an ordinary one here: the gradient
+    # combines only row statistics first (`attention_grad_sums`), then sums or writes as any other.
+    iterators = tuple(INVALID if t == INVALID else PARALLEL if loop in indexed else REDUCTION
                       for loop, t in enumerate(nest.iterator_types))
     shapes_known = nest.input_shapes + nest.output_shapes() if nest.input_shapes else ()
     return LoopNest(nest.extents, iterators, nest.input_maps + nest.output_maps, (target,), input_shapes=shapes_known)
 
 
-def _grad_compute(inputs: list[np.ndarray], ctx: Context) -> list[np.ndarray]:
-    kind, rule, forward, wrt = _forward(ctx.attrs)
+def _forward_view(inputs: list[np.ndarray], ctx: Context) -> tuple[list[np.ndarray], np.ndarray, Context, int]:
+    """A grad op's block as its forward op's: the forward inputs, the output gradient, the
+    forward's context on the same block, and `wrt`."""
+    kind, _, forward, wrt = _forward(ctx.attrs)
     *fwd_inputs, dy = inputs
     # The forward op over the same loops: its global input shapes are its maps' reach.
     maps: tuple[AffineMap, ...] = ctx.nest.input_maps[:-1]
     shapes = ctx.nest.input_shapes[:-1] or [map_extent(m, ctx.block.extents) for m in maps]
     nest = kind.loops(list(shapes), forward)
-    fwd_ctx = Context(nest, ctx.block, forward, (map_extent(nest.output_maps[0], ctx.block.sizes),))
-    grad = rule.compute(fwd_inputs, dy, fwd_ctx, wrt)
+    return fwd_inputs, dy, Context(nest, ctx.block, forward, (map_extent(nest.output_maps[0], ctx.block.sizes),)), wrt
+
+
+def _grad_compute(inputs: list[np.ndarray], ctx: Context) -> list[np.ndarray]:
+    fwd_inputs, dy, fwd_ctx, wrt = _forward_view(inputs, ctx)
+    grad = GRAD_RULES[ctx.attrs["of"]].compute(fwd_inputs, dy, fwd_ctx, wrt)
     return [np.asarray(grad).reshape(ctx.out_shapes[0])]
 
 

@@ -5,7 +5,8 @@ Compute time is a roofline: the larger of the local FLOPs at the chip's peak for
 the local bytes moved at HBM bandwidth, where a value fused between pointwise ops (`Graph.fused`)
 moves none. Work is split over the split loops; loops left whole are computed redundantly on
 every device of those axes, which is exactly what the per-device local extents express. An
-attention whose key loop is split adds its combine's two all-reduces (`attention_combine_seconds`).
+attention (or its gradient) whose key loop is split adds its combine's all-reduces
+(`attention_combine_seconds`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Protocol, Sequence
 
 from autoshard.graph.model import Graph, Op
 from autoshard.mesh import Mesh
-from autoshard.ops.nn import KEY_LOOP
+from autoshard.ops.grads import attention_key_axes
 from autoshard.planning.options import ShardingOption, local_extents, operand_shardings, result_shardings
 from autoshard.sharding import Sharding
 
@@ -69,18 +70,19 @@ def op_cost(graph: Graph, op: Op, option: ShardingOption, mesh: Mesh, hw: Hardwa
 
 
 def attention_combine_seconds(graph: Graph, op: Op, option: ShardingOption, mesh: Mesh, hw: Hardware) -> float:
-    """The combine of an attention whose key loop is split (`ops.nn`): after its blocks, each
-    device all-reduces its row maxima (max), then its exponent sums and weighted values (sum),
-    each at its local [B, H, S] and [B, H, S, E] shapes over the key loop's axes. Zero for any
-    other op or option."""
-    axes = option.loop_axes[KEY_LOOP] if op.kind == "attention" else ()
+    """The combine of an attention or attention gradient whose key loop is split (`ops.nn`,
+    `ops.grads`): the all_reduces the simulator runs and the IR prints, over the key loop's axes,
+    at the local [B, H, S] rows in the queries' dtype. Forward: max of the row maxima, sum of the
+    exponent sums, sum of the weighted values [B, H, S, E]. Gradient: max of the row maxima, sum
+    of the exponent sums, sum of rowsum(exp(s - M) * dP). Zero for any other op or option."""
+    axes = attention_key_axes(op.kind, op.attrs, option.loop_axes)
     if not axes:
         return 0.0
     b, h, s, e = local_extents(op.nest, option, mesh)[:4]
-    itemsize = graph.tensors[op.outputs[0]].itemsize
-    rows_bytes = b * h * s * itemsize
-    return (hw.collective_seconds("all_reduce", axes, rows_bytes)
-            + hw.collective_seconds("all_reduce", axes, rows_bytes * (1 + e)))
+    rows_bytes = b * h * s * graph.tensors[op.inputs[0]].itemsize
+    last = rows_bytes * e if op.kind == "attention" else rows_bytes
+    return (hw.collective_seconds("all_reduce", axes, rows_bytes) * 2
+            + hw.collective_seconds("all_reduce", axes, last))
 
 
 def flops_per_s(graph: Graph, op: Op, hw: Hardware, gemm: tuple[int, int, int, int] | None = None) -> float:

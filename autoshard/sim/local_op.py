@@ -6,7 +6,8 @@ index over that loop's axes. Each operand is cut to the range the block reads th
 taken from the device's own shard of that operand (its halos included); a device that does not hold the range is a
 bug of the program, reported with the op, operand and device. Where a reduction loop is split
 the results are partial; a device whose block is empty contributes the reduction's identity.
-An attention op with its key loop split combines its blocks over those axes (`sim.attention`).
+An attention op or gradient with its key loop split combines its blocks over those axes
+(`sim.attention`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from autoshard.ops.loops import LoopNest
 from autoshard.planning.options import ShardingOption
 from autoshard.reductions import REDUCTIONS
 from autoshard.sharding import Sharding, ceildiv
-from autoshard.sim.attention import key_split_attention, splits_keys
+from autoshard.sim.attention import combine_key_blocks, splits_keys
 from autoshard.sim.collectives import Shards
 
 
@@ -103,9 +104,9 @@ def run_local_op(mesh: Mesh, op: Op, option: ShardingOption, inputs: Sequence[Pl
     blocks = {device: loop_block(mesh, nest, option, device) for device in mesh.devices()}
     cuts = {device: [cut_operand(op, i, value, mesh, device, block) for i, value in enumerate(inputs)]
             for device, block in blocks.items() if 0 not in block.sizes}
-    combined = key_split_attention(mesh, op, option, blocks, cuts, dtypes[0]) if splits_keys(op, option) else None
+    combined = combine_key_blocks(mesh, op, option, blocks, cuts, dtypes[0]) if splits_keys(op, option) else {}
     for device, block in blocks.items():
-        if combined is not None:
+        if device in combined:
             values = [combined[device]]
         elif 0 in block.sizes:
             # Nothing to compute: an empty shard, or the identity where only a reduction loop is empty.

@@ -15,7 +15,7 @@ from autoshard.ops import Block, evaluate_block
 from autoshard.planning.options import ShardingOption, enumerate_options, enumerate_storage
 from autoshard.planning.plan import Plan
 from autoshard.sharding import Sharding, ceildiv
-from autoshard.sim.attention import key_split_attention, splits_keys
+from autoshard.sim.attention import combine_key_blocks, splits_keys
 from autoshard.sim.layout import assemble, distribute
 from autoshard.sim.reshard_exec import apply_step
 from autoshard.spmd.program import Communicate, LocalOp, SpmdProgram, partition
@@ -188,7 +188,7 @@ def run_program(program: SpmdProgram, inputs: dict[str, np.ndarray]) -> dict[str
                                                        for n, (start, _) in zip(need, held))])
         if splits_keys(instruction.op, instruction.option):  # the key blocks meet in the op's own combine
             dtype = next(iter(cuts.values()))[0].dtype
-            results[0] = key_split_attention(mesh, instruction.op, instruction.option, blocks, cuts, dtype)
+            results[0] = combine_key_blocks(mesh, instruction.op, instruction.option, blocks, cuts, dtype)
         else:
             for device, block in blocks.items():
                 for k, result in enumerate(evaluate_block(instruction.op.op_kind, nest, instruction.op.attrs,
