@@ -5,9 +5,12 @@ chosen by the solver where the keys are long, and emitted as IR the real verifie
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
+from autoshard.graph.evaluate import evaluate_graph
 from autoshard.graph.schema import graph_from_json
 from autoshard.mesh import Mesh
 from autoshard.mlir import emit_partitioned, verify
@@ -26,6 +29,7 @@ from autoshard.sharding import Sharding as S
 from autoshard.sim.local_op import loop_block
 from autoshard.sim.program import simulate_program, verify_plan
 from autoshard.spmd.program import Communicate, LocalOp, partition
+from support.mlir_run import run_module, signature
 
 MESH = Mesh.parse("dp=2,cp=4")
 # queries and keys of different lengths; 14 keys over 4 devices leave the last block short
@@ -280,3 +284,43 @@ def test_the_partitioned_ir_of_key_split_gradients_verifies_with_their_combines(
     assert [r.rstrip("_0123456789") for r in reduces] == [
         "global_max", "total_sum", "total_rowdot", "global_max", "total_sum", "total_rowdot",
         "global_max", "total_sum", "dq", "dk", "dv"]
+
+
+def test_the_key_split_ir_computes_the_reference_when_run():
+    """The emitted combine executed by mlir-runner on a one-device mesh whose axis carries the key
+    split (its all_reduces over a one-device group are the identity, written as such): the block
+    state, its rescaling and the division compute the op table's attention and gradients."""
+    one = Mesh.of(x=1)
+    b = GraphBuilder("cp_run", "f32")
+    q, k, v = (b.input(n, s) for n, s in zip("qkv", ((1, 2, 4, 3), (1, 2, 5, 3), (1, 2, 5, 2))))
+    dy = b.input("dy", (1, 2, 4, 2))
+    forward = {"causal": True}
+    b.mark_outputs(b.op("attention", [q, k, v], "sdpa", causal=True),
+                   *(b.op("grad", [q, k, v, dy], f"d{n}", of="attention", wrt=w, forward=forward)
+                     for w, n in enumerate("qkv")))
+    graph = graph_from_json(b.document(), one)
+    keys = O(((), (), (), (), ("x",), ()))
+    plan = Plan(graph, one, {op.name: keys for op in graph.ops}, stored_whole(graph))
+    module = emit_partitioned(partition(plan), "shard")
+    # every collective over the one-device group is the identity: written as a cast; its index is 0
+    collective = re.compile(r"^(\s*%[\w.]+) = shard\.(\w+) (%[\w.]+) on @mesh grid_axes = \[0\] .* : "
+                            r"(tensor<[^>]*>) -> (tensor<[^>]*>)$")
+    index = re.compile(r"^(\s*%[\w.]+) = shard\.process_multi_index on @mesh axes = \[0\] : index$")
+    lines, reduces = [], 0
+    for line in module.splitlines():
+        found, at = collective.match(line), index.match(line)
+        if at:  # the one device's index
+            line = f"{at.group(1)} = arith.constant 0 : index"
+        if found:
+            name, kind, value, before, after = found.groups()
+            line, reduces = f"{name} = tensor.cast {value} : {before} to {after}", reduces + (kind == "all_reduce")
+        lines.append(line)
+    # the forward's combine (max, sum, sum), dq's and dk's (max, sum, sum), dv's (max, sum), dq's partial sum
+    assert reduces == 3 + 3 + 3 + 2 + 1
+    names, _, _ = signature(module, graph.name)
+    rng = np.random.default_rng(3)
+    values = {n: rng.standard_normal(graph.tensors[n].shape).astype(np.float32) for n in names}
+    results = run_module("\n".join(lines), graph.name, [values[n] for n in names])
+    expected = evaluate_graph(graph, values)
+    for output, got in zip(graph.outputs, results):
+        np.testing.assert_allclose(got, expected[output], rtol=2e-5, atol=2e-5, err_msg=output)

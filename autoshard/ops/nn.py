@@ -15,9 +15,14 @@ weight each block carries). So a split key loop is neither `reduction` (its resu
 partial kind no collective can finish) nor `invalid`: it is `combined`, a loop the op's own
 realisation reduces over the loop's axes (the collectives above, priced by
 `planning.costs.attention_combine_seconds`). Its results are complete and replicated over those
-axes, exactly what the loop nest's maps say of a loop no result indexes. The simulator runs the
+axes, exactly what the loop nest's maps say of a loop no result indexes. Nor is the split op
+rewritten into its parts as graph ops (scores, max, exp, sum, weighted sum): that puts the
+[B, H, S, T] scores in the graph, priced and held as a tensor where a fused kernel never writes
+them, and the graph rather than the solver would choose between the fused and the split form.
+The simulator runs the
 combine through the mesh collectives (`sim.attention`) and the partitioned IR prints them
-(`mlir.lower`). With `t` whole the fused op is computed as before.
+(`mlir.lower`). With `t` whole the fused op is computed as before. The gradient splits `t` the
+same way, combining only its row statistics first (`ops.grads`).
 """
 
 from __future__ import annotations
