@@ -25,6 +25,7 @@ from autoshard.planning.make_plan import make_plan
 from autoshard.planning.options import ShardingOption as O
 from autoshard.planning.plan import Plan
 from autoshard.planning.report import estimate
+from autoshard.planning.roles import plan_roles
 from autoshard.sharding import Sharding as S
 from autoshard.sim.local_op import loop_block
 from autoshard.sim.program import simulate_program, verify_plan
@@ -230,6 +231,7 @@ def test_the_solver_splits_the_keys_of_a_long_context_and_moves_kv_at_kv_heads()
     result = make_plan(graph, mesh, hw)
     option = result.plan.options["sdpa"]
     assert option.loop_axes[KEY_LOOP] == ("cp",)
+    assert plan_roles(result.plan).ops["sdpa"] == {"cp": "context"}
     program = partition(result.plan, hw.collective_seconds)
     # K and V stay where the cache is: nothing moves them, at kv heads or after the repeat
     moved = {c.input.tensor for c in program.body if isinstance(c, Communicate)}
