@@ -19,10 +19,9 @@ axes, exactly what the loop nest's maps say of a loop no result indexes. Nor is 
 rewritten into its parts as graph ops (scores, max, exp, sum, weighted sum): that puts the
 [B, H, S, T] scores in the graph, priced and held as a tensor where a fused kernel never writes
 them, and the graph rather than the solver would choose between the fused and the split form.
-The simulator runs the
-combine through the mesh collectives (`sim.attention`) and the partitioned IR prints them
-(`mlir.lower`). With `t` whole the fused op is computed as before. The gradient splits `t` the
-same way, combining only its row statistics first (`ops.grads`).
+The simulator runs the combine through the mesh collectives (`sim.attention`) and the
+partitioned IR prints them (`mlir.lower`). With `t` whole the fused op is computed as before.
+The gradient splits `t` the same way, combining only its row statistics first (`ops.grads`).
 """
 
 from __future__ import annotations
