@@ -3,6 +3,7 @@ placements, and the program run under DTensor as the plan says.
 
     ep = torch.export.export(module, args)                 # plain or .run_decompositions({}): one canonical form
     imported = import_program(ep)                          # .graph (a document), .warnings, .opaque
+    routed = import_program(ep, expert_capacity=ExpertCapacity(1.25))  # MoE experts routed, not dense
     ...plan imported.graph with autoshard.make_plan...
     placements = tensor_placements(plan)                   # tensor name -> (Shard(1), Replicate())
     sharded = parallelize(ep, plan, device_mesh)           # a module running the plan on DTensors
@@ -25,6 +26,7 @@ from typing import Any
 _NAMES = {
     "import_program": f"{__name__}.importer",
     "ImportedProgram": f"{__name__}.importer",
+    "ExpertCapacity": f"{__name__}.capacity",
     "export_factory": f"{__name__}.factory",
     "tensor_placements": "autoshard.delivery.dtensor_placements",
     "parallelize_plan": "autoshard.delivery.dtensor_placements",

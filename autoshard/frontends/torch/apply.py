@@ -15,6 +15,7 @@ import math
 from typing import Any, Callable, Collection, Mapping
 
 from autoshard.errors import InputError, Problem
+from autoshard.frontends.torch.capacity import ExpertCapacity
 from autoshard.frontends.torch.importer import ImportedProgram, import_program
 from autoshard.frontends.torch.lowering import DTYPES
 from autoshard.delivery.dtensor_placements import placement_specs
@@ -33,7 +34,8 @@ torch = require_torch()
 from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor  # noqa: E402  (after the check above)
 
 
-def parallelize(exported_program: Any, plan: Plan | PlanResult | Mapping[str, Any], device_mesh: Any) -> "ShardedProgram":
+def parallelize(exported_program: Any, plan: Plan | PlanResult | Mapping[str, Any], device_mesh: Any,
+                expert_capacity: ExpertCapacity | None = None) -> "ShardedProgram":
     """A module that runs `exported_program` on `device_mesh` as `plan` places every value.
 
     `exported_program` is what `torch.export.export` gives, or that decomposed: it is imported in
@@ -41,10 +43,11 @@ def parallelize(exported_program: Any, plan: Plan | PlanResult | Mapping[str, An
 
     `plan` is a `Plan`, a `PlanResult`, or the document of `plan.json`; it may have been made
     for the forward graph or for the training graph of the same program (`--training`). The
-    mesh's dim names and sizes must be the plan's axes, in order.
+    mesh's dim names and sizes must be the plan's axes, in order. `expert_capacity` is the one
+    the graph was imported with (`import_program`), if any.
     """
     refuse_pipelined(plan, "autoshard.frontends.torch.parallelize")
-    imported = import_program(exported_program)
+    imported = import_program(exported_program, expert_capacity=expert_capacity)
     mesh = check_mesh(_plan_mesh(plan), device_mesh)
     forward = _forward_plan(plan, imported, mesh)
     return ShardedProgram(imported.program, imported, forward, device_mesh, resharding_steps(plan, forward))

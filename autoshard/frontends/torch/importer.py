@@ -7,7 +7,9 @@ called in. The names only depend on the module and the example inputs, so a prog
 again imports to the same graph.
 
 The routed experts of a mixture-of-experts layer (tokens sorted by expert, a grouped matmul) are
-a chain no single row lowers; `routing` finds it and writes its dense dispatch in its place.
+a chain no single row lowers; `routing` finds it and writes its dense dispatch in its place (every
+expert on every token, exact), or, given an `ExpertCapacity`, `capacity` writes the routed dispatch
+at a static capacity (k * capacity_factor experts' worth per token, expert-parallel by all-to-alls).
 
 Nodes no row lowers (mask and position bookkeeping, anything new) stay opaque: their values
 enter the graph as inputs of their true shapes, pinned replicated, and are computed by PyTorch
@@ -28,8 +30,9 @@ from typing import Any
 from autoshard.errors import InputError, Problem
 from autoshard.frontends.layering import graph_keeping_what_holds, tag_layers
 from autoshard.frontends.torch.aten import ATEN, CHECKS, COMPLEX_ROWS, target_key
+from autoshard.frontends.torch.capacity import ExpertCapacity, lower_capacity_experts
 from autoshard.frontends.torch.lowering import Lowering, Step, Unsupported
-from autoshard.frontends.torch.routing import RoutedExperts, find_routed_experts, lower_routed_experts
+from autoshard.frontends.torch.routing import GROUPED_MM, RoutedExperts, find_routed_experts, lower_routed_experts
 from autoshard.frontends.torch.runtime import require_torch
 from autoshard.frontends.torch.values import (as_real, dtype_name, is_complex, is_empty, reads_or_makes_complex,
                                               value_dtype, value_shape)
@@ -74,7 +77,8 @@ class ImportedProgram:
 
 
 def import_program(exported_program: Any, strict: bool = False, training: bool = False,
-                   name: str | None = None, batch_dim: int | None = None) -> ImportedProgram:
+                   name: str | None = None, batch_dim: int | None = None,
+                   expert_capacity: ExpertCapacity | None = None) -> ImportedProgram:
     """The graph of an `ExportedProgram`, plain or decomposed, in its canonical form
     (`canonical_program`).
 
@@ -83,6 +87,8 @@ def import_program(exported_program: Any, strict: bool = False, training: bool =
     `batch_dim` is the dim of every tensor argument (and of the labels) that carries the batch,
     so that a plan can split the step into microbatches; torch.distributed.pipelining splits
     arguments along dim 0 by default.
+    `expert_capacity` plans every routed-experts chain at that static capacity instead of as the
+    dense dispatch; a program whose experts are not in the recognised form is then refused.
     """
     ep = canonical_program(exported_program)
     _check_static(ep)
@@ -95,10 +101,14 @@ def import_program(exported_program: Any, strict: bool = False, training: bool =
     nodes = list(ep.graph.nodes)
     routed = {m.anchor.name: m for m in find_routed_experts(nodes)}
     rewritten = {n.name for m in routed.values() for n in m.covered}
+    if expert_capacity is not None:
+        _check_all_routed(nodes, rewritten)
     for node in nodes:
         if node.op != "call_function" or target_key(node.target) in CHECKS:
             continue
-        if node.name in routed:
+        if node.name in routed and expert_capacity is not None:
+            _lower_capacity(lw, routed[node.name], expert_capacity)
+        elif node.name in routed:
             _lower_routed(lw, routed[node.name], opaque)
         elif node.name not in rewritten:  # a rewritten chain is lowered at its last node
             _lower_node(lw, node, opaque)
@@ -229,6 +239,28 @@ def _lower_routed(lw: Lowering, match: RoutedExperts, opaque: list[OpaqueNode]) 
     for node in match.covered:
         if target_key(node.target) not in CHECKS:
             _lower_node(lw, node, opaque)
+
+
+def _check_all_routed(nodes: list[Any], rewritten: set[str]) -> None:
+    """Capacity was asked for: every grouped matmul must be in a recognised routed-experts chain."""
+    grouped = [n.name for n in nodes if n.op == "call_function" and target_key(n.target) in GROUPED_MM]
+    outside = [n for n in grouped if n not in rewritten]
+    if not grouped or outside:
+        found = f"grouped matmuls {outside} outside it" if outside else "no grouped matmul"
+        raise InputError("expected the routed experts of transformers' experts implementation (expert ids sorted, "
+                         "histc offsets, two grouped matmuls, the weighted slots restored and summed over the "
+                         f"top-k) to plan at a capacity, found {found}", "expert_capacity")
+
+
+def _lower_capacity(lw: Lowering, match: RoutedExperts, option: ExpertCapacity) -> None:
+    """A routed-experts chain at `option`'s capacity; a chain that does not lower is refused."""
+    lw.builder.module = _module_path(match.anchor)
+    try:
+        lw.values[match.anchor.name] = lower_capacity_experts(lw, match, option)
+        _check_shape(lw, match.anchor)
+    except (Unsupported, OpError) as error:
+        raise InputError(f"the routed experts ending at {match.anchor.name} do not lower at a capacity: {error}",
+                         f"/nodes/{match.anchor.name}") from None
 
 
 def _undo_point(lw: Lowering) -> Any:

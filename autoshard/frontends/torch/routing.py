@@ -87,25 +87,25 @@ def lower_routed_experts(lw: Lowering, m: RoutedExperts) -> str:
     hot = lw.op("one_hot", [ids], f"{name}.one_hot",
                 lambda i: torch.nn.functional.one_hot(i, experts).to(w_dtype),
                 num_classes=experts, dtype=lw.builder.dtype_of(w))
-    combine = lw.op("dot_general", [w, hot], f"{name}.combine_weights", _einsum("tk,tke->te"),
+    combine = lw.op("dot_general", [w, hot], f"{name}.combine_weights", einsum_call("tk,tke->te"),
                     lhs_batch_dims=[0], rhs_batch_dims=[0], lhs_contracting_dims=[1], rhs_contracting_dims=[1])
-    lw.values[m.first.name] = lw.op("dot_general", [x, up], m.first.name, _einsum("th,ehf->tef"),
+    lw.values[m.first.name] = lw.op("dot_general", [x, up], m.first.name, einsum_call("th,ehf->tef"),
                                     lhs_contracting_dims=[1], rhs_contracting_dims=[1])
     for node in m.activation:
         lw.values[node.name] = ATEN[_key(node)](lw, node)
-    y = lw.op("dot_general", [lw.tensor(m.second.args[0]), down], m.second.name, _einsum("tef,efh->eth"),
+    y = lw.op("dot_general", [lw.tensor(m.second.args[0]), down], m.second.name, einsum_call("tef,efh->eth"),
               lhs_batch_dims=[1], rhs_batch_dims=[0], lhs_contracting_dims=[2], rhs_contracting_dims=[1])
     # the routed form multiplies in the promoted dtype of the expert outputs and the weights
-    combine, y = (_cast(lw, t, out_dtype, f"{name}.{role}") for t, role in ((combine, "combine_cast"), (y, "experts_cast")))
-    return lw.op("dot_general", [combine, y], name, _einsum("te,eth->th"),
+    combine, y = (cast_to(lw, t, out_dtype, f"{name}.{role}") for t, role in ((combine, "combine_cast"), (y, "experts_cast")))
+    return lw.op("dot_general", [combine, y], name, einsum_call("te,eth->th"),
                  lhs_batch_dims=[0], rhs_batch_dims=[1], lhs_contracting_dims=[1], rhs_contracting_dims=[0])
 
 
-def _einsum(spec: str) -> Any:
+def einsum_call(spec: str) -> Any:
     return lambda a, b: torch.einsum(spec, a, b)
 
 
-def _cast(lw: Lowering, tensor: str, dtype: Any, name: str) -> str:
+def cast_to(lw: Lowering, tensor: str, dtype: Any, name: str) -> str:
     ours = dtype_name(dtype)
     if lw.builder.dtype_of(tensor) == ours:
         return tensor
