@@ -17,7 +17,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from support.dtensor import simulated_ranks  # noqa: E402
+from support.dtensor import sharded_plan, simulated_ranks  # noqa: E402
+from test_torch_training_import import step_values  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock  # noqa: E402
 
@@ -140,6 +141,23 @@ def test_the_capacity_graph_drops_overflow_as_gshard_and_with_room_for_the_large
     assert imported.graph.tensors["sum_2.dispatch"].shape[-1] >= load
     computed = evaluate_graph(imported.graph, graph_values(imported, program, x))[out]
     np.testing.assert_allclose(computed, model, rtol=1e-5, atol=1e-6)
+
+
+def test_a_training_step_at_a_capacity_differentiates_the_router_and_the_experts_as_autograd():
+    block, x, program = mixtral_block()
+    load = largest_load(block, x, 16)
+    capacity = ExpertCapacity(capacity_factor=load * EXPERTS / (TOP_K * 16))
+    step = import_program(program, training=True, expert_capacity=capacity)
+    computed = evaluate_graph(step.graph, given := step_values(step, program, (x,)))
+    block.zero_grad()
+    (block(x) * torch.from_numpy(given["labels"])).sum().backward()
+    gradients = step.graph.gradients
+    assert sorted(gradients) == ["experts.down_proj", "experts.gate_up_proj", "gate.weight"]
+    for name, parameter in block.named_parameters():
+        np.testing.assert_allclose(computed[gradients[name]], parameter.grad.numpy(), rtol=1e-4, atol=1e-6,
+                                   err_msg=name)
+    verdict = verify_plan(sharded_plan(step.document, "dp=2,tp=2", memory_s_per_byte=1e-9).plan)
+    assert verdict.passed and verdict.values_checked, verdict.summary()
 
 
 EXPERT_AXIS_PINS = {"hidden_states": [["ep"], [], []], "experts.gate_up_proj": [["ep"], [], []],

@@ -23,6 +23,7 @@ expert adds 0 * f_e(x). It costs E / k times the experts' FLOPs, and the expert 
 ordinary loop of the contractions, so splitting it over a mesh axis is expert parallelism.
 
 Only this exact chain is rewritten: any other shape of it stays opaque, op by op, as before.
+`capacity` writes the same chain as routed computation at a static capacity instead.
 """
 
 from __future__ import annotations
