@@ -161,9 +161,22 @@ def test_search_plans_every_candidate_on_the_recomputed_step(tmp_path):
     ranking = json.loads((tmp_path / "out" / "ranking.json").read_text())
     assert document["recompute"] == ranking["recompute"] == "full"
     assert f"{PREFIX}layer0.attn.softmax" in document["ops"]
-    code, out, err = run_cli("search", str(tmp_path / "g.json"), "--devices", "2", "--topology", "dgx-h100", "--recompute",
-                             "auto")
-    assert code == 2 and "--recompute" in err
+
+
+def test_search_auto_searches_each_recomputation_and_keeps_the_fastest(tmp_path):
+    document, err = planned(tmp_path, "search", "--devices", "2", "--topology", "dgx-h100", "--recompute", "auto",
+                            "--time-limit", "3", "--max-axes", "1", "--memory-budget", "1.2MiB")
+    ranking = json.loads((tmp_path / "out" / "ranking.json").read_text())
+    section = ranking["recompute_searched"]
+    steps = {row["recompute"]: row["step_s"] for row in section["modes"]}
+    assert sorted(steps) == ["full", "none", "selective"]
+    found = {mode: step for mode, step in steps.items() if step is not None}
+    chosen = min(found, key=found.get)
+    assert section["chosen"] == chosen == document.get("recompute", "none") == ranking.get("recompute", "none")
+    assert document["totals"]["step_s"] == pytest.approx(found[chosen], rel=1e-6)
+    assert section["certified_lower_bound_step_s"] == min(row["certified_lower_bound_step_s"] for row in section["modes"])
+    assert section["certified_lower_bound_step_s"] <= found[chosen]
+    assert (f"{PREFIX}layer0.attn.softmax" in document["ops"]) == (chosen != "none")
 
 
 def test_a_mask_made_inside_the_layer_is_recomputed_with_the_core_and_names_already_taken_are_refused(steps):

@@ -75,7 +75,7 @@ def _progress(done: int, total: int, task: StageTask, outcome: str) -> None:
           f"{'solved' if outcome == 'result' else outcome}", file=sys.stderr, flush=True)
 
 
-def deliver_pipelined(args: argparse.Namespace, found: PipelineSearch, stages: tuple[str, ...]) -> int:
+def deliver_pipelined(args: argparse.Namespace, found: PipelineSearch, stages: tuple[str, ...], recompute: str) -> int:
     """The winning pipelined plan written as `plan --pipeline S` writes it."""
     best = found.best
     assert best is not None and best.pipelined is not None and best.placement is not None
@@ -87,7 +87,7 @@ def deliver_pipelined(args: argparse.Namespace, found: PipelineSearch, stages: t
     delivered.document["pipeline"] = pipelined.to_json()
     delivered.document["search"] = {"ranking": "ranking.json", "configurations": len(found.priced),
                                     "certified_lower_bound_step_s": found.certified_bound_s}
-    record_recompute(delivered.document, args.recompute)
+    record_recompute(delivered.document, recompute)
     written = write_deliverables(delivered, args.output, pipelined.result.phases)
     print_summary(delivered.document, ([Path(args.output) / "ranking.json"] if args.output else []) + written)
     return 1 if delivered.document["verification"]["status"] == "failed" else 0

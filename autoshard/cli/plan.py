@@ -48,18 +48,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--layer-once", action="store_true",
                         help="solve each kind of repeated layer once and compose the plan (the bound is summed "
                              "over the parts); needs ops with a `layer`")
-    add_recompute_arg(parser, auto=True)
+    add_recompute_arg(parser, auto="each planned, the fastest within memory kept; with --pipeline also a mode per "
+                                   "layer, fitted to each stage's microbatches in flight")
     add_pipeline_args(parser)
     parser.set_defaults(run=run)
 
 
-def add_recompute_arg(parser: argparse.ArgumentParser, auto: bool) -> None:
+def add_recompute_arg(parser: argparse.ArgumentParser, auto: str) -> None:
+    """`--recompute`; `auto` says what its auto mode does (the mode is offered when it says something)."""
     parser.add_argument("--recompute", default="none", choices=(*MODES, "auto") if auto else MODES, metavar="MODE",
                         help="activations computed again in the backward instead of kept: none (default), selective "
                              "(the attention core: scores, softmax, dropout), full (every layer keeps its input only)"
-                             + (" or auto (each planned, the fastest within memory kept; with --pipeline also a "
-                                "mode per layer, fitted to each stage's microbatches in flight)" if auto else "")
-                             + "; needs a training step with layers")
+                             + (f" or auto ({auto})" if auto else "") + "; needs a training step with layers")
 
 
 def add_solve_args(parser: argparse.ArgumentParser, workers: int = 2) -> None:
@@ -265,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
     return 1 if delivered.document["verification"]["status"] == "failed" else 0
 
 
-def recomputations(graph: Graph, recompute: str, mesh: Mesh) -> dict[str, Graph]:
+def recomputations(graph: Graph, recompute: str, mesh: Mesh | None) -> dict[str, Graph]:
     """Mode -> the graph rewritten so: the one asked for, or for `auto` each mode that changes the
     graph (a step whose attention is fused has no selective one: it is the step as it is)."""
     if recompute != "auto":

@@ -8,6 +8,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,15 +16,16 @@ from autoshard.cli._search_pipeline import (add_pipeline_arg, check_pipelinable,
                                             search_pipelined, searched_stages)
 from autoshard.cli.args import integer_flag, number_flag
 from autoshard.cli.plan import (add_recompute_arg, add_solve_args, checked_settings, print_summary,
-                                write_deliverables)
+                                recomputations, write_deliverables)
 from autoshard.delivery.deliver import deliver
 from autoshard.errors import InputError, Interrupted, Problem
 from autoshard.graph.builder import document_text
-from autoshard.graph.recompute import record_recompute, with_recomputation
-from autoshard.graph.schema import graph_from_json, graph_to_json, read_json
+from autoshard.graph.recompute import record_recompute
+from autoshard.graph.schema import graph_from_json, graph_to_json, load_graph, read_json
 from autoshard.search.candidates import MAX_AXES, parse_fixed
 from autoshard.search.ranking import best_plan, ranking_document, ranking_table
-from autoshard.search.run import Entry, SearchOptions, search
+from autoshard.search.pipelined import PipelineSearch, plain_step_bound_s, winner_step_s
+from autoshard.search.run import Entry, SearchOptions, SearchResult, search
 from autoshard.search.tasks import SearchInputs
 
 
@@ -45,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--time-budget", type=number_flag, help="seconds the whole search may take (default: no limit); "
                                                           "each solve's time limit is cut to what is left")
     add_pipeline_arg(parser)
-    add_recompute_arg(parser, auto=False)
+    add_recompute_arg(parser, auto="every candidate searched with each mode, the fastest plan kept")
     add_solve_args(parser, workers=1)
     parser.set_defaults(run=run)
 
@@ -72,15 +74,40 @@ def checked_options(args: argparse.Namespace) -> SearchOptions:
                          fixed=fixed, jobs=args.jobs, ray=args.ray, time_budget_s=args.time_budget)
 
 
-def recomputed_document(document: Any, recompute: str) -> Any:
-    """The graph document rewritten as `--recompute` asks (`plan --recompute`), for every candidate."""
-    if recompute == "none":
-        return document
+def recomputed_documents(document: Any, recompute: str) -> dict[str, Any]:
+    """Mode -> the graph document rewritten so (`plan --recompute`), for every candidate: the
+    mode asked for, or with `auto` each mode that changes the graph (`plan`'s `recomputations`)."""
     try:
-        return graph_to_json(with_recomputation(graph_from_json(document), recompute))
+        graph = graph_from_json(document)
+        rewritten = recomputations(graph, recompute, None)
     except InputError as error:
         raise InputError([Problem("--recompute" if p.where == "recompute" else p.where, p.message)
                           for p in error.problems]) from None
+    return {mode: document if step is graph else graph_to_json(step) for mode, step in rewritten.items()}
+
+
+@dataclass
+class Searched:
+    """One recomputation's search: its candidates ranked, and its pipelined configurations."""
+
+    mode: str
+    document: Any
+    result: SearchResult
+    ranking: dict[str, Any]
+    pipelined: PipelineSearch | None
+
+    @property
+    def step_s(self) -> float:
+        """The winner's step (pipelined or not); inf without a plan."""
+        if self.pipelined is not None and self.pipelined.best is not None:
+            return self.pipelined.best.step_s
+        return winner_step_s(self.result) if self.result.best is not None else math.inf
+
+    def bound_s(self, weights: Any) -> float:
+        """No plan of this mode's candidates (and configurations) has a shorter step."""
+        if self.pipelined is not None:
+            return self.pipelined.certified_bound_s
+        return plain_step_bound_s(self.result, load_graph(self.document), weights)
 
 
 class SearchProgress:
@@ -115,10 +142,45 @@ def _field(where: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     options = checked_options(args)
-    document = recomputed_document(read_json(args.graph), args.recompute)
+    documents = recomputed_documents(read_json(args.graph), args.recompute)
     stages = tuple(dict.fromkeys(part.strip() for part in args.emit.split(",") if part.strip()))
     if args.pipeline:
-        check_pipelinable(document, searched_stages(args), options.devices)
+        check_pipelinable(next(iter(documents.values())), searched_stages(args), options.devices)
+    searched = []
+    for mode, document in documents.items():
+        if len(documents) > 1:
+            print(f"recompute {mode}: searching", file=sys.stderr, flush=True)
+        searched.append(_search_one(mode, document, options, args))
+    chosen = min(searched, key=lambda one: one.step_s)
+    ranking = chosen.ranking
+    if len(searched) > 1:
+        ranking["recompute_searched"] = _modes_json(searched, chosen, options)
+        print("\n".join(_modes_table(ranking["recompute_searched"])))
+    if args.output:
+        (Path(args.output) / "ranking.json").write_text(document_text(ranking))
+    if chosen.pipelined is not None and chosen.pipelined.best is not None:
+        return deliver_pipelined(args, chosen.pipelined, stages, chosen.mode)
+    result, document = chosen.result, chosen.document
+    if result.best is None:
+        raise result.no_plan_error()
+    gap = "unknown" if result.gap is None else f"{100 * result.gap:.2f}%"
+    print(f"best: {result.best.candidate.label}, certified within {gap} of every candidate's best plan"
+          + (f" with recompute {chosen.mode}" if len(searched) > 1 else ""))
+    plan_result, hardware = best_plan(result, SearchInputs(document, options.topology, options.settings))
+    candidate = result.best.candidate
+    delivered = deliver(plan_result, hardware, args.topology, emit=stages, dialect=args.dialect,
+                        arguments=args.arguments, verify=args.verify, optimize_collectives=not args.no_collective_opt,
+                        nodes=candidate.nodes, slice_shape=candidate.slice_shape, mapping=candidate.mapping_json)
+    delivered.document["search"] = {"ranking": "ranking.json", "candidates": result.counts["candidates"],
+                                    "gap": result.gap}
+    record_recompute(delivered.document, chosen.mode)
+    written = write_deliverables(delivered, args.output, plan_result.phases)
+    print_summary(delivered.document, ([Path(args.output) / "ranking.json"] if args.output else []) + written)
+    return 1 if delivered.document["verification"]["status"] == "failed" else 0
+
+
+def _search_one(mode: str, document: Any, options: SearchOptions, args: argparse.Namespace) -> Searched:
+    """Every candidate (and with --pipeline every configuration) on the step rewritten as `mode` says."""
     progress = SearchProgress()
     try:
         result = search(document, options, progress=progress)
@@ -129,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         progress.finish()
     ranking = ranking_document(result, options, str(document.get("name", Path(args.graph).stem)))
-    record_recompute(ranking, args.recompute)
+    record_recompute(ranking, mode)
     print("\n".join(ranking_table(ranking)))
     counts = result.counts
     print(f"{counts['placements']} placements in {counts['candidates']} candidates: {counts['pruned']} pruned, "
@@ -137,23 +199,26 @@ def run(args: argparse.Namespace) -> int:
           f"{result.wall_s:.1f} s on {result.where}")
     pipelined = (search_pipelined(document, options, result, ranking, searched_stages(args))
                  if args.pipeline else None)
-    if args.output:
-        (Path(args.output) / "ranking.json").write_text(document_text(ranking))
-    if pipelined is not None and pipelined.best is not None:
-        return deliver_pipelined(args, pipelined, stages)
-    if result.best is None:
-        raise result.no_plan_error()
-    gap = "unknown" if result.gap is None else f"{100 * result.gap:.2f}%"
-    print(f"best: {result.best.candidate.label}, certified within {gap} of every candidate's best plan")
-    plan_result, hardware = best_plan(result, SearchInputs(document, options.topology, options.settings))
-    candidate = result.best.candidate
-    delivered = deliver(plan_result, hardware, args.topology, emit=stages, dialect=args.dialect,
-                        arguments=args.arguments, verify=args.verify, optimize_collectives=not args.no_collective_opt,
-                        nodes=candidate.nodes, slice_shape=candidate.slice_shape, mapping=candidate.mapping_json)
-    delivered.document["search"] = {"ranking": "ranking.json", "candidates": counts["candidates"],
-                                    "gap": result.gap}
-    record_recompute(delivered.document, args.recompute)
-    written = write_deliverables(delivered, args.output, plan_result.phases)
-    print_summary(delivered.document, ([Path(args.output) / "ranking.json"] if args.output else []) + written)
-    return 1 if delivered.document["verification"]["status"] == "failed" else 0
+    return Searched(mode, document, result, ranking, pipelined)
 
+
+def _modes_json(searched: list[Searched], chosen: Searched, options: SearchOptions) -> dict[str, Any]:
+    """`--recompute auto`: each mode's winning step and certified bound, the mode kept, and the
+    bound over every mode (no plan of any candidate with any recomputation has a shorter step)."""
+    weights = options.settings.weights
+    bounds = {one.mode: one.bound_s(weights) for one in searched}
+    return {"chosen": chosen.mode,
+            "certified_lower_bound_step_s": min(bounds.values()),
+            "modes": [{"recompute": one.mode, "step_s": one.step_s if math.isfinite(one.step_s) else None,
+                       "certified_lower_bound_step_s": bounds[one.mode]} for one in searched]}
+
+
+def _modes_table(section: dict[str, Any]) -> list[str]:
+    lines = [f"{'recompute':<10} {'best step ms':>12} {'bound ms':>10}"]
+    for row in section["modes"]:
+        step = f"{row['step_s'] * 1e3:.4g}" if row["step_s"] is not None else "no plan"
+        lines.append(f"{row['recompute']:<10} {step:>12} {row['certified_lower_bound_step_s'] * 1e3:>10.4g}"
+                     + ("  chosen" if row["recompute"] == section["chosen"] else ""))
+    lines.append(f"no plan with any recomputation has a step under "
+                 f"{section['certified_lower_bound_step_s'] * 1e3:.4g} ms")
+    return lines
