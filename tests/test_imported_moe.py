@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from support.dtensor import sharded_plan, simulated_ranks  # noqa: E402
+from test_mlir_execution import assert_module_computes  # noqa: E402
 from test_torch_training_import import step_values  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock  # noqa: E402
@@ -27,9 +28,12 @@ from autoshard.frontends.torch import ExpertCapacity, import_program, paralleliz
 from autoshard.graph.evaluate import evaluate_graph  # noqa: E402
 from autoshard.graph.schema import graph_from_json  # noqa: E402
 from autoshard.mesh import Mesh  # noqa: E402
+from autoshard.mlir import emit_partitioned  # noqa: E402
+from autoshard.mlir.toolchain import verify  # noqa: E402
 from autoshard.planning.hardware import bind_hardware  # noqa: E402
 from autoshard.planning.make_plan import SolveSettings, make_plan  # noqa: E402
 from autoshard.sim.program import verify_plan  # noqa: E402
+from autoshard.spmd.program import partition  # noqa: E402
 
 # Mixtral 8x7B's routing (8 experts, top-2) and its experts' F / H = 3.5, at a small width
 EXPERTS, TOP_K, HIDDEN, FFN = 8, 2, 64, 224
@@ -260,3 +264,15 @@ def test_capacity_options_and_unrecognised_experts_are_named():
     dense = torch.export.export(torch.nn.Linear(4, 4), (torch.randn(2, 4),)).run_decompositions({})
     with pytest.raises(InputError, match="found no grouped matmul"):
         import_program(dense, expert_capacity=ExpertCapacity())
+
+
+def test_the_capacity_graph_lowers_to_ir_that_computes_it_and_its_expert_parallel_plan_verifies():
+    block, x, program = mixtral_block()
+    imported = import_program(program, strict=True, expert_capacity=ExpertCapacity(1.25))
+    assert_module_computes(imported.graph, graph_values(imported, program, x))  # one device, by mlir-runner
+    _, _, program = mixtral_block(hidden=256, ffn=32, shape=(4, 64))
+    imported = import_program(program, strict=True, expert_capacity=ExpertCapacity(1.25, group_size=64))
+    result, _ = expert_parallel_plan(imported.document, EXPERT_AXIS_PINS)
+    text = emit_partitioned(partition(result.plan), "shard")
+    verify(text, "shard")
+    assert text.count("shard.all_to_all") == 2
