@@ -15,7 +15,7 @@ import math
 from typing import Any, Callable, Collection, Mapping
 
 from autoshard.errors import InputError, Problem
-from autoshard.frontends.torch.capacity import ExpertCapacity
+from autoshard.frontends.torch.capacity import ExpertCapacity, planned_capacity
 from autoshard.frontends.torch.importer import ImportedProgram, import_program
 from autoshard.frontends.torch.lowering import DTYPES
 from autoshard.delivery.dtensor_placements import placement_specs
@@ -44,9 +44,12 @@ def parallelize(exported_program: Any, plan: Plan | PlanResult | Mapping[str, An
     `plan` is a `Plan`, a `PlanResult`, or the document of `plan.json`; it may have been made
     for the forward graph or for the training graph of the same program (`--training`). The
     mesh's dim names and sizes must be the plan's axes, in order. `expert_capacity` is the one
-    the graph was imported with (`import_program`), if any.
+    the graph was imported with (`import_program`), if any; a `Plan` or `PlanResult` tells it
+    itself (a plan document does not: pass it).
     """
     refuse_pipelined(plan, "autoshard.frontends.torch.parallelize")
+    if expert_capacity is None and isinstance(plan, (Plan, PlanResult)):
+        expert_capacity = planned_capacity((plan.plan if isinstance(plan, PlanResult) else plan).graph)
     imported = import_program(exported_program, expert_capacity=expert_capacity)
     mesh = check_mesh(_plan_mesh(plan), device_mesh)
     forward = _forward_plan(plan, imported, mesh)

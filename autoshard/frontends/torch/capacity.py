@@ -39,6 +39,7 @@ from autoshard.frontends.torch.aten import ATEN, target_key
 from autoshard.frontends.torch.lowering import Lowering
 from autoshard.frontends.torch.routing import RESHAPES, RoutedExperts, cast_to, einsum_call
 from autoshard.frontends.torch.runtime import require_torch
+from autoshard.graph.model import Graph
 from autoshard.models.moe import capacity
 
 torch = require_torch()
@@ -50,24 +51,41 @@ class ExpertCapacity:
 
     `capacity_factor`: slots per expert and group over the even share k * S / E (1.25: a quarter
     spare). `group_size`: tokens per dispatch group, dividing the tokens (None: the module doc's
-    default, from a sequence's tokens and the experts' sizes)."""
+    default, from a sequence's tokens and the experts' sizes). `slots`: C itself, in place of the
+    factor's (a load measured on real batches)."""
 
     capacity_factor: float = 1.25
     group_size: int | None = None
+    slots: int | None = None
 
     def __post_init__(self) -> None:
         problems = []
         factor, group = self.capacity_factor, self.group_size
         if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 0 < factor < math.inf:
             problems.append(Problem("expert_capacity/capacity_factor", f"must be a positive number, got {factor!r}"))
-        if group is not None and (not isinstance(group, int) or isinstance(group, bool) or group < 1):
-            problems.append(Problem("expert_capacity/group_size", f"must be a positive integer or None, got {group!r}"))
+        for field, value in (("group_size", group), ("slots", self.slots)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                problems.append(Problem(f"expert_capacity/{field}", f"must be a positive integer or None, got {value!r}"))
         if problems:
             raise InputError(problems)
 
-    def slots(self, top_k: int, group_size: int, experts: int) -> int:
+    def slots_per_group(self, top_k: int, group_size: int, experts: int) -> int:
         """C: the slots each expert has in a group of `group_size` tokens."""
-        return capacity(top_k, group_size, self.capacity_factor, experts)
+        return self.slots if self.slots is not None else capacity(top_k, group_size, self.capacity_factor, experts)
+
+
+def planned_capacity(graph: Graph) -> ExpertCapacity | None:
+    """The capacity a graph's routed experts were imported at, read from the dispatches
+    [G, S, E, C] this module writes (`<experts>.dispatch`); None if it has none."""
+    experts = [op.name.removesuffix(".dispatch_tokens") for op in graph.ops if op.name.endswith(".dispatch_tokens")]
+    found = {graph.tensors[f"{name}.dispatch"].shape for name in experts if f"{name}.dispatch" in graph.tensors}
+    if not found:
+        return None
+    if len({(s, c) for _, s, _, c in found}) > 1:
+        raise InputError(f"the routed experts were imported at several capacities {sorted(found)} (G, S, E, C)",
+                         "expert_capacity")
+    (_, group, _, slots), *_ = found
+    return ExpertCapacity(group_size=group, slots=slots)
 
 
 # dispatch and combine cost 2 S / (F1 + F2) of the experts: a default group keeps that within 1/20
@@ -104,7 +122,7 @@ def lower_capacity_experts(lw: Lowering, m: RoutedExperts, option: ExpertCapacit
     s = option.group_size if option.group_size is not None else default_group_size(m, features)
     if t % s:
         raise InputError(f"must divide the tokens of {name} ({t}), got {s}", "expert_capacity/group_size")
-    g, c = t // s, option.slots(k, s, experts)
+    g, c = t // s, option.slots_per_group(k, s, experts)
     x_dtype, w_dtype = m.tokens.meta["val"].dtype, m.weights.meta["val"].dtype
     ours = lw.builder.dtype_of
 
