@@ -17,9 +17,11 @@ from typing import Any
 
 from autoshard.delivery.deliver import deliver
 from autoshard.errors import AutoshardError, InputError, OutOfTime, Problem
+from autoshard.graph.schema import load_graph
 from autoshard.search.ranking import best_plan, ranking_document
 from autoshard.search.run import Entry, SearchCancelled, SearchOptions, search
 from autoshard.search.tasks import SearchInputs
+from autoshard.search.throughput import throughput
 
 _FIELDS = {"devices": "/devices", "max_axes": "/options/max_axes", "fix": "/options/fix", "jobs": "/options/jobs",
            "ray": "/options/ray", "time_budget_s": "/options/time_budget_s", "topology": "/topology"}
@@ -95,7 +97,8 @@ class Searches:
 
         try:
             result = search(job.graph, job.options, progress=progress, cancelled=job.cancel.is_set)
-            ranking = ranking_document(result, job.options, str(job.graph.get("name", "")))
+            rates = throughput(load_graph(job.graph), job.options.topology)
+            ranking = ranking_document(result, job.options, str(job.graph.get("name", "")), rates)
             if result.best is None:  # the ranking says what each candidate came to
                 error = result.no_plan_error()
                 kind = "timeout" if isinstance(error, OutOfTime) else "infeasible"

@@ -17,6 +17,7 @@ from autoshard.planning.pipeline_stages import layer_order
 from autoshard.search.pipeline_ranking import pipeline_section, pipeline_table
 from autoshard.search.pipelined import PipelineSearch, check_stage_count, search_pipelines
 from autoshard.search.stage_tasks import StageTask
+from autoshard.search.throughput import Throughput
 from autoshard.search.run import SearchOptions, SearchResult
 
 
@@ -53,14 +54,14 @@ def check_pipelinable(document: dict[str, Any], stages: int | None, devices: int
 
 
 def search_pipelined(document: dict[str, Any], options: SearchOptions, plain: SearchResult,
-                     ranking: dict[str, Any], stages: int | None = None) -> PipelineSearch:
+                     ranking: dict[str, Any], rates: Throughput, stages: int | None = None) -> PipelineSearch:
     """The pipelined configurations priced; their section in `ranking` and their table printed."""
     try:
         found = search_pipelines(document, options, plain, progress=_progress, stages=stages)
     except InputError as error:
         raise InputError([Problem("--pipeline" if p.where == "pipeline" else p.where, p.message)
                           for p in error.problems]) from None
-    ranking["pipeline"] = pipeline_section(found)
+    ranking["pipeline"] = pipeline_section(found, rates)
     print("\n".join(pipeline_table(ranking["pipeline"])))
     chosen = ranking["pipeline"]["chosen"]
     print(f"chosen: {chosen['stages']} stage(s), step {chosen['step_s'] * 1e3:.4g} ms; no configuration's plan has a "

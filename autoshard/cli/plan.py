@@ -291,9 +291,13 @@ def mixed_recompute(graph: Graph, attempts: list["Attempt"], settings: SolveSett
     found = [choice for pipelined in priced.values()
              if (choice := choose_modes(costs, pipelined.orders, placements(pipelined), budget)) is not None]
     if not found:
+        print("  recompute per layer: no mode per layer fits every stage on the uniform plans' prices",
+              file=sys.stderr, flush=True)
         return None
     best = min(found, key=lambda choice: max(choice.stage_seconds))
     if len(set(best.modes)) == 1:
+        print(f"  recompute per layer: {best.modes[0]} for every layer is the best fit on the uniform plans' prices "
+              f"(planned above)", file=sys.stderr, flush=True)
         return None
     return best.per_layer(layer_order(graph))
 

@@ -27,6 +27,7 @@ from autoshard.search.ranking import best_plan, ranking_document, ranking_table
 from autoshard.search.pipelined import PipelineSearch, plain_step_bound_s, winner_step_s
 from autoshard.search.run import Entry, SearchOptions, SearchResult, search
 from autoshard.search.tasks import SearchInputs
+from autoshard.search.throughput import throughput
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -190,14 +191,15 @@ def _search_one(mode: str, document: Any, options: SearchOptions, args: argparse
         raise Interrupted("interrupted; the workers were stopped") from None
     finally:
         progress.finish()
-    ranking = ranking_document(result, options, str(document.get("name", Path(args.graph).stem)))
+    rates = throughput(load_graph(document), options.topology)
+    ranking = ranking_document(result, options, str(document.get("name", Path(args.graph).stem)), rates)
     record_recompute(ranking, mode)
     print("\n".join(ranking_table(ranking)))
     counts = result.counts
     print(f"{counts['placements']} placements in {counts['candidates']} candidates: {counts['pruned']} pruned, "
           f"{counts['solved']} solved, {counts['infeasible']} infeasible, {counts['unsolved']} unsolved; "
           f"{result.wall_s:.1f} s on {result.where}")
-    pipelined = (search_pipelined(document, options, result, ranking, searched_stages(args))
+    pipelined = (search_pipelined(document, options, result, ranking, rates, searched_stages(args))
                  if args.pipeline else None)
     return Searched(mode, document, result, ranking, pipelined)
 
