@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoshard.errors import InputError, Problem
-from autoshard.frontends.torch.aten import ATEN, target_key
+from autoshard.frontends.torch.aten import ATEN, CHECKS, target_key
 from autoshard.frontends.torch.lowering import Lowering
 from autoshard.frontends.torch.routing import RESHAPES, RoutedExperts, cast_to, einsum_call
 from autoshard.frontends.torch.runtime import require_torch
@@ -113,12 +113,30 @@ def sequence_tokens(m: RoutedExperts) -> int:
     return t
 
 
+def stored_weight(weight: Any) -> tuple[Any, int]:
+    """The node of the expert weights [E, K, N] a grouped matmul reads, and the dim of it that is
+    contracted. transformers stores experts as `nn.Linear` does, [E, N, K], and transposes them
+    for the grouped matmul alone: then the stored weights, contracted on their last dim, so that the
+    contraction reads the parameter itself (whose expert dim the plan's report then calls so)."""
+    users = [u for u in weight.users if target_key(u.target) not in CHECKS]
+    if weight.op == "call_function" and target_key(weight.target) == "transpose.int" and len(users) == 1:
+        rank = len(weight.meta["val"].shape)
+        if rank == 3 and sorted(d % rank for d in weight.args[1:3]) == [1, 2]:
+            return weight.args[0], 2
+    return weight, 1
+
+
+def absorbed_views(m: RoutedExperts) -> set[str]:
+    """The nodes the capacity form reads past (the experts' transposes): not lowered on their own."""
+    return {w.name for w in (m.up, m.down) if stored_weight(w)[0] is not w}
+
+
 def lower_capacity_experts(lw: Lowering, m: RoutedExperts, option: ExpertCapacity) -> str:
     """The capacity dispatch of `m` into `lw`; returns the graph tensor of the experts' output [T, H]."""
     x, ids, w = lw.tensor(m.tokens), lw.tensor(m.expert_ids), lw.tensor(m.weights)
-    up, down = lw.tensor(m.up), lw.tensor(m.down)
+    (up, up_k), (down, down_k) = ((lw.tensor(n), dim) for n, dim in map(stored_weight, (m.up, m.down)))
     name, (t, h), (_, k), experts = m.anchor.name, lw.shape(x), lw.shape(ids), lw.shape(up)[0]
-    features = lw.shape(up)[2] + lw.shape(down)[1]
+    features = int(m.up.meta["val"].shape[2]) + int(m.down.meta["val"].shape[1])
     s = option.group_size if option.group_size is not None else default_group_size(m, features)
     if t % s:
         raise InputError(f"must divide the tokens of {name} ({t}), got {s}", "expert_capacity/group_size")
@@ -152,13 +170,15 @@ def lower_capacity_experts(lw: Lowering, m: RoutedExperts, option: ExpertCapacit
     dispatch = cast_to(lw, dispatch, x_dtype, f"{name}.dispatch_cast")
     xe = lw.op("dot_general", [dispatch, tokens], f"{name}.dispatch_tokens", einsum_call("gsec,gsh->gech"),
                lhs_batch_dims=[0], rhs_batch_dims=[0], lhs_contracting_dims=[1], rhs_contracting_dims=[1])
-    lw.values[m.first.name] = lw.op("dot_general", [xe, up], m.first.name, einsum_call("gech,ehf->egcf"),
+    lw.values[m.first.name] = lw.op("dot_general", [xe, up], m.first.name,
+                                    einsum_call("gech,ehf->egcf" if up_k == 1 else "gech,efh->egcf"),
                                     lhs_batch_dims=[1], rhs_batch_dims=[0], lhs_contracting_dims=[3],
-                                    rhs_contracting_dims=[1])
+                                    rhs_contracting_dims=[up_k])
     for node in m.activation:
         lw.values[node.name] = ATEN[target_key(node.target)](lw, node)
-    y = lw.op("dot_general", [lw.tensor(m.second.args[0]), down], m.second.name, einsum_call("egcf,efh->egch"),
-              lhs_batch_dims=[0], rhs_batch_dims=[0], lhs_contracting_dims=[3], rhs_contracting_dims=[1])
+    y = lw.op("dot_general", [lw.tensor(m.second.args[0]), down], m.second.name,
+              einsum_call("egcf,efh->egch" if down_k == 1 else "egcf,ehf->egch"),
+              lhs_batch_dims=[0], rhs_batch_dims=[0], lhs_contracting_dims=[3], rhs_contracting_dims=[down_k])
     # the routed form multiplies in the promoted dtype of the expert outputs and the weights
     out_dtype = m.anchor.meta["val"].dtype
     combine, y = (cast_to(lw, v, out_dtype, f"{name}.{role}") for v, role in ((combine, "combine_cast"), (y, "experts_cast")))

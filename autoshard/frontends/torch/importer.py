@@ -30,7 +30,7 @@ from typing import Any
 from autoshard.errors import InputError, Problem
 from autoshard.frontends.layering import graph_keeping_what_holds, tag_layers
 from autoshard.frontends.torch.aten import ATEN, CHECKS, COMPLEX_ROWS, target_key
-from autoshard.frontends.torch.capacity import ExpertCapacity, lower_capacity_experts
+from autoshard.frontends.torch.capacity import ExpertCapacity, absorbed_views, lower_capacity_experts
 from autoshard.frontends.torch.lowering import Lowering, Step, Unsupported
 from autoshard.frontends.torch.routing import GROUPED_MM, RoutedExperts, find_routed_experts, lower_routed_experts
 from autoshard.frontends.torch.runtime import require_torch
@@ -103,6 +103,7 @@ def import_program(exported_program: Any, strict: bool = False, training: bool =
     rewritten = {n.name for m in routed.values() for n in m.covered}
     if expert_capacity is not None:
         _check_all_routed(nodes, rewritten)
+        rewritten |= {name for m in routed.values() for name in absorbed_views(m)}
     for node in nodes:
         if node.op != "call_function" or target_key(node.target) in CHECKS:
             continue
