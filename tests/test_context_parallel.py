@@ -92,6 +92,26 @@ def test_key_split_over_both_axes_and_a_query_split_alongside():
         assert verdict.passed and verdict.max_error < 1e-12, (option, verdict.summary())
 
 
+def test_a_device_without_keys_contributes_nothing_and_still_gets_the_result():
+    """5 keys over 4 devices: blocks of 2, 2, 1 and none."""
+    shapes = ((2, 4, 16, 8), (2, 4, 5, 8), (2, 4, 5, 6))
+    graph = attention_graph(causal=True, shapes=shapes)
+    plan = Plan(graph, MESH, {"sdpa": KEYS_OVER_CP}, stored_whole(graph))
+    assert loop_block(MESH, graph.op_by_name["sdpa"].nest, KEYS_OVER_CP, (0, 3)).sizes[KEY_LOOP] == 0
+    verdict = verify_plan(plan)
+    assert verdict.passed and verdict.max_error < 1e-12, verdict.summary()
+    b = GraphBuilder("cp_grad_uneven", "f32")
+    q, k, v = (b.input(n, s) for n, s in zip("qkv", shapes))
+    dy = b.input("dy", (2, 4, 16, 6))
+    b.mark_outputs(*(b.op("grad", [q, k, v, dy], f"d{n}", of="attention", wrt=w, forward={"causal": True})
+                     for w, n in enumerate("qkv")))
+    graph = graph_from_json(b.document())
+    plan = Plan(graph, MESH, {op.name: KEYS_OVER_CP for op in graph.ops}, stored_whole(graph))
+    verdict = verify_plan(plan)
+    assert verdict.passed and verdict.max_error < 1e-12, verdict.summary()
+    verify(emit_partitioned(plan, "shard"), "shard")
+
+
 def test_one_key_block_alone_is_not_the_answer_the_combine_is():
     """A device's softmax over its own keys differs from the whole; the combine is what fixes it."""
     graph = attention_graph(causal=True)
