@@ -346,3 +346,45 @@ def test_the_key_split_ir_computes_the_reference_when_run():
     expected = evaluate_graph(graph, values)
     for output, got in zip(graph.outputs, results):
         np.testing.assert_allclose(got, expected[output], rtol=2e-5, atol=2e-5, err_msg=output)
+
+
+def test_each_devices_key_block_run_by_mlir_runner_gives_its_state_and_numpy_combines_them():
+    """The partitioned module of a causal key split over cp=2, run once per device (its index a
+    constant, the module returning its block's row maximum, exponent sums and weighted values beside
+    the result): the two devices' states, combined in numpy as the all_reduces would, give the
+    reference attention."""
+    mesh = Mesh.parse("cp=2")
+    graph = attention_graph(causal=True, shapes=((1, 2, 6, 4), (1, 2, 8, 4), (1, 2, 8, 3)))
+    storage = {"q": S(), "k": S(((), (), ("cp",))), "v": S(((), (), ("cp",)))}
+    module = emit_partitioned(Plan(graph, mesh, {"sdpa": O(((), (), (), (), ("cp",), ()))}, storage), "shard")
+    _, _, (out_type,) = signature(module, graph.name)
+    state = "tensor<1x2x6xf32>", "tensor<1x2x6xf32>", "tensor<1x2x6x3xf32>"
+    rng = np.random.default_rng(5)
+    values = {n: rng.standard_normal(graph.tensors[n].shape).astype(np.float32) for n in "qkv"}
+    states = []
+    for device in (0, 1):
+        lines = []
+        for line in module.splitlines():
+            if "shard.process_multi_index" in line:
+                line = line.split(" = ")[0] + f" = arith.constant {device} : index"
+            elif "shard.all_reduce" in line:  # what follows the state is not read here
+                name, rest = line.split(" = shard.all_reduce ")
+                value, type_ = rest.split(" ")[0], rest.rsplit(" -> ", 1)[1]
+                line = f"{name} = tensor.cast {value} : {type_} to {type_}"
+            elif line.strip().startswith("return %sdpa"):
+                line = f"  return %sdpa, %row_max, %exp_sum, %weighted : {out_type}, {', '.join(state)}"
+            elif line.startswith(f"func.func @{graph.name}("):
+                line = line.replace(f"-> {out_type} {{", f"-> ({out_type}, {', '.join(state)}) {{")
+            lines.append(line)
+        keys = slice(4 * device, 4 * device + 4)
+        _, row_max, exp_sum, weighted = run_module("\n".join(lines), graph.name,
+                                                   [values["q"], values["k"][:, :, keys], values["v"][:, :, keys]])
+        states.append((row_max, exp_sum, weighted))
+    # device 1's keys 4..7 come after queries 0..3: those rows are all masked in its block
+    assert np.isneginf(states[1][0][:, :, :4]).all() and (states[1][1][:, :, :4] == 0).all()
+    global_max = np.maximum(states[0][0], states[1][0])
+    factors = [np.exp(m - global_max) for m, _, _ in states]
+    total_sum = sum(l * f for (_, l, _), f in zip(states, factors))
+    total = sum(o * f[..., None] for (_, _, o), f in zip(states, factors))
+    expected = evaluate_graph(graph, values)["sdpa"]
+    np.testing.assert_allclose(total / total_sum[..., None], expected, rtol=2e-5, atol=2e-5)
