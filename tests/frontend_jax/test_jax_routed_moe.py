@@ -3,7 +3,12 @@ one-hot of the picks, a running count of each expert's load per group, slots pas
 dropped, einsums to and from [E, G, C, H]) imports with strict as routed computation: its FLOPs
 are the routed count at top-k × capacity factor, not the dense one. Planned on ep=4 with the
 tokens' groups and the experts over ep, the tokens reach their experts and come back by
-all-to-alls, and XLA runs the plan with the unsharded result and those two all-to-alls."""
+all-to-alls, and XLA runs the plan with the unsharded result and those two all-to-alls.
+
+The same dispatch written with `scatter` (each pick into its expert's next free row of a buffer
+[E * C, H], overflow dropped) and `gather` (each pick's output read back from its row) is routed as
+written too; with no group dim to trade for the expert dim, a plan over ep gathers the tokens and
+reduce-scatters the picks' outputs instead."""
 
 from __future__ import annotations
 
@@ -72,3 +77,46 @@ def test_a_gshard_moe_in_jax_costs_the_routed_count_and_reaches_its_experts_by_a
     counts = {c.kind: (c.plan_count, c.xla_count) for c in
               compare_collectives(planned_collectives(result.plan, hardware.collective_seconds), compiled)}
     assert counts["all-to-all"] == (2, 2)
+
+
+SCATTER_TOKENS, SCATTER_HIDDEN, SCATTER_FFN = 64, 256, 128
+SCATTER_SLOTS = math.ceil(TOP_K * SCATTER_TOKENS * CAPACITY_FACTOR / EXPERTS)
+
+
+def scatter_moe(params: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+    """x [T, H]: each pick written into its expert's next free row of a buffer [E * C, H] (picks
+    past C dropped), the experts on [E, C, H], each pick's output read back from its row, weighed."""
+    tokens, hidden = x.shape
+    weights, experts = jax.lax.top_k(jax.nn.softmax(x @ params["router"], axis=-1), TOP_K)
+    hot = jax.nn.one_hot(experts.T.reshape(-1), EXPERTS, dtype=jnp.int32)  # first choices first
+    slot = ((jnp.cumsum(hot, axis=0) * hot).sum(-1) - 1).reshape(TOP_K, tokens).T
+    row = jnp.where(slot < SCATTER_SLOTS, experts * SCATTER_SLOTS + slot, EXPERTS * SCATTER_SLOTS)
+    picks = jnp.broadcast_to(x[:, None, :], (tokens, TOP_K, hidden)).reshape(-1, hidden)
+    buffer = jnp.zeros((EXPERTS * SCATTER_SLOTS, hidden), x.dtype).at[row.reshape(-1)].set(picks, mode="drop")
+    h = jax.nn.silu(jnp.einsum("ech,ehf->ecf", buffer.reshape(EXPERTS, SCATTER_SLOTS, hidden), params["w_in"]))
+    ye = jnp.einsum("ecf,efh->ech", h, params["w_out"]).reshape(EXPERTS * SCATTER_SLOTS, hidden)
+    return jnp.einsum("tk,tkh->th", weights, jnp.take(ye, row, axis=0, mode="fill", fill_value=0))
+
+
+def test_a_scatter_and_gather_moe_in_jax_is_routed_and_its_experts_split_over_an_axis():
+    k = jax.random.split(jax.random.key(12), 4)
+    params = {"router": jax.random.normal(k[0], (SCATTER_HIDDEN, EXPERTS)),
+              "w_in": jax.random.normal(k[1], (EXPERTS, SCATTER_HIDDEN, SCATTER_FFN)) * SCATTER_HIDDEN ** -0.5,
+              "w_out": jax.random.normal(k[2], (EXPERTS, SCATTER_FFN, SCATTER_HIDDEN)) * SCATTER_FFN ** -0.5}
+    args = (params, jax.random.normal(k[3], (SCATTER_TOKENS, SCATTER_HIDDEN)))
+    mesh = autoshard.Mesh.parse("ep=4")
+    pins = {"x": [["ep"]], "params['w_in']": [["ep"]], "params['w_out']": [["ep"]]}
+    graph, hardware, result = pinned_plan(scatter_moe, args, mesh, pins)
+
+    routed = 2 * SCATTER_TOKENS * SCATTER_HIDDEN * EXPERTS \
+        + SCATTER_TOKENS * TOP_K * CAPACITY_FACTOR * 2 * 2 * SCATTER_HIDDEN * SCATTER_FFN
+    assert abs(sum(op.flops() for op in graph.ops) / routed - 1) < 0.10
+    (scatter,) = [op for op in graph.ops if op.kind == "scatter"]
+    assert result.plan.options[scatter.name].loop_axes[0] == ("ep",)  # each device writes its experts' rows
+    kinds = {(r["tensor"], r["consumer"]): [s["kind"] for s in r["steps"]]
+             for r in result.report.to_json()["reshardings"] if r["steps"]}
+    assert kinds[("x", "dot_general")] == ["all_gather"]  # every device routes every token
+    assert ["reduce_scatter"] in kinds.values()  # each pick's output summed from its expert's device
+    assert autoshard.verify_plan(result.plan, hardware.collective_seconds).passed
+    sharded = shard(scatter_moe, result, jax_mesh(mesh), price=hardware.collective_seconds)
+    np.testing.assert_allclose(np.asarray(sharded(*args)), np.asarray(jax.jit(scatter_moe)(*args)), rtol=1e-5, atol=1e-5)
