@@ -25,7 +25,9 @@ the experts (1,024 tokens for Mixtral 8x7B), in groups no smaller than they need
 expert loop is the experts' batch dim and the group loop the dispatch's and combine's, so a plan
 splitting groups over a mesh axis around the experts and experts over it inside moves xe and y
 with all-to-alls: expert parallelism. With C at least the largest load of an expert in a group
-nothing is dropped and the output is the model's, up to float rounding.
+nothing is dropped and the output is the model's, up to float rounding. The expert weights are
+read as stored ([E, F1, H] and [E, H, F2], as `nn.Linear` keeps them; the program transposes them
+for its grouped matmuls), so the contractions' expert loop indexes the parameters themselves.
 """
 
 from __future__ import annotations
