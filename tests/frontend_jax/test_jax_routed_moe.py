@@ -119,4 +119,5 @@ def test_a_scatter_and_gather_moe_in_jax_is_routed_and_its_experts_split_over_an
     assert ["reduce_scatter"] in kinds.values()  # each pick's output summed from its expert's device
     assert autoshard.verify_plan(result.plan, hardware.collective_seconds).passed
     sharded = shard(scatter_moe, result, jax_mesh(mesh), price=hardware.collective_seconds)
-    np.testing.assert_allclose(np.asarray(sharded(*args)), np.asarray(jax.jit(scatter_moe)(*args)), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(sharded(*args)), np.asarray(jax.jit(scatter_moe)(*args)),
+                               rtol=1e-5, atol=1e-5)

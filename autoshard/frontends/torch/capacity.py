@@ -67,7 +67,8 @@ class ExpertCapacity:
             problems.append(Problem("expert_capacity/capacity_factor", f"must be a positive number, got {factor!r}"))
         for field, value in (("group_size", group), ("slots", self.slots)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                problems.append(Problem(f"expert_capacity/{field}", f"must be a positive integer or None, got {value!r}"))
+                problems.append(Problem(f"expert_capacity/{field}",
+                                        f"must be a positive integer or None, got {value!r}"))
         if problems:
             raise InputError(problems)
 
@@ -183,7 +184,8 @@ def lower_capacity_experts(lw: Lowering, m: RoutedExperts, option: ExpertCapacit
               lhs_batch_dims=[0], rhs_batch_dims=[0], lhs_contracting_dims=[3], rhs_contracting_dims=[down_k])
     # the routed form multiplies in the promoted dtype of the expert outputs and the weights
     out_dtype = m.anchor.meta["val"].dtype
-    combine, y = (cast_to(lw, v, out_dtype, f"{name}.{role}") for v, role in ((combine, "combine_cast"), (y, "experts_cast")))
+    combine, y = (cast_to(lw, v, out_dtype, f"{name}.{role}")
+                  for v, role in ((combine, "combine_cast"), (y, "experts_cast")))
     out = lw.op("dot_general", [combine, y], f"{name}.combine", einsum_call("gsec,egch->gsh"),
                 lhs_batch_dims=[0], rhs_batch_dims=[1], lhs_contracting_dims=[2, 3], rhs_contracting_dims=[0, 2])
     return lw.op("reshape", [out], name, lambda v: v.reshape(t, h), shape=[t, h])

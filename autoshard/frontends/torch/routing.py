@@ -97,7 +97,8 @@ def lower_routed_experts(lw: Lowering, m: RoutedExperts) -> str:
     y = lw.op("dot_general", [lw.tensor(m.second.args[0]), down], m.second.name, einsum_call("tef,efh->eth"),
               lhs_batch_dims=[1], rhs_batch_dims=[0], lhs_contracting_dims=[2], rhs_contracting_dims=[1])
     # the routed form multiplies in the promoted dtype of the expert outputs and the weights
-    combine, y = (cast_to(lw, t, out_dtype, f"{name}.{role}") for t, role in ((combine, "combine_cast"), (y, "experts_cast")))
+    combine, y = (cast_to(lw, t, out_dtype, f"{name}.{role}")
+                  for t, role in ((combine, "combine_cast"), (y, "experts_cast")))
     return lw.op("dot_general", [combine, y], name, einsum_call("te,eth->th"),
                  lhs_batch_dims=[0], rhs_batch_dims=[1], lhs_contracting_dims=[1], rhs_contracting_dims=[0])
 
