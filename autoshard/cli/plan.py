@@ -30,10 +30,10 @@ from autoshard.planning.compose import plan_layer_once
 from autoshard.planning.costs import Hardware
 from autoshard.planning.formulation import Weights, weight_name_problem
 from autoshard.planning.make_plan import MAX_SEED, BestSoFar, PlanResult, SolveSettings, make_plan, memory_budget_problem
-from autoshard.planning.pipeline_plan import (PipelinedPlan, check_budget, checked_orders, price_pipeline,
+from autoshard.planning.pipeline_plan import (FIT_MARGIN, PipelinedPlan, check_budget, checked_orders, price_pipeline,
                                               stage_budget_bytes, stage_plan)
 from autoshard.planning.pipeline_stages import layer_order
-from autoshard.planning.recompute_choice import choose_modes, placements, position_costs
+from autoshard.planning.recompute_choice import Choice, choose_modes, placements, position_costs
 from autoshard.sim.verify import VERIFY_POLICIES, policy_problem
 
 
@@ -236,9 +236,10 @@ def run(args: argparse.Namespace) -> int:
             chosen = attempt.run(recomputed, mesh, hw, settings, pipeline, args.layer_once, phases, chosen,
                                  announce=len(rewritten) > 1)
         if args.recompute == "auto" and pipeline is not None:
-            per_layer = mixed_recompute(graph, attempts, settings, hw)
-            if per_layer is not None:
-                attempt = Attempt(per_layer)
+            choice = mixed_recompute(graph, attempts, settings, hw)
+            if choice is not None:
+                per_layer = choice.per_layer(layer_order(graph))
+                attempt = Attempt(per_layer, choice.part_at)
                 chosen = attempt.run(with_recomputation(graph, per_layer, mesh), mesh, hw, settings, pipeline,
                                      args.layer_once, phases, chosen, announce=True)
         if chosen is None:
@@ -279,16 +280,19 @@ def recomputations(graph: Graph, recompute: str, mesh: Mesh | None) -> dict[str,
 
 
 def mixed_recompute(graph: Graph, attempts: list["Attempt"], settings: SolveSettings,
-                    hw: Hardware) -> dict[int, str] | None:
-    """A mode per layer from the uniform modes' pipelined plans (fitting or not), on the cut
-    of each in turn, the one of least estimated bottleneck kept; None when no cut has a choice
-    that fits or the choice is one of the uniform modes (already planned)."""
-    priced = {a.mode: a.unbent for a in attempts if isinstance(a.mode, str) and a.unbent is not None}
-    if len(priced) < 2:
+                    hw: Hardware) -> Choice | None:
+    """A mode per layer from the uniform modes' pipelined plans, fitting or not (each mode's first
+    solve, its shardings its own, and its last, fitted to the budget), on the cut of each in
+    turn, the one of least estimated bottleneck kept (the mixed plan is cut there too, so its
+    stages hold what the choice fitted); None when no cut has a choice that fits or the choice
+    is one of the uniform modes (already planned)."""
+    priced = [(a.mode, pipelined) for a in attempts if isinstance(a.mode, str) and a.unbent is not None
+              for pipelined in ((a.unbent,) if a.priced is a.unbent else (a.unbent, a.priced))]
+    if len({mode for mode, _ in priced}) < 2:
         return None
-    costs = {mode: position_costs(pipelined) for mode, pipelined in priced.items()}
-    budget = stage_budget_bytes(settings, hw)
-    found = [choice for pipelined in priced.values()
+    costs = [(mode, position_costs(pipelined)) for mode, pipelined in priced]
+    budget = stage_budget_bytes(settings, hw) * FIT_MARGIN  # the mixed plan's own shardings will differ a little
+    found = [choice for _, pipelined in priced
              if (choice := choose_modes(costs, pipelined.orders, placements(pipelined), budget)) is not None]
     if not found:
         print("  recompute per layer: no mode per layer fits every stage on the uniform plans' prices",
@@ -299,7 +303,7 @@ def mixed_recompute(graph: Graph, attempts: list["Attempt"], settings: SolveSett
         print(f"  recompute per layer: {best.modes[0]} for every layer is the best fit on the uniform plans' prices "
               f"(planned above)", file=sys.stderr, flush=True)
         return None
-    return best.per_layer(layer_order(graph))
+    return best
 
 
 def mode_words(mode: Recompute) -> str:
@@ -313,14 +317,16 @@ def mode_words(mode: Recompute) -> str:
 class Attempt:
     """One recomputation's plan (a pipelined one with `--pipeline`), and the best so far while it solves."""
 
-    def __init__(self, mode: Recompute) -> None:
+    def __init__(self, mode: Recompute, part_at: tuple[int, ...] | None = None) -> None:
         self.mode, self.best = mode, BestSoFar()
+        self.part_at = part_at  # the cut (virtual stage per layer position), when fixed
         self.graph: Graph | None = None
         self.result: PlanResult | None = None
         self.pipelined: PipelinedPlan | None = None
         # the first solve's pipelined plan, priced whether its stages fit or not: its shardings are
         # the mode's own, not those a shrunk budget bends every layer to for the fullest stage
         self.unbent: PipelinedPlan | None = None
+        self.priced: PipelinedPlan | None = None  # the last solve's, priced whether its stages fit or not
 
     def run(self, graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings, pipeline: Any, layer_once: bool,
             phases: PhaseTimes, chosen: "Attempt | None", announce: bool) -> "Attempt | None":
@@ -348,13 +354,14 @@ class Attempt:
                 orders = checked_orders(graph, pipeline, settings.microbatches)
                 rounds: list[PlanResult] = []
                 self.result = stage_plan(graph, mesh, hw, settings, orders, progress=ProgressLine(), phases=phases,
-                                         best_so_far=self.best, solved=rounds)
+                                         best_so_far=self.best, solved=rounds, part_at=self.part_at)
                 with phases.phase("pipeline"):
-                    priced = price_pipeline(self.result, mesh, hw, orders, math.inf)
-                    self.unbent = priced if rounds[0] is self.result else price_pipeline(rounds[0], mesh, hw, orders,
-                                                                                         math.inf)
+                    priced = price_pipeline(self.result, mesh, hw, orders, math.inf, part_at=self.part_at)
+                    self.unbent = priced if rounds[0] is self.result else price_pipeline(
+                        rounds[0], mesh, hw, orders, math.inf, part_at=self.part_at)
             except InputError as error:
                 raise flagged(error) from None
+            self.priced = priced
             budget = stage_budget_bytes(settings, hw)
             check_budget(priced.memory, budget)
             self.pipelined = dataclasses.replace(priced, budget_bytes=budget)

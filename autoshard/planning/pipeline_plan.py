@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -200,13 +200,14 @@ def stage_budget_bytes(settings: SolveSettings, hw: Hardware) -> float:
 def stage_plan(graph: Graph, stage_mesh: Mesh, hw: Hardware, settings: SolveSettings, fit: StageOrders,
                progress: Callable[[str, float, float, float], None] | None = None,
                phases: PhaseTimes | None = None, best_so_far: BestSoFar | None = None,
-               solved: list[PlanResult] | None = None) -> PlanResult:
+               solved: list[PlanResult] | None = None, part_at: Sequence[int] | None = None) -> PlanResult:
     """Step 1: the intra-stage plan of the whole graph, within `stages` budgets per device, solved
     again under a shrunk budget (at most `FIT_ROUNDS` solves) while a stage of the schedule `fit`
     is over one budget. The plan does not depend on the schedule otherwise, so one plan prices
     every schedule and V (the search's use, fitted to its least-memory schedule). When no solve
     fits, the one closest to fitting is returned and the caller's pricing names its stages over.
-    `solved` collects every round's plan, the first one's shardings not yet bent to fit a stage."""
+    `solved` collects every round's plan, the first one's shardings not yet bent to fit a stage;
+    `part_at` fixes the cut (`price_pipeline`)."""
     budget = stage_budget_bytes(settings, hw)
     whole = min(budget * fit.stages, MAX_MEMORY_BUDGET_BYTES)
     found: list[tuple[float, PlanResult]] = []  # (worst stage's peak, plan) of each solve
@@ -222,7 +223,8 @@ def stage_plan(graph: Graph, stage_mesh: Mesh, hw: Hardware, settings: SolveSett
                                   f"(each stage holds about 1/{fit.stages} of it): {error}") from None
         if solved is not None:
             solved.append(result)
-        worst = max(m.peak_bytes for m in price_pipeline(result, stage_mesh, hw, fit, math.inf).memory)
+        priced = price_pipeline(result, stage_mesh, hw, fit, math.inf, part_at=part_at)
+        worst = max(m.peak_bytes for m in priced.memory)
         if worst <= budget:
             return result
         found.append((worst, result))
@@ -234,16 +236,18 @@ def stage_plan(graph: Graph, stage_mesh: Mesh, hw: Hardware, settings: SolveSett
 
 
 def price_pipeline(result: PlanResult, stage_mesh: Mesh, hw: Hardware, orders: StageOrders,
-                   budget: float, work: StageWork | None = None) -> PipelinedPlan:
+                   budget: float, work: StageWork | None = None, part_at: Sequence[int] | None = None
+                   ) -> PipelinedPlan:
     """Steps 2 to 5 on an intra-stage plan: the cut, the seconds, the simulation and the memory.
-    `work`: `StageWork.of(result)`, when one plan is priced under many schedules."""
+    `work`: `StageWork.of(result)`, when one plan is priced under many schedules; `part_at`:
+    the virtual stage of each layer position, when the cut is given rather than balanced."""
     graph = result.plan.graph
     work = StageWork.of(result) if work is None else work
-    layers = layer_order(graph)
-    per_position = position_seconds(work.positions, {name: s for name, s in work.seconds.items()
-                                                      if work.kinds[name] != "tail"}, len(layers))
-    cuts = balanced_cuts(per_position, orders.virtual_stages)
-    part_at = {position: part for part, (start, end) in enumerate(cuts) for position in range(start, end)}
+    if part_at is None:
+        per_position = position_seconds(work.positions, {name: s for name, s in work.seconds.items()
+                                                          if work.kinds[name] != "tail"}, len(layer_order(graph)))
+        cuts = balanced_cuts(per_position, orders.virtual_stages)
+        part_at = [part for part, (start, end) in enumerate(cuts) for _ in range(start, end)]
     part_of = {name: part_at[position] for name, position in work.positions.items()}
     return price_cut(result, stage_mesh, hw, orders, part_of, budget, work)
 

@@ -5,8 +5,8 @@ a 1F1B pipeline hold S microbatches where the last holds one: a mode that fits t
 may overflow the first, and recomputing every layer everywhere pays for memory the late stages
 never needed. Megatron-LM exposes this as recomputing only some layers of a stage.
 
-From one plan per uniform mode (`none`, `selective`, `full`), each priced on its pipeline whether
-or not it fits, every layer position gets per mode the seconds one microbatch spends in it (its
+From the plans of the uniform modes (`none`, `selective`, `full`), each priced on its pipeline
+whether or not it fits, every layer position gets per plan the seconds one microbatch spends in it (its
 forward, backward and weight-gradient ops, the recomputed forward included), the activation
 bytes it saves for its backward and the state it stores. On a cut (position -> stage and chunk)
 each stage then picks a mode per position: the least seconds whose memory fits the budget,
@@ -22,7 +22,7 @@ the caller plans the mixed graph and keeps it only if its own pricing wins.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Sequence
 
 import numpy as np
 
@@ -46,6 +46,7 @@ class PositionCosts:
 @dataclass(frozen=True)
 class Choice:
     modes: tuple[str, ...]  # per position
+    part_at: tuple[int, ...]  # per position, the virtual stage of the cut the modes were fitted to
     stage_seconds: tuple[float, ...]  # per stage, one microbatch through all its positions
     stage_bytes: tuple[float, ...]  # per stage, the memory bound above
 
@@ -89,18 +90,18 @@ def placements(pipelined: PipelinedPlan) -> list[tuple[int, int]]:
     return found  # type: ignore[return-value]
 
 
-def choose_modes(costs: Mapping[str, PositionCosts], orders: StageOrders, placed: list[tuple[int, int]],
+def choose_modes(costs: Sequence[tuple[str, PositionCosts]], orders: StageOrders, placed: list[tuple[int, int]],
                  budget_bytes: float) -> Choice | None:
     """Per position the mode of least seconds with every stage's memory within the budget, on
-    the cut `placed`; None when some stage overflows whatever its positions recompute."""
-    modes = sorted(costs)
+    the cut `placed`; None when some stage overflows whatever its positions recompute. `costs`:
+    (mode, its costs) per plan read, several plans of one mode each offering their prices."""
     inflight = chunk_inflight(orders)
     chosen = [""] * len(placed)
     stage_seconds, stage_bytes = [], []
     for stage in range(orders.stages):
         positions = [p for p, (s, _) in enumerate(placed) if s == stage]
-        options = [[(costs[m].stored_bytes[p] + inflight[stage, placed[p][1]] * costs[m].saved_bytes[p],
-                     costs[m].seconds[p], m) for m in modes] for p in positions]
+        options = [[(c.stored_bytes[p] + inflight[stage, placed[p][1]] * c.saved_bytes[p], c.seconds[p], mode)
+                    for mode, c in costs] for p in positions]
         best = _least_seconds_within(options, budget_bytes)
         if best is None:
             return None
@@ -109,7 +110,8 @@ def choose_modes(costs: Mapping[str, PositionCosts], orders: StageOrders, placed
             chosen[position] = mode
         stage_seconds.append(seconds)
         stage_bytes.append(used_bytes)
-    return Choice(tuple(chosen), tuple(stage_seconds), tuple(stage_bytes))
+    part_at = tuple(orders.virtual_stage(stage, chunk) for stage, chunk in placed)
+    return Choice(tuple(chosen), part_at, tuple(stage_seconds), tuple(stage_bytes))
 
 
 def _least_seconds_within(options: list[list[tuple[float, float, str]]], budget_bytes: float
