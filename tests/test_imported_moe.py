@@ -265,6 +265,23 @@ def test_experts_over_an_expert_axis_receive_and_return_tokens_by_all_to_alls_si
     torch.testing.assert_close(full, block(x).detach(), rtol=1e-4, atol=1e-5)
 
 
+def test_autograd_through_the_expert_parallel_run_under_dtensor_gives_the_models_gradients():
+    block, x, program = mixtral_block(shape=(4, 16))  # 4 groups of a sequence, one per device
+    imported = import_program(program, strict=True, expert_capacity=ExpertCapacity(slots=largest_load(block, x, 16)))
+    result, _ = expert_parallel_plan(imported.document, EXPERT_AXIS_PINS)
+    labels = torch.randn(x.shape, generator=torch.Generator().manual_seed(2))
+    block.zero_grad()
+    (block(x) * labels).sum().backward()
+    with simulated_ranks("ep=4") as mesh:
+        program_on_mesh = parallelize(program, result, mesh)
+        out = program_on_mesh(x)
+        placed = torch.distributed.tensor.distribute_tensor(labels, mesh, out.placements, src_data_rank=None)
+        (out * placed).sum().backward()
+        grads = {n: p.grad.full_tensor()._local_tensors[0] for n, p in program_on_mesh.named_parameters()}
+    for name, parameter in block.named_parameters():
+        torch.testing.assert_close(grads[name], parameter.grad, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
 def test_capacity_options_and_unrecognised_experts_are_named():
     with pytest.raises(InputError) as error:
         ExpertCapacity(capacity_factor=0)
