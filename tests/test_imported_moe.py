@@ -301,6 +301,9 @@ def test_capacity_options_and_unrecognised_experts_are_named():
     with pytest.raises(InputError, match=outside) as error:
         import_program(program, expert_capacity=ExpertCapacity())
     assert error.value.problems[0].where == "expert_capacity"
+    with pytest.raises(InputError, match="pass the ExpertCapacity") as error:  # a plan.json does not record it
+        parallelize(program, {"ops": {"sum_2.dispatch_tokens": {}}}, None)
+    assert error.value.problems[0].where == "expert_capacity"
     dense = torch.export.export(torch.nn.Linear(4, 4), (torch.randn(2, 4),)).run_decompositions({})
     with pytest.raises(InputError, match="found no grouped matmul"):
         import_program(dense, expert_capacity=ExpertCapacity())

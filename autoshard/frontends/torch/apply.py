@@ -50,6 +50,10 @@ def parallelize(exported_program: Any, plan: Plan | PlanResult | Mapping[str, An
     refuse_pipelined(plan, "autoshard.frontends.torch.parallelize")
     if expert_capacity is None and isinstance(plan, (Plan, PlanResult)):
         expert_capacity = planned_capacity((plan.plan if isinstance(plan, PlanResult) else plan).graph)
+    elif expert_capacity is None and any(str(op).endswith(".dispatch_tokens") for op in plan.get("ops") or ()):
+        raise InputError("the plan was made for routed experts at a capacity (its ops dispatch tokens to expert "
+                         "slots), which its document does not record: pass the ExpertCapacity the program was "
+                         "imported with", "expert_capacity")
     imported = import_program(exported_program, expert_capacity=expert_capacity)
     mesh = check_mesh(_plan_mesh(plan), device_mesh)
     forward = _forward_plan(plan, imported, mesh)
