@@ -14,7 +14,7 @@ import pytest
 from autoshard.cli.main import main
 from autoshard.errors import InputError
 from autoshard.graph.builder import GraphBuilder
-from autoshard.graph.evaluate import evaluate_graph
+from autoshard.graph.evaluate import evaluate_graph, random_inputs
 from autoshard.graph.model import Graph
 from autoshard.graph.schema import graph_from_json
 from autoshard.mesh import Mesh
@@ -286,3 +286,30 @@ def test_a_torch_module_in_bf16_imports_as_a_mixed_precision_training_step(tmp_p
             in capsys.readouterr().err)
     assert main(["import", "torch", f"{source}:make", "--precision", "fp32", "-o", str(out)]) == 2
     assert "--precision: sets the precision of the training step; add --training" in capsys.readouterr().err
+
+
+def test_fp16_scales_the_loss_so_small_gradients_survive_and_the_optimizer_unscales():
+    """Seeds of 1e-8 flush to zero in f16; times loss.scale 2**15 they do not, and the optimizer's
+    unscaled main gradients match the f32 step's gradients. Every gradient's largest magnitude
+    is an output for the overflow check."""
+    config = MLPConfig(layers=1, batch=8, hidden=16, ffn=32, dtype="f16")
+    half = step("fp16-mixed", config)
+    full = step("fp32", MLPConfig(layers=1, batch=8, hidden=16, ffn=32, dtype="f32"))
+    assert half.tensors["loss.scale"].dtype == "f16" and half.tensors["loss.inverse_scale"].dtype == "f32"
+    assert "loss.scale" not in step("bf16-mixed", MLPConfig(layers=1, batch=8, hidden=16, ffn=32)).tensors
+    inputs = random_inputs(half, seed=3)
+    inputs["labels"] = (inputs["labels"] * 1e-8).astype(np.float16)
+    reference = evaluate_graph(full, {name: value.astype(np.float32) for name, value in inputs.items()
+                                      if name in full.tensors})
+    for scale in (1.0, 2.0**15):
+        values = evaluate_graph(half, dict(inputs, **{"loss.scale": np.float16(scale),
+                                                      "loss.inverse_scale": np.float32(1 / scale)}))
+        for p in weights(half):
+            unscaled = values[f"adam.{p}.unscaled"]
+            expected = reference[full.gradients[p]]
+            assert half.tensors[f"adam.{p}.grad_max"].shape == () and f"adam.{p}.grad_max" in half.outputs
+            assert values[f"adam.{p}.grad_max"] == np.max(np.abs(unscaled))
+            if scale == 1.0:
+                assert np.count_nonzero(unscaled) < 0.05 * unscaled.size  # underflowed in the f16 backward
+            else:
+                np.testing.assert_allclose(unscaled, expected, rtol=0.05, atol=1e-3 * np.max(np.abs(expected)))

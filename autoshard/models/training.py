@@ -11,7 +11,8 @@ schedule does), in Kingma and Ba's folded form:
     p' = p - step_size * m' / (sqrt(v') + eps_hat)
     step_size = lr sqrt(1 - beta2^t) / (1 - beta1^t),   eps_hat = eps sqrt(1 - beta2^t)
 
-The precision of the step (`PRECISIONS`) says what is kept in which float. `adam32` is the step
+The precision of the step (`PRECISIONS`) says what is kept in which float; `fp16-mixed` also
+scales the loss (`scaled_seeds`) and unscales in the optimizer. `adam32` is the step
 as generated before precisions were named: weights, activations and gradients in the weights'
 dtype, Adam moments in f32. The mixed modes (`bf16-mixed`, `fp16-mixed`) are Megatron-LM's: the
 forward and backward read the weights in bf16 (fp16), each gradient is written in f32 (its
@@ -47,6 +48,7 @@ class Precision:
     dtype: str | None  # what forward and backward compute in (weights, activations); None: the graph's own
     master_weights: bool  # f32 main gradients and master weights for weights narrower than f32
     doc: str
+    loss_scale: bool = False  # the backward runs on the loss times `loss.scale`; the optimizer unscales
 
 
 PRECISIONS = {p.name: p for p in (
@@ -54,9 +56,14 @@ PRECISIONS = {p.name: p for p in (
                                      "no master weights (the step as generated before precisions were named)"),
     Precision("bf16-mixed", "bf16", True, "bf16 weights and activations, f32 main gradients, master weights and "
                                           "Adam moments (Megatron-LM's mixed precision)"),
-    Precision("fp16-mixed", "f16", True, "as bf16-mixed with f16 weights and activations (loss scaling is not modelled)"),
+    Precision("fp16-mixed", "f16", True, "as bf16-mixed with f16 weights and activations and the loss scaled: the "
+                                         "backward runs on the loss times the input loss.scale, the optimizer "
+                                         "multiplies each main gradient by loss.inverse_scale and outputs its "
+                                         "largest magnitude (adam.<p>.grad_max) for the overflow check",
+              loss_scale=True),
     Precision("fp32", "f32", False, "everything in f32"),
 )}
+LOSS_SCALE, INVERSE_LOSS_SCALE = "loss.scale", "loss.inverse_scale"
 DEFAULT_PRECISION = "adam32"
 _precision: ContextVar[str] = ContextVar("precision", default=DEFAULT_PRECISION)
 
@@ -120,12 +127,18 @@ def cross_entropy_loss(b: GraphBuilder, logits: str) -> tuple[str, dict[str, str
     return loss, {logits: grad}
 
 
-def add_adam(b: GraphBuilder, params: Sequence[str], grads: dict[str, str], master_weights: bool = False) -> list[str]:
+def add_adam(b: GraphBuilder, params: Sequence[str], grads: dict[str, str], master_weights: bool = False,
+             loss_scale: bool = False) -> list[str]:
     """Adam update of every parameter, in place: returns the new parameters and moments, each
-    declared to overwrite the old one. A parameter's update ops belong to its layer.
-    `master_weights`: a parameter narrower than f32 is updated through an f32 master copy
-    (`adam.<p>.master`, optimizer state), which the new parameter is cast from."""
+    declared to overwrite the old one, and with `loss_scale` each gradient's largest magnitude.
+    A parameter's update ops belong to its layer. `master_weights`: a parameter narrower than
+    f32 is updated through an f32 master copy (`adam.<p>.master`, optimizer state), which the new
+    parameter is cast from. `loss_scale`: the gradients are of the scaled loss; each is first
+    multiplied by `loss.inverse_scale`, and its largest magnitude (`adam.<p>.grad_max`, NaN or
+    inf when it overflowed) is an output for the run's overflow check, which skips the update
+    and lowers the scale (that choice is the run's: the step here always updates)."""
     c1, c2, step, eps = (b.input(name, (), OPTIMIZER_DTYPE) for name in ADAM_SCALARS)
+    inverse = b.input(INVERSE_LOSS_SCALE, (), OPTIMIZER_DTYPE) if loss_scale else None
     layers = b.parameter_layers()
     outer = b.layer
     outputs = []
@@ -134,6 +147,10 @@ def add_adam(b: GraphBuilder, params: Sequence[str], grads: dict[str, str], mast
         g = grads[p]
         if b.dtype_of(g) != OPTIMIZER_DTYPE:
             g = b.op("cast", [g], f"adam.{p}.grad", dtype=OPTIMIZER_DTYPE)
+        if inverse is not None:
+            g = b.op("mul", [g, inverse], f"adam.{p}.unscaled")
+            magnitude = b.op("abs", [g], f"adam.{p}.grad_abs")
+            outputs.append(b.op("reduce_max", [magnitude], f"adam.{p}.grad_max", dims=list(range(len(b.shape(g))))))
         m = b.parameter(f"adam.{p}.m", b.shape(p), OPTIMIZER_DTYPE)
         v = b.parameter(f"adam.{p}.v", b.shape(p), OPTIMIZER_DTYPE)
         new_m = b.op("add", [m, b.op("mul", [b.op("sub", [g, m], f"adam.{p}.m_delta"), c1], f"adam.{p}.m_step")], f"adam.{p}.new_m")
@@ -238,8 +255,25 @@ def add_training_step(b: GraphBuilder, loss: str, seeds: dict[str, str], precisi
         raise InputError(f"{mode.name} computes in {mode.dtype}, but parameter {other[0]!r} is {b.dtype_of(other[0])} "
                          f"({len(other)} of {len(params)} are not {mode.dtype}); give the model in {mode.dtype}, or use "
                          f"adam32, which keeps its dtypes", "precision")
+    if mode.loss_scale:
+        seeds = scaled_seeds(b, seeds)
     grads = add_backward(b, seeds, params)
     if mode.master_weights:
         grads = main_gradients(b, grads)
     grads = declare_gradients(b, grads)
-    b.mark_outputs(loss, *add_adam(b, params, grads, mode.master_weights))
+    b.mark_outputs(loss, *add_adam(b, params, grads, mode.master_weights, mode.loss_scale))
+
+
+def scaled_seeds(b: GraphBuilder, seeds: dict[str, str]) -> dict[str, str]:
+    """The loss gradients times the input `loss.scale` (in their dtype): every gradient of the
+    backward is of the loss times the scale, so small fp16 gradients stay above the smallest
+    normal f16 (Micikevicius et al., 2018). The scale is an input because a run changes it (the
+    dynamic scaling Megatron-LM and torch.amp do)."""
+    scales: dict[str, str] = {}
+    scaled = {}
+    for y, g in seeds.items():
+        dtype = b.dtype_of(g)
+        if dtype not in scales:
+            scales[dtype] = b.input(LOSS_SCALE if not scales else f"{LOSS_SCALE}.{dtype}", (), dtype)
+        scaled[y] = b.op("mul", [g, scales[dtype]], f"{g}.scaled")
+    return scaled
