@@ -243,13 +243,13 @@ def test_a_plan_whose_stage_is_over_the_budget_is_solved_again_under_a_shrunk_bu
 
 
 def test_a_stage_over_the_memory_budget_is_named(tmp_path, capsys):
-    # GPipe holds all 8 microbatches' activations: both stages are over 1.5 MiB with them, and
-    # no budget for the whole graph brings them under
+    # GPipe holds all 8 microbatches' activations: both stages are over 1.2 MiB with them, and
+    # neither each stage's memory on its own nor a budget for the whole graph brings them under
     config = GPTConfig(layers=2, hidden=32, heads=2, seq=64, batch=32, vocab=64)
     assert main(pipeline_args(gpt_file(tmp_path, config), "--pipeline", "2", "--microbatches", "8", "--schedule",
-                              "gpipe", "--memory-budget", "1.5MiB")) == 3
+                              "gpipe", "--memory-budget", "1.2MiB")) == 3
     err = capsys.readouterr().err
-    assert "stage 0 needs" in err and "stage 1 needs" in err and "over the memory budget of 1.5 MiB" in err, err
+    assert "stage 0 needs" in err and "stage 1 needs" in err and "over the memory budget of 1.2 MiB" in err, err
     assert "8 microbatch chunk(s) in flight" in err
 
 

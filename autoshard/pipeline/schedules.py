@@ -155,6 +155,18 @@ def activation_peaks(orders: StageOrders, activation_bytes) -> tuple[float, ...]
     return tuple(peaks)
 
 
+def chunk_inflight(orders: StageOrders) -> np.ndarray:
+    """(stages, chunks): the most microbatches of each chunk a stage holds at once (as in
+    `activation_peaks`). Weighting each chunk's saved bytes by these bounds the stage's peak from
+    above: the chunks need not peak at the same time (with one chunk it is the peak)."""
+    table = np.zeros((orders.stages, orders.chunks))
+    for chunk in range(orders.chunks):
+        unit = np.zeros((orders.stages, orders.chunks))
+        unit[:, chunk] = 1.0
+        table[:, chunk] = activation_peaks(orders, unit)
+    return table
+
+
 def _count_problems(stages, microbatches, chunks) -> list[Problem]:
     return [Problem(where, f"must be a whole number of at least 1, got {value!r}")
             for where, value in (("stages", stages), ("microbatches", microbatches), ("chunks", chunks))

@@ -76,6 +76,9 @@ class PlanResult:
     solver: dict[str, Any]
     phases: PhaseTimes  # formulate, solve and pricing so far; `deliver` adds its own
     microbatching: Microbatching | None = None  # None: the step runs on the whole batch at once
+    # a pipelined step's stage plan solved on a cut: the virtual stage of each layer position
+    # (`pipeline_plan.stage_plan`); None: the pipeline is cut where its seconds balance
+    cut: tuple[int, ...] | None = None
 
 
 class BestSoFar:
@@ -131,11 +134,14 @@ class BestSoFar:
 def make_plan(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = SolveSettings(),
               progress: Callable[[str, float, float, float], None] | None = None,
               phases: PhaseTimes | None = None, best_so_far: BestSoFar | None = None,
-              prices: ReshardingPrices | None = None) -> PlanResult:
+              prices: ReshardingPrices | None = None,
+              memory: Callable[[Formulation], Formulation] | None = None) -> PlanResult:
     """`progress(phase, incumbent_ps, bound_ps, elapsed_s)` is called as the solver improves;
     `phases` (a new one if None) records the time and memory of formulating, solving and pricing;
     `best_so_far` is kept up to date with the best plan found while solving; `prices`: resharding
-    prices already found on this mesh and hardware (`resharding_prices`), to be reused."""
+    prices already found on this mesh and hardware (`resharding_prices`), to be reused;
+    `memory`: the formulation with its memory rows made otherwise (a pipeline's stages,
+    `stage_memory`), its usage limit then the budget the solve holds to."""
     phases = PhaseTimes() if phases is None else phases
     # numba compiles the solver's kernels once per install (about 25 s; then from its cache on
     # disk, once per process): a phase of its own, announced when long, not the plan's solve_s
@@ -151,7 +157,8 @@ def make_plan(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = 
             found = formulate(microbatching.graph if microbatching else graph, mesh, hw,
                               memory_budget_bytes=budget_bytes, weights=settings.weights,
                               mesh_order=settings.mesh_order_splits, delivered_nodes=delivered_nodes, prices=prices)
-            return repeat_formulation(found, microbatching) if microbatching is not None else found
+            found = repeat_formulation(found, microbatching) if microbatching is not None else found
+            return memory(found) if memory is not None else found
 
         formulation = formulated(True)
         shared = any(kind == "delivered" for kind, _ in formulation.nodes)

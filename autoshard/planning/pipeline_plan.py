@@ -44,13 +44,14 @@ from autoshard.mesh import Mesh
 from autoshard.phases import PhaseTimes
 from autoshard.pipeline import PipelineTimeline, StageOrders, activation_peaks, simulate_pipeline, stage_orders
 from autoshard.planning.costs import Hardware
-from autoshard.planning.formulation import resharding_prices
+from autoshard.planning.formulation import Formulation, resharding_prices
 from autoshard.planning.make_plan import (MAX_MEMORY_BUDGET_BYTES, BestSoFar, PlanResult, SolveSettings,
                                           make_plan)
 from autoshard.planning.pipeline_cut import PipelineCut
 from autoshard.planning.pipeline_stages import balanced_cuts, layer_order, op_positions, position_seconds
 from autoshard.pipeline.seconds import DIRECTIONS
 from autoshard.planning.pipeline_values import PartValues, StoredBytes
+from autoshard.planning.stage_memory import staged_formulation
 from autoshard.planning.pipeline_work import seconds_per_run, work_kinds
 from autoshard.planning.microbatches import Microbatching
 from autoshard.planning.plan import Plan
@@ -201,33 +202,47 @@ def stage_plan(graph: Graph, stage_mesh: Mesh, hw: Hardware, settings: SolveSett
                progress: Callable[[str, float, float, float], None] | None = None,
                phases: PhaseTimes | None = None, best_so_far: BestSoFar | None = None,
                solved: list[PlanResult] | None = None, part_at: Sequence[int] | None = None) -> PlanResult:
-    """Step 1: the intra-stage plan of the whole graph, within `stages` budgets per device, solved
-    again under a shrunk budget (at most `FIT_ROUNDS` solves) while a stage of the schedule `fit`
-    is over one budget. The plan does not depend on the schedule otherwise, so one plan prices
-    every schedule and V (the search's use, fitted to its least-memory schedule). When no solve
-    fits, the one closest to fitting is returned and the caller's pricing names its stages over.
-    `solved` collects every round's plan, the first one's shardings not yet bent to fit a stage;
-    `part_at` fixes the cut (`price_pipeline`)."""
+    """Step 1: the intra-stage plan of the whole graph, within `stages` budgets per device; while
+    a stage of the schedule `fit` is over one budget, solved again with each stage's memory on
+    its own on the last plan's cut (`stage_memory`), then under a whole-graph budget shrunk by
+    the worst stage's excess (at most `FIT_ROUNDS` solves in all). The plan does not depend on
+    the schedule otherwise, so one plan prices every schedule and V (the search's use, fitted to
+    its least-memory schedule). A plan solved on a cut carries it (`PlanResult.cut`), and
+    `price_pipeline` cuts it there. When no solve fits, the one closest to fitting is returned
+    and the caller's pricing names its stages over. `solved` collects every round's plan, the
+    first one's shardings not yet bent to fit a stage; `part_at` fixes the cut."""
     budget = stage_budget_bytes(settings, hw)
     whole = min(budget * fit.stages, MAX_MEMORY_BUDGET_BYTES)
     found: list[tuple[float, PlanResult]] = []  # (worst stage's peak, plan) of each solve
     prices = resharding_prices(stage_mesh, hw)  # found by the first solve's formulation, reused by the next
+    staged_cut: list[int] | None = None  # set once the last plan overflowed: solve next on its cut per stage
     for _ in range(FIT_ROUNDS):
+        memory = None if staged_cut is None else _staged(staged_cut, fit, budget)
         try:
-            result = make_plan(graph, stage_mesh, hw, replace(settings, memory_budget_bytes=whole), progress=progress,
-                               phases=phases, best_so_far=best_so_far, prices=prices)
+            result = make_plan(graph, stage_mesh, hw, replace(settings, memory_budget_bytes=whole if memory is None
+                                                              else budget),
+                               progress=progress, phases=phases, best_so_far=best_so_far, prices=prices, memory=memory)
         except InfeasibleError as error:
+            if found and memory is not None:  # no plan fits the stages on this cut: shrink instead
+                staged_cut = None
+                continue
             if found:  # nothing fits the shrunk budget
                 break
             raise InfeasibleError(f"the whole graph on one stage's mesh, within {fit.stages} x the budget per device "
                                   f"(each stage holds about 1/{fit.stages} of it): {error}") from None
+        if part_at is not None or staged_cut is not None:
+            result = replace(result, cut=tuple(part_at if part_at is not None else staged_cut))
         if solved is not None:
             solved.append(result)
-        priced = price_pipeline(result, stage_mesh, hw, fit, math.inf, part_at=part_at)
+        priced = price_pipeline(result, stage_mesh, hw, fit, math.inf)
         worst = max(m.peak_bytes for m in priced.memory)
         if worst <= budget:
             return result
         found.append((worst, result))
+        if memory is None and len(found) == 1:
+            staged_cut = list(part_at) if part_at is not None else _positions_cut(priced)
+            continue
+        staged_cut = None
         # the stages' peaks follow the whole graph's loosely (a stage holds its microbatches in
         # flight, the whole graph one microbatch of every layer): each round shrinks from the last
         # plan's peak, so a round that moved the stages too little is followed by a harder one
@@ -235,14 +250,39 @@ def stage_plan(graph: Graph, stage_mesh: Mesh, hw: Hardware, settings: SolveSett
     return min(found, key=lambda entry: entry[0])[1]
 
 
+def _positions_cut(pipelined: PipelinedPlan) -> list[int]:
+    """The virtual stage of each layer position in a priced plan's cut."""
+    layers = layer_order(pipelined.result.plan.graph)
+    index = {layer: i for i, layer in enumerate(layers)}
+    cut = [0] * len(layers)
+    for part, found in enumerate(pipelined.parts):
+        for position in range(index[found.layers[0]], index[found.layers[1]] + 1):
+            cut[position] = part
+    return cut
+
+
+def _staged(cut: Sequence[int], orders: StageOrders, budget: float) -> Callable[[Formulation], Formulation]:
+    """The stage-per-step memory (`stage_memory`) of a formulation, on `cut` (per layer position)."""
+    def staged(formulation: Formulation) -> Formulation:
+        graph = formulation.graph
+        positions = op_positions(graph)
+        kinds = work_kinds(graph, positions)
+        return staged_formulation(formulation, {name: cut[p] for name, p in positions.items()}, kinds, orders,
+                                  budget)
+    return staged
+
+
 def price_pipeline(result: PlanResult, stage_mesh: Mesh, hw: Hardware, orders: StageOrders,
                    budget: float, work: StageWork | None = None, part_at: Sequence[int] | None = None
                    ) -> PipelinedPlan:
     """Steps 2 to 5 on an intra-stage plan: the cut, the seconds, the simulation and the memory.
     `work`: `StageWork.of(result)`, when one plan is priced under many schedules; `part_at`:
-    the virtual stage of each layer position, when the cut is given rather than balanced."""
+    the virtual stage of each layer position, when the cut is given rather than balanced (by
+    default the plan's own, `PlanResult.cut`, when it has as many parts)."""
     graph = result.plan.graph
     work = StageWork.of(result) if work is None else work
+    if part_at is None and result.cut is not None and max(result.cut) + 1 == orders.virtual_stages:
+        part_at = result.cut  # the cut the plan was fitted to
     if part_at is None:
         per_position = position_seconds(work.positions, {name: s for name, s in work.seconds.items()
                                                           if work.kinds[name] != "tail"}, len(layer_order(graph)))

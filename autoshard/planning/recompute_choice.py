@@ -24,9 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-import numpy as np
 
-from autoshard.pipeline import StageOrders, activation_peaks
+from autoshard.pipeline import StageOrders
+from autoshard.pipeline.schedules import chunk_inflight
 from autoshard.planning.pipeline_plan import PipelinedPlan, StageWork
 from autoshard.planning.pipeline_stages import layer_order, position_seconds
 from autoshard.planning.pipeline_values import PartValues
@@ -66,16 +66,6 @@ def position_costs(pipelined: PipelinedPlan) -> PositionCosts:
     stored = values.stored_bytes({p: p for p in range(count)}, count, accumulated)
     return PositionCosts(tuple(seconds), tuple(values.saved_bytes(count)),
                          tuple(s.parameter_bytes + s.gradient_bytes + s.optimizer_state_bytes for s in stored))
-
-
-def chunk_inflight(orders: StageOrders) -> np.ndarray:
-    """(stages, chunks): the most microbatches of each chunk a stage holds at once."""
-    table = np.zeros((orders.stages, orders.chunks))
-    for chunk in range(orders.chunks):
-        unit = np.zeros((orders.stages, orders.chunks))
-        unit[:, chunk] = 1.0
-        table[:, chunk] = activation_peaks(orders, unit)
-    return table
 
 
 def placements(pipelined: PipelinedPlan) -> list[tuple[int, int]]:
