@@ -6,9 +6,11 @@ How it is made:
    microbatches asked for). Its memory budget is S budgets, as each stage holds about 1/S of
    the graph; each stage's own peak is checked against one budget in step 5. The whole graph's
    peak is not the stages' (a stage also holds the activations of its microbatches in flight),
-   so a plan whose stages overflow is solved again under a whole-graph budget shrunk by the
-   worst stage's excess (`FIT_ROUNDS`): a loose budget lets the solver replicate weights that
-   no single stage can hold.
+   so a plan whose stages overflow is solved again on its cut with one memory step per stage
+   (`stage_memory`: each stage's state and saved activations as step 5 counts them, within one
+   budget), and if that still overflows (or fits nothing) under a whole-graph budget shrunk by
+   the worst stage's excess (`FIT_ROUNDS` solves in all): a loose budget lets the solver
+   replicate weights that no single stage can hold.
 2. Each op's seconds per run from that plan's prices (`estimate`, per op its compute and the
    reshardings into it). The plan is of the step on one microbatch (the microbatch machinery
    divides every batch dim by M), so an op's seconds divided by its runs are its seconds on one
