@@ -7,6 +7,7 @@ under DTensor."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import warnings
@@ -370,3 +371,32 @@ def test_expert_data_parallelism_a_mixtral_with_experts_over_ep_and_the_batch_ov
         out = parallelize(program, result, device_mesh)(ids, use_cache=False)
         full = whole(out[0] if isinstance(out, tuple) else out)
     torch.testing.assert_close(full, model(ids, use_cache=False)[0], rtol=1e-4, atol=1e-5)
+
+
+MIXTRAL_FACTORY = '''
+import torch, transformers
+
+def make():
+    torch.manual_seed(0)
+    config = transformers.MixtralConfig(**{config})
+    model = transformers.MixtralForCausalLM(config).eval()
+    tokens = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+    return model, (tokens,), {{"use_cache": False}}
+'''
+
+
+def test_import_torch_takes_the_capacity_as_flags_and_names_a_wrong_one(tmp_path, capsys):
+    from autoshard.cli.main import main
+
+    source = tmp_path / "model.py"
+    source.write_text(MIXTRAL_FACTORY.format(config=repr(MIXTRAL)))
+    routed, dense = tmp_path / "routed.json", tmp_path / "dense.json"
+    assert main(["import", "torch", f"{source}:make", "--expert-capacity", "1.25", "-o", str(routed)]) == 0
+    assert main(["import", "torch", f"{source}:make", "-o", str(dense)]) == 0
+    flops = {path: moe_flops(graph_from_json(json.loads(path.read_text()))) for path in (routed, dense)}
+    for layer in (0, 1):
+        assert flops[dense][layer] > 3 * flops[routed][layer]
+    capsys.readouterr()
+    assert main(["import", "torch", f"{source}:make", "--expert-slots", "0", "-o", str(routed)]) == 2
+    err = capsys.readouterr().err
+    assert "--expert-slots" in err and "positive integer" in err and "Traceback" not in err

@@ -10,7 +10,7 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from autoshard.cli.args import write_graph
+from autoshard.cli.args import integer_flag, number_flag, write_graph
 from autoshard.errors import InputError
 from autoshard.graph.schema import graph_from_json
 from autoshard.models.training import DEFAULT_PRECISION, PRECISIONS, training_precision
@@ -20,26 +20,57 @@ from autoshard.models.training import DEFAULT_PRECISION, PRECISIONS, training_pr
 class Framework:
     help: str
     source: str  # what SOURCE names, for --help
-    # (source, strict, training, batch dim) -> (graph document, graph, warnings)
-    run: Callable[[str, bool, bool, int | None], tuple[dict[str, Any], Any, list[str]]]
+    # the command's arguments -> (graph document, graph, warnings)
+    run: Callable[[argparse.Namespace], tuple[dict[str, Any], Any, list[str]]]
+    extra_args: Callable[[argparse.ArgumentParser], None] = lambda parser: None
 
 
-def _torch(source: str, strict: bool, training: bool, batch_dim: int | None) -> tuple[dict[str, Any], Any, list[str]]:
+def _torch(args: argparse.Namespace) -> tuple[dict[str, Any], Any, list[str]]:
     from autoshard.frontends.torch.runtime import require_torch
     require_torch()
-    from autoshard.frontends.torch import export_factory, import_program
+    from autoshard.frontends.torch import ExpertCapacity, export_factory, import_program
 
+    capacity = None
+    if (args.expert_capacity, args.expert_group_size, args.expert_slots) != (None, None, None):
+        try:
+            capacity = ExpertCapacity(args.expert_capacity if args.expert_capacity is not None else 1.25,
+                                      args.expert_group_size, args.expert_slots)
+        except InputError as error:
+            raise InputError([replace(p, where=CAPACITY_FLAGS.get(p.where, p.where)) for p in error.problems]) from None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch's deprecation notices while exporting
-        exported = export_factory(source)
-    name = source.rpartition(":")[2]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the opaque ops are printed below, once; torch's own notices are not ours
-        imported = import_program(exported, strict=strict, training=training, name=name, batch_dim=batch_dim)
+        exported = export_factory(args.source)
+    name = args.source.rpartition(":")[2]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the opaque ops are printed below, once; torch's own notices are not ours
+            imported = import_program(exported, strict=args.strict, training=args.training, name=name,
+                                      batch_dim=args.batch_dim, expert_capacity=capacity)
+    except InputError as error:
+        raise InputError([replace(p, where=CAPACITY_FLAGS.get(p.where, p.where)) for p in error.problems]) from None
     return imported.document, imported.graph, imported.warnings
 
 
-def _jax(source: str, strict: bool, training: bool, batch_dim: int | None) -> tuple[dict[str, Any], Any, list[str]]:
+CAPACITY_FLAGS = {"expert_capacity": "--expert-capacity", "expert_capacity/capacity_factor": "--expert-capacity",
+                  "expert_capacity/group_size": "--expert-group-size", "expert_capacity/slots": "--expert-slots"}
+
+
+def _torch_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--expert-capacity", type=number_flag, metavar="FACTOR",
+                        help="plan routed experts (a transformers MoE block) at a static capacity: each expert "
+                             "takes FACTOR x its even share of a group's picks, picks past it dropped (GShard), "
+                             "priced at top-k x FACTOR; without these flags the experts import as a dense dispatch, "
+                             "every expert on every token, as the program computes")
+    parser.add_argument("--expert-group-size", type=integer_flag, metavar="N",
+                        help="with capacity: tokens routed together, each group with its own slots (default: a "
+                             "divisor of the sequence keeping dispatch and combine near 5%% of the experts' work)")
+    parser.add_argument("--expert-slots", type=integer_flag, metavar="C",
+                        help="with capacity: the slots per expert and group, in place of --expert-capacity's "
+                             "(the most a measured batch routes to one expert keeps the model's outputs)")
+
+
+def _jax(args: argparse.Namespace) -> tuple[dict[str, Any], Any, list[str]]:
+    source, strict, training, batch_dim = args.source, args.strict, args.training, args.batch_dim
     if batch_dim is not None:
         raise InputError("the JAX importer does not declare batch dims yet", "--batch-dim")
     if training:
@@ -55,7 +86,7 @@ def _jax(source: str, strict: bool, training: bool, batch_dim: int | None) -> tu
 
 FRAMEWORKS: dict[str, Framework] = {
     "torch": Framework("a PyTorch module, exported with torch.export", "FILE.py:FACTORY, where FACTORY() returns "
-                       "(module, args) or (module, args, kwargs)", _torch),
+                       "(module, args) or (module, args, kwargs)", _torch, _torch_args),
     "jax": Framework("a JAX function, traced to its jaxpr", "FILE.py:FACTORY, where FACTORY() returns (f, args), "
                      "args a tuple", _jax),
 }
@@ -78,6 +109,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--batch-dim", type=int, metavar="D",
                        help="dim D of every argument (and of the labels) carries the batch, which --microbatches "
                             "and --pipeline split (0 for torch.distributed.pipelining)")
+        framework.extra_args(p)
         p.set_defaults(run=_runner(framework))
 
 
@@ -87,7 +119,7 @@ def _runner(framework: Framework) -> Callable[[argparse.Namespace], int]:
             raise InputError("sets the precision of the training step; add --training", "--precision")
         try:
             with training_precision(args.precision or DEFAULT_PRECISION):
-                document, graph, notes = framework.run(args.source, args.strict, args.training, args.batch_dim)
+                document, graph, notes = framework.run(args)
         except InputError as error:  # the precision the program's parameters do not have: name the flag
             raise InputError([replace(p, where="--precision") if p.where == "precision" else p
                               for p in error.problems]) from None
