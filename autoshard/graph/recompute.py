@@ -98,14 +98,6 @@ def _checked(mode: Recompute) -> str | dict[int, str]:
     return {layer: value for layer, value in mode.items() if value != "none"}
 
 
-def uniform(per_layer: Mapping[int, str], layers: tuple[int, ...]) -> Recompute:
-    """One mode when every layer of `layers` has it, else the mapping without its `none` layers."""
-    modes = {per_layer.get(layer, "none") for layer in layers}
-    if len(modes) == 1:
-        return modes.pop()
-    return {layer: per_layer[layer] for layer in layers if per_layer.get(layer, "none") != "none"}
-
-
 def _check_names(graph: Graph, copies: dict[str, list[Op]]) -> None:
     """The copies' names are free: a value or op already named like one would be taken over."""
     taken = [PREFIX + name for ops in copies.values() for op in ops for name in (op.name, *op.outputs)
