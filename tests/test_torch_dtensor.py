@@ -167,3 +167,24 @@ def test_a_mesh_that_is_not_the_plans_is_refused_naming_the_axis():
             parallelize(program, result.plan, mesh)
     assert "device_mesh/tp" in str(error.value) and "['dp']" in str(error.value)
     assert placement_specs(result.plan.produced("x"), result.plan.mesh, "x") == (PlacementSpec("replicate"),)
+
+
+def test_a_plan_splitting_attentions_keys_is_refused_rather_than_run_to_other_values():
+    """Context parallelism combines each device's key block by its row statistics, which the
+    DTensor run does not do: the plan is refused naming the attention op."""
+    from dataclasses import replace
+
+    from autoshard.errors import InputError
+    from autoshard.planning.options import ShardingOption
+    module, args = examples()["llama_block"]
+    program = exported(module, args)
+    plan = sharded_plan(import_program(program).document, "cp=2").plan
+    attention = next(op for op in plan.graph.ops if op.kind == "attention")
+    loops = [()] * attention.nest.num_loops
+    loops[4] = ("cp",)
+    plan = replace(plan, options={**plan.options, attention.name: ShardingOption(tuple(loops))})
+    with simulated_ranks("cp=2") as mesh:
+        with pytest.raises(InputError) as error:
+            parallelize(program, plan, mesh)
+    assert error.value.problems[0].where == "plan" and attention.name in str(error.value)
+    assert "key loop" in str(error.value)

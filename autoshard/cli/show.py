@@ -9,8 +9,9 @@ from autoshard.graph.model import topological_order
 from autoshard.graph.schema import load_graph
 from autoshard.graph.summary import graph_summary, si, size
 from autoshard.ops import INVALID, REDUCTION
+from autoshard.ops.nn import COMBINED
 
-_ITERATOR_MARK = {REDUCTION: "r", INVALID: "x"}
+_ITERATOR_MARK = {REDUCTION: "r", INVALID: "x", COMBINED: "c"}
 
 
 def loops_text(extents: tuple[int, ...], iterators: tuple[str, ...]) -> str:
@@ -29,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     graph = load_graph(args.graph)
     print(graph_summary(graph))
     phases = graph.phases
-    rows = [("op", "kind", "layer", "phase", "loops (p parallel, r reduction, x invalid)", "FLOP", "bytes in+out")]
+    rows = [("op", "kind", "layer", "phase", "loops (p parallel, r reduction, c combined by the op, x invalid)", "FLOP", "bytes in+out")]
     ops = topological_order(graph)
     for op in ops[: args.limit or None]:
         moved = sum(graph.tensors[t].bytes for t in op.operands)

@@ -144,11 +144,28 @@ TORCH_DTYPES = {ours: getattr(torch, name) for name, ours in DTYPES.items()}
 BLOCKWISE = ("reshape", "broadcast_in_dim", "dot_general", "matmul", "batch_matmul", "conv1d", "conv2d", "one_hot")
 
 
+ATTENTION_KEY_LOOP = 4  # attention's loops: b, h, s (queries), e, t (keys), d
+
+
+def _refuse_key_splits(plan: Plan) -> None:
+    """A plan splitting attention's key loop (context parallelism) combines each device's block
+    by its row statistics, which the blocks run here do not do: refused, naming the ops, rather
+    than run to other values."""
+    split = [op.name for op in plan.graph.ops
+             if op.kind == "attention" and plan.options[op.name].loop_axes[ATTENTION_KEY_LOOP]]
+    if split:
+        raise InputError(f"attention op(s) {split[:3]}{' ...' if len(split) > 3 else ''} split their key loop over "
+                         f"the mesh (context parallelism), which the DTensor run does not combine yet; plan with "
+                         f"the keys whole (pin the keys and values unsplit along the sequence) to run it here",
+                         "plan")
+
+
 class ShardedProgram(torch.nn.Module):
     def __init__(self, exported_program: Any, imported: ImportedProgram, plan: Plan, device_mesh: Any,
                  resharding_steps: dict[tuple[str, Sharding], list[Sharding]], held: Collection[str] | None = None):
         """`held`: the parameters and buffers (graph names) to hold, all of them by default."""
         super().__init__()
+        _refuse_key_splits(plan)
         self.imported, self.plan, self.device_mesh = imported, plan, device_mesh
         # (tensor, target placements) -> the placements the plan's resharding starts from, then
         # those after each of its steps, where DTensor can place them all; else DTensor goes to
