@@ -4,6 +4,7 @@ for this model on these devices; ranked, the winner written as `autoshard plan` 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -148,10 +149,18 @@ def run(args: argparse.Namespace) -> int:
     if args.pipeline:
         check_pipelinable(next(iter(documents.values())), searched_stages(args), options.devices)
     searched = []
-    for mode, document in documents.items():
+    started = time.perf_counter()
+    for index, (mode, document) in enumerate(documents.items()):
         if len(documents) > 1:
             print(f"recompute {mode}: searching", file=sys.stderr, flush=True)
-        searched.append(_search_one(mode, document, options, args))
+        share = options
+        if options.time_budget_s is not None:  # the modes share --time-budget: each its part of what is left
+            left_s = options.time_budget_s - (time.perf_counter() - started)
+            if left_s <= 0:
+                print(f"recompute {mode}: not searched, --time-budget spent", file=sys.stderr, flush=True)
+                continue
+            share = dataclasses.replace(options, time_budget_s=left_s / (len(documents) - index))
+        searched.append(_search_one(mode, document, share, args))
     chosen = min(searched, key=lambda one: one.step_s)
     ranking = chosen.ranking
     if len(searched) > 1:
