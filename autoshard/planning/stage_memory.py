@@ -57,7 +57,7 @@ def staged_formulation(formulation: Formulation, part_of: Mapping[str, int], kin
     usages, intervals = [], []
     for (kind, name), usage in zip(formulation.nodes, problem.node_usages):
         weight, stages = 0.0, (0, 0)
-        held = [t for t in ((name,) if kind == "storage" else graph.op_by_name[name].outputs if kind == "op" else ())]
+        held = (name,) if kind == "storage" else graph.op_by_name[name].outputs if kind == "op" else ()
         saved = [orders.placement(part) for t in held for part in saved_by.get(t, ())]
         if saved and (kind == "storage" or kinds[name] == "F"):
             # a value saved by several parts (a boundary activation, read by the backward on both

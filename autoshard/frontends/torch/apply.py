@@ -23,6 +23,7 @@ from autoshard.frontends.pipelined import refuse_pipelined
 from autoshard.frontends.torch.runtime import require_torch
 from autoshard.graph.model import Graph
 from autoshard.mesh import Mesh
+from autoshard.ops.nn import KEY_LOOP, QUERY_LOOP
 from autoshard.planning.make_plan import PlanResult
 from autoshard.planning.plan import Plan, plan_from_json
 from autoshard.planning.plan_contract import read_plan
@@ -144,15 +145,12 @@ TORCH_DTYPES = {ours: getattr(torch, name) for name, ours in DTYPES.items()}
 BLOCKWISE = ("reshape", "broadcast_in_dim", "dot_general", "matmul", "batch_matmul", "conv1d", "conv2d", "one_hot")
 
 
-ATTENTION_KEY_LOOP = 4  # attention's loops: b, h, s (queries), e, t (keys), d
-
-
 def _refuse_key_splits(plan: Plan) -> None:
     """A plan splitting attention's key loop (context parallelism) combines each device's block
     by its row statistics, which the blocks run here do not do: refused, naming the ops, rather
     than run to other values."""
     split = [op.name for op in plan.graph.ops
-             if op.kind == "attention" and plan.options[op.name].loop_axes[ATTENTION_KEY_LOOP]]
+             if op.kind == "attention" and plan.options[op.name].loop_axes[KEY_LOOP]]
     if split:
         raise InputError(f"attention op(s) {split[:3]}{' ...' if len(split) > 3 else ''} split their key loop over "
                          f"the mesh (context parallelism), which the DTensor run does not combine yet; plan with "
@@ -285,7 +283,7 @@ class ShardedProgram(torch.nn.Module):
         """
         if op.kind in BLOCKWISE:
             return True
-        return op.kind == "attention" and not self.plan.options[op.name].loop_axes[2]
+        return op.kind == "attention" and not self.plan.options[op.name].loop_axes[QUERY_LOOP]
 
     def _run_blocks(self, step: Any, inputs: list[Any], tensor: str, local: tuple[int, ...]) -> Any:
         op = self.plan.graph.producers[tensor]
