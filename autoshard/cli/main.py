@@ -12,6 +12,7 @@ import sys
 
 try:  # a Ctrl-C while the command line is still being imported ends it as any interrupt does
     import argparse
+    import os
     import importlib
     import pkgutil
     import tempfile
@@ -56,6 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser = build_parser()  # imports every command's module: Ctrl-C may well land here
     except KeyboardInterrupt:
         print("autoshard: interrupted", file=sys.stderr)
+        _interrupted_importing.append(True)
         return INTERRUPTED
     args = parser.parse_args(argv)
     try:
@@ -103,5 +105,22 @@ def _write_crash_report(args: argparse.Namespace) -> str:
     return report.name
 
 
+# set when a Ctrl-C landed while the commands' modules were importing (`console`)
+_interrupted_importing: list[bool] = []
+
+
+def console() -> None:
+    """The `autoshard` command: exits with `main`'s code. A Ctrl-C that lands while the commands'
+    modules import is caught by `main`, yet CPython may still end the process by SIGINT at its
+    shutdown (exit -2, not 130) after such an interrupt: that run leaves at once, nothing of a
+    command having started."""
+    code = main()
+    if _interrupted_importing:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()
