@@ -242,7 +242,7 @@ def stage_plan(graph: Graph, stage_mesh: Mesh, hw: Hardware, settings: SolveSett
             return result
         found.append((worst, result))
         if memory is None and len(found) == 1:
-            staged_cut = list(part_at) if part_at is not None else _positions_cut(priced)
+            staged_cut = list(part_at) if part_at is not None else positions_cut(priced)
             continue
         staged_cut = None
         # the stages' peaks follow the whole graph's loosely (a stage holds its microbatches in
@@ -252,7 +252,7 @@ def stage_plan(graph: Graph, stage_mesh: Mesh, hw: Hardware, settings: SolveSett
     return min(found, key=lambda entry: entry[0])[1]
 
 
-def _positions_cut(pipelined: PipelinedPlan) -> list[int]:
+def positions_cut(pipelined: PipelinedPlan) -> list[int]:
     """The virtual stage of each layer position in a priced plan's cut."""
     layers = layer_order(pipelined.result.plan.graph)
     index = {layer: i for i, layer in enumerate(layers)}

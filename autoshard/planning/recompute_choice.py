@@ -27,7 +27,7 @@ from typing import Sequence
 
 from autoshard.pipeline import StageOrders
 from autoshard.pipeline.schedules import chunk_inflight
-from autoshard.planning.pipeline_plan import PipelinedPlan, StageWork
+from autoshard.planning.pipeline_plan import PipelinedPlan, StageWork, positions_cut
 from autoshard.planning.pipeline_stages import layer_order, position_seconds
 from autoshard.planning.pipeline_values import PartValues
 
@@ -70,14 +70,7 @@ def position_costs(pipelined: PipelinedPlan) -> PositionCosts:
 
 def placements(pipelined: PipelinedPlan) -> list[tuple[int, int]]:
     """Per layer position, the (stage, chunk) its part runs on in this plan's cut."""
-    layers = layer_order(pipelined.result.plan.graph)
-    index = {layer: i for i, layer in enumerate(layers)}
-    found: list[tuple[int, int] | None] = [None] * len(layers)
-    for part in pipelined.parts:
-        for position in range(index[part.layers[0]], index[part.layers[1]] + 1):
-            found[position] = (part.stage, part.chunk)
-    assert all(p is not None for p in found), "the parts cover every layer"
-    return found  # type: ignore[return-value]
+    return [pipelined.orders.placement(part) for part in positions_cut(pipelined)]
 
 
 def choose_modes(costs: Sequence[tuple[str, PositionCosts]], orders: StageOrders, placed: list[tuple[int, int]],
