@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autoshard.cli._search_layered import add_layered_args, layered_problems, run_layered
 from autoshard.cli._search_pipeline import (add_pipeline_arg, check_pipelinable, deliver_pipelined, pipeline_problems,
                                             search_pipelined, searched_stages)
 from autoshard.cli.args import integer_flag, number_flag
@@ -49,6 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--time-budget", type=number_flag, help="seconds the whole search may take (default: no limit); "
                                                           "each solve's time limit is cut to what is left")
     add_pipeline_arg(parser)
+    add_layered_args(parser)
     add_recompute_arg(parser, auto="every candidate searched with each mode, the fastest plan kept")
     add_solve_args(parser, workers=1)
     parser.set_defaults(run=run)
@@ -56,7 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def checked_options(args: argparse.Namespace) -> SearchOptions:
     settings, _ = checked_settings(args)
-    problems: list[Problem] = pipeline_problems(args)
+    problems: list[Problem] = pipeline_problems(args) + layered_problems(args)
     if not 2 <= args.devices <= 2 ** 20:
         problems.append(Problem("--devices", f"must be an integer in [2, 2**20], got {args.devices}"))
     if not 1 <= args.max_axes <= MAX_AXES:
@@ -144,6 +146,11 @@ def _field(where: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     options = checked_options(args)
+    if args.by_layer:
+        try:
+            return run_layered(args, read_json(args.graph), options, searched_stages(args) if args.pipeline else 1)
+        except InputError as error:
+            raise InputError([Problem(_field(p.where), p.message) for p in error.problems]) from None
     documents = recomputed_documents(read_json(args.graph), args.recompute)
     stages = tuple(dict.fromkeys(part.strip() for part in args.emit.split(",") if part.strip()))
     if args.pipeline:

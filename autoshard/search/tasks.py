@@ -22,6 +22,7 @@ from autoshard.planning.make_plan import SolveSettings, make_plan
 from autoshard.planning.plan import plan_to_json
 from autoshard.search.bound import least_peak_bytes, objective_lower_bound_ps
 from autoshard.search.candidates import Candidate
+from autoshard.search.sample_tasks import SampleTask, solve_sample_task
 from autoshard.search.stage_tasks import StageTask, solve_stage_task
 
 
@@ -105,10 +106,12 @@ def solve_candidate(inputs: SearchInputs, candidate: Candidate, time_limit_s: fl
     }
 
 
-def run_task(inputs: SearchInputs, kind: str, candidate: Candidate | StageTask, time_limit_s: float,
+def run_task(inputs: SearchInputs, kind: str, candidate: Candidate | StageTask | SampleTask, time_limit_s: float,
              known: KnownPrices | None = None) -> dict[str, Any]:
     if isinstance(candidate, StageTask):  # kind "stage": search --pipeline auto's intra-stage plan
         return solve_stage_task(inputs, candidate, time_limit_s)
+    if isinstance(candidate, SampleTask):  # kind "sample": search --by-layer's layer sample
+        return solve_sample_task(inputs, candidate, time_limit_s)
     if kind == "bound":
         return bound_candidate(inputs, candidate)
     return solve_candidate(inputs, candidate, time_limit_s, known)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from cost_models import load_profile
 
@@ -37,13 +37,14 @@ class Throughput:
         return {"tokens_per_s_per_device": tokens, "mfu": mfu}
 
 
-def throughput(graph: Graph, topology: str) -> Throughput:
+def throughput(graph: Graph, topology: str, repeats: Mapping[str, int] | None = None) -> Throughput:
+    """`repeats`: op name -> how many ops of the whole step it stands for (a layer sample's)."""
     phases = graph.phases
     by_dtype: dict[str, float] = {}
     for op in graph.ops:
         if phases[op.name] in ("forward", "backward") and not op.name.startswith(PREFIX) and op.outputs:
             dtype = graph.tensors[op.outputs[0]].dtype
-            by_dtype[dtype] = by_dtype.get(dtype, 0.0) + op.flops()
+            by_dtype[dtype] = by_dtype.get(dtype, 0.0) + op.flops() * (repeats or {}).get(op.name, 1)
     flops = sum(by_dtype.values())
     profile = load_profile(topology)
     peaks = profile.peak_flops_per_s

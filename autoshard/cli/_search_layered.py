@@ -1,0 +1,138 @@
+"""`search --by-layer`: the configuration space of a stack of layers searched from a three-layer
+sample (`search/layered.py`), ranked in ranking.json's `by_layer` section, and the winner planned
+whole and written as `plan` writes a plan (unless `--rank-only`)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from autoshard.cli.plan import print_summary, recomputations, write_deliverables
+from autoshard.delivery.deliver import deliver
+from autoshard.errors import InfeasibleError, InputError, Interrupted, Problem
+from autoshard.graph.builder import document_text
+from autoshard.graph.recompute import record_recompute, with_recomputation
+from autoshard.graph.schema import graph_from_json, load_graph
+from autoshard.planning.layer_sample import layer_sample
+from autoshard.planning.make_plan import make_plan
+from autoshard.planning.pipeline_plan import PipelineSettings, plan_pipeline
+from autoshard.planning.pipeline_stages import op_positions
+from autoshard.search.layered import KeyOutcome, LayeredSearch, PricedLayered, search_layered
+from autoshard.search.layered_ranking import layered_section, layered_table
+from autoshard.search.ranking import FORMAT
+from autoshard.search.run import SearchOptions
+from autoshard.search.stage_tasks import bind_stages
+from autoshard.search.tasks import SearchInputs, bind_candidate
+from autoshard.search.throughput import throughput
+
+
+def add_layered_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--by-layer", action="store_true",
+                        help="search from a sample of the stack (its first, one middle and its last layer), solved "
+                             "once per stage count, sub-mesh, microbatch count and recomputation and priced for "
+                             "every schedule: for models of tens of layers on hundreds of devices; with --pipeline "
+                             "auto every stage count, with --pipeline S that one, else S = 1")
+    parser.add_argument("--rank-only", action="store_true",
+                        help="with --by-layer: write ranking.json and stop, without planning the winner whole")
+
+
+def layered_problems(args: argparse.Namespace) -> list[Problem]:
+    if args.rank_only and not args.by_layer:
+        return [Problem("--rank-only", "ranks without planning the winner only with --by-layer")]
+    return []
+
+
+def run_layered(args: argparse.Namespace, document: dict[str, Any], options: SearchOptions,
+                stages: int | None) -> int:
+    """The search (of stage count `stages` only, or every one for None), its table and
+    ranking.json; then the winner planned whole and delivered."""
+    started = time.perf_counter()
+    try:
+        sample = layer_sample(document)
+        sample_graph = graph_from_json(sample.document)
+        modes = tuple(recomputations(sample_graph, args.recompute, None))
+    except InputError as error:
+        raise InputError([Problem("--by-layer" if p.where == "layers" else "--recompute" if p.where == "recompute"
+                                  else p.where, p.message) for p in error.problems]) from None
+    print(f"layer sample: layers {sample.layers[0]}, {sample.layers[1] if len(sample.layers) > 1 else '-'} and "
+          f"{sample.layers[-1]} stand for all {len(sample.layers)} ({time.perf_counter() - started:.1f} s)",
+          file=sys.stderr, flush=True)
+    try:
+        found = search_layered(sample, options, modes, progress=_Progress(), stages=stages)
+    except KeyboardInterrupt:
+        raise Interrupted("interrupted; the workers were stopped") from None
+    positions = op_positions(sample_graph)
+    repeats = {op.name: sample.counts[positions[op.name]] for op in sample_graph.ops}
+    rates = throughput(sample_graph, options.topology, repeats)
+    section = layered_section(found, rates)
+    print("\n".join(layered_table(section)))
+    ranking = {"format": FORMAT, "graph": str(document.get("name", Path(args.graph).stem)),
+               "devices": options.devices, "topology": options.topology, "by_layer": section}
+    if args.output:
+        (Path(args.output) / "ranking.json").write_text(document_text(ranking))
+    best = found.best
+    if best is None:
+        raise _no_plan(found)
+    if args.rank_only:
+        return 0
+    return _deliver_best(args, document, options, best, found)
+
+
+def _no_plan(found: LayeredSearch) -> Exception:
+    if found.counts.get("unsolved"):
+        return InfeasibleError(f"the search's time budget ran out before a configuration had a plan within the memory "
+                               f"budget ({found.counts['unsolved']} of {found.counts['keys']} keys were not solved)")
+    return InfeasibleError("no configuration has a plan within the memory budget")
+
+
+def _deliver_best(args: argparse.Namespace, document: dict[str, Any], options: SearchOptions, best: PricedLayered,
+                  found: LayeredSearch) -> int:
+    """The winning configuration planned on the whole graph (as `plan --pipeline S` plans it)."""
+    task, configuration = best.configuration.task, best.configuration
+    mesh = task.candidate.mesh
+    print(f"planning the whole graph as the winner says: {task.stages} stage(s) of {task.candidate.label}, "
+          f"{task.microbatches} microbatch(es), {configuration.schedule_text}, recompute {task.recompute}",
+          file=sys.stderr, flush=True)
+    graph = with_recomputation(load_graph(document, mesh), task.recompute, mesh)
+    settings = dataclasses.replace(options.settings, microbatches=task.microbatches)
+    emit = tuple(dict.fromkeys(part.strip() for part in args.emit.split(",") if part.strip()))
+    common = dict(emit=emit, dialect=args.dialect, arguments=args.arguments, verify=args.verify,
+                  optimize_collectives=not args.no_collective_opt)
+    if task.stages == 1:
+        hardware = bind_candidate(SearchInputs(document, options.topology, options.settings), task.candidate)
+        result = make_plan(graph, mesh, hardware, settings)
+        delivered = deliver(result, hardware, args.topology, nodes=task.candidate.nodes,
+                            slice_shape=task.candidate.slice_shape, mapping=task.candidate.mapping_json, **common)
+        phases = result.phases
+    else:
+        placement = bind_stages(options.topology, options.devices, task.stages, task.candidate)
+        assert placement is not None, "the search bound the same machine"
+        pipelined = plan_pipeline(graph, mesh, placement.hardware, settings,
+                                  PipelineSettings(task.stages, configuration.schedule, configuration.chunks))
+        delivered = deliver(pipelined.result, placement.hardware, args.topology, nodes=placement.nodes,
+                            slice_shape=placement.slice_shape, mapping=placement.mapping, pipeline=pipelined.cut,
+                            **common)
+        delivered.document["pipeline"] = pipelined.to_json()
+        phases = pipelined.result.phases
+    delivered.document["search"] = {"ranking": "ranking.json", "method": "layer sample",
+                                    "ranked_step_s": best.pipeline.step_s,
+                                    "certified_lower_bound_step_s": found.certified_bound_s}
+    record_recompute(delivered.document, task.recompute)
+    written = write_deliverables(delivered, args.output, phases)
+    print_summary(delivered.document, ([Path(args.output) / "ranking.json"] if args.output else []) + written)
+    return 1 if delivered.document["verification"]["status"] == "failed" else 0
+
+
+class _Progress:
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+
+    def __call__(self, done: int, total: int, key: KeyOutcome) -> None:
+        task = key.task
+        print(f"  {time.perf_counter() - self.started:6.1f}s sample {done}/{total}: S {task.stages}, "
+              f"{task.candidate.label}, M {task.microbatches}, recompute {task.recompute}: {key.outcome}",
+              file=sys.stderr, flush=True)

@@ -1,0 +1,327 @@
+"""`search --by-layer`: the whole configuration space of a stack of layers searched from three.
+
+The space: stage counts S (1, and every S > 1 `stage_counts` allows), each stage's sub-mesh (the
+candidates on N/S devices, the stage axis outermost), microbatch counts M (`microbatch_counts`),
+recomputation modes, and every schedule and virtual-stage count V (`schedules`). A key (S,
+sub-mesh, M, recomputation) is one solve of the model's layer sample (`layer_sample`, three
+layers for the whole stack; `sample_tasks`), and every schedule of the key is priced from it
+(`price_layers`) in milliseconds, so the formulations grow with the keys, not with the layers
+or schedules.
+
+Pruning is certified. Before anything is solved each key has an analytic bound: the step is at
+least the least compute of every op of the whole step (the sample's ops times the layers they
+stand for) spread over all N devices at the chip's best rate (`least_compute_s`). Keys are solved
+in order of that bound, and a key whose bound is at least the best step found is not solved. A
+solved key's bound is its formulation's (`sample_tasks`), over S. A key the time budget leaves
+unsolved keeps its analytic bound, so the least bound over all keys bounds every configuration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from cost_models import load_profile
+
+from autoshard.errors import InfeasibleError, InputError
+from autoshard.graph.model import Graph
+from autoshard.graph.recompute import with_recomputation
+from autoshard.graph.schema import load_graph
+from autoshard.pipeline import StageOrders, stage_orders
+from autoshard.planning.costs import least_compute_s
+from autoshard.planning.layer_prices import LayeredParts, LayeredPipeline, LayerPrices, layered_parts, simulate_parts
+from autoshard.planning.layer_sample import LayerSample
+from autoshard.planning.pipeline_stages import op_positions
+from autoshard.planning.roles import tensor_roles
+from autoshard.search.candidates import Candidate, enumerate_candidates
+from autoshard.search.fanout import open_pool
+from autoshard.search.pipelined import batch_sizes, microbatch_counts, schedules, stage_counts
+from autoshard.search.run import POLL_S, SearchOptions
+from autoshard.search.sample_tasks import SampleTask
+from autoshard.search.stage_tasks import StagePlacement, bind_stages
+from autoshard.search.tasks import SearchInputs
+
+
+# Interleaved schedules with V chunks of equal layers, V at most this: more chunks shrink the bubble
+# by less than the sends they add cost in launches we do not price (real runs keep V small).
+MAX_CHUNKS = 16
+
+
+@dataclass(frozen=True)
+class LayeredConfiguration:
+    task: SampleTask
+    schedule: str
+    chunks: int
+
+    @property
+    def schedule_text(self) -> str:
+        return f"{self.schedule}:{self.chunks}" if self.schedule == "interleaved" else self.schedule
+
+
+@dataclass
+class KeyOutcome:
+    """One key (S, sub-mesh, M, recomputation): solved, pruned, infeasible or unsolved."""
+
+    task: SampleTask
+    analytic_bound_s: float
+    may_fit: bool = True  # by the memory estimate (`Analytic`), which orders the solves only
+    outcome: str = "waiting"
+    reason: str = ""
+    bound_s: float = 0.0  # certified, for every configuration of the key
+    solved: dict[str, Any] | None = None
+
+
+@dataclass
+class PricedLayered:
+    configuration: LayeredConfiguration
+    outcome: str  # priced | over budget (no plan of the key fits) | dominated (its busiest stage alone is slower)
+    parts: LayeredParts  # of the plan priced, or of the one needing least memory when none fits
+    pipeline: LayeredPipeline | None  # simulated ("priced" only)
+    variant: int  # which of the key's plans (0: the fastest; then refitted ones)
+    bound_s: float
+
+    @property
+    def fits(self) -> bool:
+        return self.outcome == "priced"
+
+    @property
+    def step_s(self) -> float:
+        return self.pipeline.step_s if self.pipeline is not None else math.inf
+
+
+@dataclass
+class LayeredSearch:
+    keys: list[KeyOutcome]
+    priced: list[PricedLayered]  # fitting first, fastest first; then over the budget
+    certified_bound_s: float  # no configuration of the space has a plan with a shorter step
+    wall_s: float
+    formulations: int
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def best(self) -> PricedLayered | None:
+        return self.priced[0] if self.priced and self.priced[0].fits else None
+
+    @property
+    def gap(self) -> float | None:
+        best = self.best
+        return None if best is None else max(best.step_s - self.certified_bound_s, 0.0) / best.step_s
+
+
+KeyProgress = Callable[[int, int, KeyOutcome], None]
+
+
+def search_layered(sample: LayerSample, options: SearchOptions, modes: tuple[str, ...],
+                   progress: KeyProgress | None = None, stages: int | None = None) -> LayeredSearch:
+    """Every configuration of the space priced from the sample's solves, ranked (module docstring)."""
+    started = time.perf_counter()
+    deadline = started + (options.time_budget_s or math.inf)
+    layers = len(sample.layers)
+    graph = load_graph(sample.document)
+    counts = [1] + stage_counts(options.devices, layers) if stages is None else [stages]
+    keys = _in_turns(_keys(sample, options, modes, counts, graph))
+    budget = options.settings.memory_budget_bytes
+    best_step = math.inf
+    priced: list[PricedLayered] = []
+    placements: dict[tuple[int, Candidate], StagePlacement | None] = {}
+    pool = open_pool(SearchInputs(sample.document, options.topology, options.settings), options.jobs, options.ray)
+    running: dict[Any, KeyOutcome] = {}
+    queue = list(keys)
+    done = 0
+    try:
+        while queue or running:
+            while queue and len(running) < pool.slots:
+                key = queue.pop(0)
+                if key.analytic_bound_s >= best_step:
+                    key.outcome, key.reason = "pruned", "its bound is at least the best step found"
+                    continue
+                remaining_s = deadline - time.perf_counter()
+                if remaining_s <= 0:
+                    key.outcome, key.reason = "unsolved", "the search's time budget was spent"
+                    continue
+                task = dataclasses.replace(key.task, beat_s=best_step)
+                running[pool.submit("sample", task, min(options.settings.time_limit_s, remaining_s))] = key
+            for handle in pool.wait(list(running), POLL_S):
+                key = running.pop(handle)
+                answer = pool.result(handle)
+                done += 1
+                if "prices" in answer:
+                    key.outcome, key.solved = "solved", answer
+                    key.bound_s = max(answer["bound_s"] / key.task.stages, key.analytic_bound_s)
+                    where = placements.setdefault((key.task.stages, key.task.candidate), bind_stages(
+                        options.topology, key.task.devices, key.task.stages, key.task.candidate))
+                    found = _price_key(key, answer["prices"], sample, where, layers, budget, best_step)
+                    priced += found
+                    best_step = min([best_step] + [p.step_s for p in found])
+                else:
+                    key.outcome = next(iter(answer))
+                    key.reason = answer[key.outcome]
+                if progress:
+                    progress(done, len(keys), key)
+    except BaseException:
+        pool.close(cancel=list(running))
+        raise
+    pool.close()
+    priced.sort(key=lambda p: (not p.fits, p.step_s, p.bound_s, p.configuration.task.stages,
+                               p.configuration.task.microbatches, p.configuration.chunks))
+    floors = [k.bound_s if k.outcome == "solved" else k.analytic_bound_s for k in keys if k.outcome != "infeasible"]
+    tally = {outcome: sum(1 for k in keys if k.outcome == outcome)
+             for outcome in ("solved", "pruned", "infeasible", "unsolved")}
+    formulations = sum(k.solved["solver"]["solves"] for k in keys if k.solved)
+    configurations = {outcome: sum(1 for p in priced if p.outcome == outcome)
+                      for outcome in ("priced", "over budget", "dominated")}
+    return LayeredSearch(keys, priced, min(floors, default=0.0), time.perf_counter() - started, formulations,
+                         {"keys": len(keys), **tally, "configurations": configurations})
+
+
+def _keys(sample: LayerSample, options: SearchOptions, modes: tuple[str, ...], counts: list[int],
+          graph: Graph) -> list[KeyOutcome]:
+    analytic = _analytic(graph, sample, options, modes, counts)
+    budget = options.settings.memory_budget_bytes
+    batches = batch_sizes(graph)
+    keys = []
+    for stages in counts:
+        try:
+            candidates = enumerate_candidates(options.topology, options.devices // stages, max_axes=options.max_axes,
+                                              fixed=options.fixed).candidates
+        except InputError:  # the fixed axes do not divide a stage's devices
+            continue
+        limit = budget if budget is not None else _hbm_bytes(options.topology)
+        for candidate in candidates:
+            for microbatches in microbatch_counts(stages, batches, candidate.axis_sizes):
+                for mode in modes:
+                    estimate = analytic[mode].memory_estimate_bytes(options.devices, stages, microbatches)
+                    keys.append(KeyOutcome(SampleTask(stages, candidate, microbatches, mode, sample.represented_by),
+                                           analytic[mode].bound_s(), may_fit=estimate <= limit))
+    if not keys:
+        raise InputError(f"no stage count and sub-mesh of {options.devices} devices fits the fixed axes "
+                         f"{options.fixed}", "fix")
+    return keys
+
+
+def _in_turns(keys: list[KeyOutcome]) -> list[KeyOutcome]:
+    """Keys in the order they are solved: each stage count's keys by `_promise`, the stage counts
+    taking turns (the first key of each, then the second, ...), so that a time budget covers
+    every depth of pipeline rather than spending itself on one."""
+    by_stages: dict[int, list[KeyOutcome]] = {}
+    for key in sorted(keys, key=_promise):
+        by_stages.setdefault(key.task.stages, []).append(key)
+    turn = {id(key): i for group in by_stages.values() for i, key in enumerate(group)}
+    return sorted(keys, key=lambda key: (turn[id(key)], _promise(key)))
+
+
+def _promise(key: KeyOutcome) -> tuple:
+    """The order keys are solved in, so the keys likely to win come first and prune the rest
+    sooner: those whose memory estimate fits first, then by their bound stretched by the least
+    bubble of their best schedule, (S - 1) / (M V) of the busy time (V as large as the layers
+    allow); fewer axes first at a tie."""
+    task = key.task
+    chunks = max(len(task.represented_by) // task.stages, 1) if task.microbatches % task.stages == 0 else 1
+    bubble = (task.stages - 1) / (task.microbatches * chunks)
+    return (not key.may_fit, key.analytic_bound_s * (1 + bubble), len(task.candidate.axis_sizes), task.stages,
+            task.microbatches)
+
+
+@dataclass(frozen=True)
+class Analytic:
+    """What a mode's whole step needs before any plan: its least compute over all devices, the
+    bytes it stores (parameters, optimizer state, gradients) and the bytes one batch leaves saved
+    for the backward, each summed over the whole stack from the sample."""
+
+    least_compute_s: float
+    stored_bytes: float
+    saved_bytes: float
+
+    def bound_s(self) -> float:
+        """A stage of N/S devices computes its ops at least S times as long as N devices would,
+        and the busiest of S stages holds at least 1/S of them: the same bound for every S."""
+        return self.least_compute_s
+
+    def memory_estimate_bytes(self, devices: int, stages: int, microbatches: int) -> float:
+        """Not a bound, an order: everything stored split over every device, and 1F1B's first
+        stage holding min(S, M) microbatches of its 1/S of the saved values, split over its
+        N / S devices."""
+        return (self.stored_bytes + self.saved_bytes / microbatches * min(stages, microbatches)) / devices
+
+
+def _analytic(graph: Graph, sample: LayerSample, options: SearchOptions, modes: tuple[str, ...],
+              counts: list[int]) -> dict[str, Analytic]:
+    hardware = None
+    for stages in counts:
+        try:
+            candidate = enumerate_candidates(options.topology, options.devices // stages, max_axes=1).candidates[0]
+        except InputError:
+            continue
+        placement = bind_stages(options.topology, options.devices, stages, candidate)
+        if placement is not None:
+            hardware = placement.hardware
+            break
+    if hardware is None:
+        raise InfeasibleError(f"no stage count binds {options.devices} devices of {options.topology}")
+    out = {}
+    for mode in modes:
+        step = with_recomputation(graph, mode)
+        positions = op_positions(step)
+        weight = {op.name: sample.counts[positions[op.name]] for op in step.ops}
+        seconds = sum(weight[op.name] * least_compute_s(step, op, options.devices, hardware) for op in step.ops)
+        roles, phases = tensor_roles(step), step.phases
+        stored = saved = 0.0
+        for tensor in step.tensors.values():
+            maker = step.producers.get(tensor.name)
+            readers = step.consumers[tensor.name]
+            times = weight[maker.name] if maker is not None else max((weight[r.name] for r in readers), default=1)
+            if roles[tensor.name] in ("parameter", "optimizer_state", "gradient") and tensor.updates is None:
+                stored += times * tensor.bytes
+            elif maker is not None and phases[maker.name] == "forward" and any(
+                    phases[r.name] == "backward" for r in readers):
+                saved += times * tensor.bytes
+        out[mode] = Analytic(seconds, stored, saved)
+    return out
+
+
+def _price_key(key: KeyOutcome, found: list[LayerPrices], sample: LayerSample, placement: StagePlacement | None,
+               layers: int, budget: float | None, best_s: float) -> list[PricedLayered]:
+    """Every schedule of a solved key, on whichever of the key's plans is fastest within the
+    budget: simulated unless no plan fits (`over budget`) or its busiest stage alone takes at
+    least `best_s` (`dominated`: it cannot win)."""
+    task = key.task
+    assert placement is not None, "the worker bound the same machine"
+    hw = placement.hardware
+    limit = budget if budget is not None else hw.hbm_bytes
+    out = []
+    pairs = [("1f1b", 1)] if task.stages == 1 else [
+        (name, chunks) for name, chunks in schedules(task.stages, layers, task.microbatches)
+        if chunks == 1 or (layers // task.stages % chunks == 0 and chunks <= MAX_CHUNKS)]
+    for schedule, chunks in pairs:
+        configuration = LayeredConfiguration(task, schedule, chunks)
+        orders = _orders(schedule, task.stages, task.microbatches, chunks)
+        cut = [(variant, layered_parts(prices, sample.represented_by, orders, hw if task.stages > 1 else None))
+               for variant, prices in enumerate(found)]
+        fitting = [(variant, parts) for variant, parts in cut if parts.peak_bytes <= limit]
+        if not fitting:
+            variant, parts = min(cut, key=lambda vp: vp[1].peak_bytes)
+            out.append(PricedLayered(configuration, "over budget", parts, None, variant, key.bound_s))
+            continue
+        floors = [(parts.busy_floor_s(), variant, parts) for variant, parts in fitting]
+        floor, variant, parts = min(floors, key=lambda fvp: fvp[0])
+        if floor >= best_s:
+            out.append(PricedLayered(configuration, "dominated", parts, None, variant, max(key.bound_s, floor)))
+            continue
+        priced = min(((variant, simulate_parts(parts)) for _, variant, parts in floors if _ < best_s),
+                     key=lambda vp: vp[1].step_s)
+        out.append(PricedLayered(configuration, "priced", priced[1].parts, priced[1], priced[0], key.bound_s))
+        best_s = min(best_s, priced[1].step_s)
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def _orders(schedule: str, stages: int, microbatches: int, chunks: int) -> StageOrders:
+    return stage_orders(schedule, stages, microbatches, chunks)
+
+
+def _hbm_bytes(topology: str) -> float:
+    return load_profile(topology).hbm_bytes

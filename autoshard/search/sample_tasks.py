@@ -1,0 +1,140 @@
+"""The task `search --by-layer` fans out: the layer sample planned on one stage's sub-mesh for one
+stage count, microbatch count and recomputation, read as per-layer prices (`layer_prices`) with
+a certified bound per sample position. Run by the search's workers like its other tasks.
+
+Each task is first solved for speed alone (no memory limit: the stages' memory is checked when
+each schedule is priced). When that plan's fewest-microbatches pipeline (1F1B, V = 1) holds more
+than a stage's budget, the sample is solved again under a whole-sample budget shrunk by the
+worst stage's excess, as `stage_plan` refits a whole graph (`FIT_ROUNDS`, `FIT_MARGIN`); every
+plan found is priced, so a schedule can take whichever fits. A plan solved under a memory limit
+is no faster than the fastest plan, so there is no refit when the fastest plan's step, less its
+solver gap, over S (the busiest stage's share of the serial seconds), cannot beat the best step
+the search had found when the task was sent (`beat_s`).
+
+The bound. Charging every edge of the formulation to its reader, each node of the problem
+contributes its cheapest strategy with its in-edges' cheapest costs (`consumer_bound_ps`), and
+the sum over nodes is at most any plan's objective. A middle layer's nodes in the whole graph
+have the strategies, costs and in-edges of the sample's middle layer (the neighbours are of the
+same kinds, `layer_sample`), so summing each sample position's nodes times the layers it stands
+for bounds the whole graph's objective on this sub-mesh and microbatch count, with no memory
+limit and so for every plan. Its serial seconds over S bound the step of every schedule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from autoshard.errors import InfeasibleError, InputError, OutOfTime
+from autoshard.graph.recompute import with_recomputation
+from autoshard.graph.schema import load_graph
+from autoshard.pipeline import stage_orders
+from autoshard.planning.formulation import PICOSECONDS, TIE_BREAK_PS_PER_BYTE, Formulation
+from autoshard.planning.layer_prices import LayerPrices, layer_prices, price_layers
+from autoshard.planning.make_plan import MAX_MEMORY_BUDGET_BYTES, make_plan
+from autoshard.planning.pipeline_plan import FIT_MARGIN, FIT_ROUNDS
+from autoshard.planning.pipeline_stages import op_positions
+from autoshard.planning.roles import plan_roles
+from autoshard.search.candidates import Candidate
+from autoshard.search.stage_tasks import STAGE_AXIS, bind_stages
+
+if TYPE_CHECKING:  # tasks.py dispatches to this module
+    from autoshard.search.tasks import SearchInputs
+
+
+@dataclass(frozen=True)
+class SampleTask:
+    stages: int
+    candidate: Candidate  # one stage's sub-mesh and its placement inside the stage
+    microbatches: int
+    recompute: str
+    represented_by: tuple[int, ...]  # per layer of the whole graph, the sample position pricing it
+    beat_s: float = math.inf  # refit to the memory budget only a plan that might beat this step
+
+    @property
+    def devices(self) -> int:
+        return self.stages * math.prod(self.candidate.axis_sizes)
+
+
+def solve_sample_task(inputs: SearchInputs, task: SampleTask, time_limit_s: float) -> dict[str, Any]:
+    """`{"prices": [LayerPrices, ...], "bound_s": ..., "roles": ..., "solver": ...}` or why there
+    is none (`"infeasible"`, `"unsolved"`)."""
+    placement = bind_stages(inputs.topology, task.devices, task.stages, task.candidate)
+    if placement is None:
+        return {"infeasible": f"{STAGE_AXIS}={task.stages} and this sub-mesh do not bind to the machine together"}
+    mesh, hw = task.candidate.mesh, placement.hardware
+    try:
+        graph = with_recomputation(load_graph(inputs.graph_document, mesh), task.recompute, mesh)
+    except InputError as error:  # a constraint of the graph names an axis this sub-mesh lacks
+        return {"infeasible": f"the graph's constraints do not fit this sub-mesh: {error}"}
+    budget = inputs.settings.memory_budget_bytes or hw.hbm_bytes
+    settings = dataclasses.replace(inputs.settings, microbatches=task.microbatches, time_limit_s=time_limit_s)
+    fit = stage_orders("1f1b", task.stages, task.microbatches)
+    captured: list[Formulation] = []
+
+    def keep(formulation: Formulation) -> Formulation:
+        captured.append(formulation)
+        return formulation
+
+    found: list[LayerPrices] = []
+    first = None
+    whole = MAX_MEMORY_BUDGET_BYTES
+    for _ in range(FIT_ROUNDS):
+        try:
+            result = make_plan(graph, mesh, hw, dataclasses.replace(settings, memory_budget_bytes=whole),
+                               memory=keep if first is None else None)
+        except InfeasibleError as error:
+            if first is None:
+                return {"infeasible": str(error)}
+            break  # nothing fits the shrunk budget: the plans found stand
+        except OutOfTime as error:
+            if first is None:
+                return {"unsolved": str(error)}
+            break
+        first = first or result
+        prices = layer_prices(result)
+        found.append(prices)
+        fitted = price_layers(prices, task.represented_by, fit, hw if task.stages > 1 else None)
+        least_s = prices.serial_s(task.represented_by, task.microbatches) / task.stages
+        if fitted.peak_bytes <= budget or least_s * (1 - (first.solver.get("gap") or 0.0)) >= task.beat_s:
+            break
+        whole = result.report.peak_memory_bytes * budget / fitted.peak_bytes * FIT_MARGIN
+    assert first is not None
+    return {"prices": found, "bound_s": _bound_s(captured[0], task, inputs), "solver": {
+        "status": first.solver["status"], "gap": first.solver.get("gap"), "solves": len(found),
+        "formulate_s": first.solver.get("formulate_s"), "solve_s": first.solver.get("solve_s")},
+        "roles": plan_roles(first.plan).axes(mesh.axis_names)}
+
+
+def _bound_s(formulation: Formulation, task: SampleTask, inputs: SearchInputs) -> float:
+    """The module docstring's bound on the whole graph's serial step seconds on this sub-mesh."""
+    weights = inputs.settings.weights
+    if weights.comm_s_per_byte or not weights.time:
+        return 0.0  # communicated bytes have no ceiling to take off
+    problem, graph = formulation.problem, formulation.graph
+    positions = op_positions(graph)
+    counts = np.bincount(np.asarray(task.represented_by), minlength=max(positions.values()) + 1)
+    incoming = [np.zeros(len(costs), dtype=np.int64) for costs in problem.node_costs]
+    for (u, v), matrix in zip(problem.edges, problem.edge_costs):
+        incoming[int(v)] += matrix.min(axis=0)
+    total_ps = 0.0
+    for (kind, name), costs, extra in zip(formulation.nodes, problem.node_costs, incoming):
+        total_ps += counts[positions[name] if kind == "op" else _tensor_position(graph, name, positions)] \
+            * int((costs + extra).min())
+    # the objective's other terms at their most: every value held whole once per microbatch
+    ps_per_byte = weights.memory_s_per_byte * PICOSECONDS + TIE_BREAK_PS_PER_BYTE
+    held = sum(counts[_tensor_position(graph, t.name, positions)] * t.bytes for t in graph.tensors.values())
+    return max(total_ps - task.microbatches * held * ps_per_byte, 0.0) / PICOSECONDS / weights.time
+
+
+def _tensor_position(graph: Any, tensor: str, positions: dict[str, int]) -> int:
+    """The position of the op making a value, or of its first reader (a stored value)."""
+    maker = graph.producers.get(tensor)
+    if maker is not None:
+        return positions[maker.name]
+    readers = graph.consumers.get(tensor) or []
+    return min((positions[r.name] for r in readers), default=0)
