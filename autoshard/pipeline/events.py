@@ -112,6 +112,17 @@ def simulate_pipeline(orders: StageOrders, forward_s: Seconds, backward_s: Secon
     row) or a callable `(boundary, direction) -> seconds`. `tail_s`: one number or one per stage,
     or named parts run in their order, each one number or one per stage
     (`{"gradient all_reduce": ..., "optimizer": ...}`)."""
+    seconds, transfers, tails = checked_seconds(orders, forward_s, backward_s, weight_s, transfer_s, tail_s)
+    items, moves = _run(orders, seconds, transfers)
+    return _timeline(orders, items, moves, tails)
+
+
+def checked_seconds(orders: StageOrders, forward_s: Seconds, backward_s: Seconds, weight_s: Seconds,
+                    transfer_s: TransferSeconds = None, tail_s: Seconds | Mapping[str, Seconds] = 0.0
+                    ) -> tuple[dict[str, np.ndarray], np.ndarray, dict[str, np.ndarray]]:
+    """`simulate_pipeline`'s seconds checked and brought to their shapes: per kind (`F`, `B`, `W`)
+    a (stages, chunks) table, the (2, S*V - 1) transfer table and the tail's (stages,) parts by
+    name, in their order; raises one `InputError` with every problem found."""
     stages, chunks = orders.stages, orders.chunks
     problems: list[Problem] = []
     seconds = {"F": per_chunk("forward_s", forward_s, stages, chunks, problems),
@@ -123,8 +134,12 @@ def simulate_pipeline(orders: StageOrders, forward_s: Seconds, backward_s: Secon
              for name, value in parts.items()}
     if problems:
         raise InputError(problems)
-    items, moves = _run(orders, seconds, transfers)
-    return _timeline(orders, items, moves, tails)
+    return seconds, transfers, tails
+
+
+def stuck_error(waiting: list[tuple[int, WorkItem]]) -> InputError:
+    """The error of a run whose stages wait forever: (stage, the item it waits at) each."""
+    return InputError([Problem("orders", f"stage {stage} waits forever at {item!r}") for stage, item in waiting])
 
 
 class _Send(NamedTuple):
@@ -239,10 +254,10 @@ def _run(orders: StageOrders, seconds: dict[str, np.ndarray], transfers: np.ndar
         while run.clock and run.clock[0][0] == now:
             _, _, event = heapq.heappop(run.clock)
             getattr(run, event[0])(now, *event[1:])
-    stuck = [f"stage {stage} waits forever at {order[run.next[stage]]!r}"
-             for stage, order in enumerate(orders.orders) if run.next[stage] < len(order)]
+    stuck = [(stage, order[run.next[stage]]) for stage, order in enumerate(orders.orders)
+             if run.next[stage] < len(order)]
     if stuck:
-        raise InputError([Problem("orders", message) for message in stuck])
+        raise stuck_error(stuck)
     return run.items, run.moves  # the transfers as they started
 
 
