@@ -6,7 +6,7 @@ their own forward, backward and weight-gradient seconds and the transfers betwee
 Nothing here knows graphs or plans: a stage is an index, its work is seconds. The planner
 prices each stage and hands the seconds in.
 
-May import: `errors` (and numpy).
+May import: `errors` (and numpy; `step`, the compiled step without its timeline, numba).
 """
 
 from autoshard.pipeline.events import ItemEvent, PipelineTimeline, TailEvent, TransferEvent, simulate_pipeline

@@ -20,8 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from autoshard.pipeline import (PipelineTimeline, StageOrders, activation_peaks, inflight_peaks,
-                                simulate_pipeline)
+from autoshard.pipeline.step import StepOrders, StepSummary, pipeline_step, step_activation_peaks
 from autoshard.pipeline.seconds import DIRECTIONS
 from autoshard.planning.costs import Hardware
 from autoshard.planning.make_plan import PlanResult
@@ -81,7 +80,7 @@ class LayeredParts:
     seconds as priced and with the hideable communication hidden, per stage its tails, per
     boundary its transfers, and each stage's memory."""
 
-    orders: StageOrders
+    orders: StepOrders
     part_at: tuple[int, ...]  # per layer of the whole, its virtual stage
     plain: np.ndarray  # (parts, kinds)
     hidden: np.ndarray  # (parts, kinds)
@@ -99,7 +98,7 @@ class LayeredParts:
         one at a time."""
         busy = np.zeros(self.orders.stages)
         for part in range(self.orders.virtual_stages):
-            busy[self.orders.placement(part)[0]] += self.orders.microbatches * self.plain[part].sum()
+            busy[part % self.orders.stages] += self.orders.microbatches * self.plain[part].sum()
         return float((busy + np.sum([v for v in self.tail_s.values()], axis=0)).max())
 
 
@@ -108,8 +107,8 @@ class LayeredPipeline:
     """A pipeline of the whole stack priced from its sample's prices."""
 
     parts: LayeredParts
-    timeline: PipelineTimeline
-    overlapped: PipelineTimeline  # with the communication that can run behind compute hidden
+    timeline: StepSummary
+    overlapped: StepSummary  # with the communication that can run behind compute hidden
 
     @property
     def step_s(self) -> float:
@@ -128,7 +127,7 @@ class LayeredPipeline:
         return self.parts.peak_bytes
 
 
-def price_layers(prices: LayerPrices, represented_by: Sequence[int], orders: StageOrders,
+def price_layers(prices: LayerPrices, represented_by: Sequence[int], orders: StepOrders,
                  hw: Hardware | None) -> LayeredPipeline:
     """The pipeline `orders` of a stack whose layer `i` costs what sample position
     `represented_by[i]` does; `hw` (bound with the stage axis) prices the transfers (None: one stage)."""
@@ -137,14 +136,13 @@ def price_layers(prices: LayerPrices, represented_by: Sequence[int], orders: Sta
 
 def simulate_parts(parts: LayeredParts) -> LayeredPipeline:
     orders = parts.orders
-    timeline = simulate_pipeline(orders, *_chunked(parts.plain, orders), transfer_s=parts.transfers,
-                                 tail_s=parts.tail_s)
-    overlapped = simulate_pipeline(orders, *_chunked(parts.hidden, orders), transfer_s=parts.transfers,
-                                   tail_s=parts.overlapped_tail_s)
+    timeline = pipeline_step(orders, *_chunked(parts.plain, orders), transfer_s=parts.transfers, tail_s=parts.tail_s)
+    overlapped = pipeline_step(orders, *_chunked(parts.hidden, orders), transfer_s=parts.transfers,
+                               tail_s=parts.overlapped_tail_s)
     return LayeredPipeline(parts, timeline, overlapped)
 
 
-def layered_parts(prices: LayerPrices, represented_by: Sequence[int], orders: StageOrders,
+def layered_parts(prices: LayerPrices, represented_by: Sequence[int], orders: StepOrders,
                   hw: Hardware | None) -> LayeredParts:
     """The stack's layers cut into `orders`' parts, balanced on their seconds, and summed."""
     rep = np.asarray(represented_by)
@@ -157,13 +155,13 @@ def layered_parts(prices: LayerPrices, represented_by: Sequence[int], orders: St
     compute, communication, hide = parts[..., 0], parts[..., 1], parts[..., 2]
     plain = compute + communication
     hidden = np.maximum(compute, hide) + communication - hide
-    stage_of = [orders.placement(part)[0] for part in range(orders.virtual_stages)]
+    stage_of = [part % orders.stages for part in range(orders.virtual_stages)]  # looped: v on stage v mod S
     layer_stage = [stage_of[part] for part in part_at]
     tails = np.zeros((orders.stages, 3))
     np.add.at(tails, layer_stage, prices.tail[rep])
     tail_s = {"gradient reduction": tails[:, 0].tolist(), "optimizer": tails[:, 1].tolist()}
     # the gradient reduction behind the backward of each stage's last part to run (its chunk 0)
-    last = {stage_of[part]: part for part in range(orders.virtual_stages) if orders.placement(part)[1] == 0}
+    last = {stage_of[part]: part for part in range(orders.stages)}  # chunk 0 of each stage
     free = np.maximum(compute - hide, 0.0)
     behind = [min(tails[s, 2], float(free[last[s], 1] + free[last[s], 2])) for s in range(orders.stages)]
     overlapped_tail = dict(tail_s, **{"gradient reduction": [max(0.0, r - h) for r, h in
@@ -171,9 +169,8 @@ def layered_parts(prices: LayerPrices, represented_by: Sequence[int], orders: St
     transfers = _transfer_seconds(prices, rep, part_at, hw) if orders.virtual_stages > 1 else None
     saved = np.zeros(orders.virtual_stages)
     np.add.at(saved, list(part_at), np.asarray(prices.saved_bytes, dtype=float)[rep])
-    held = activation_peaks(orders, [[saved[orders.virtual_stage(s, c)] for c in range(orders.chunks)]
-                                     for s in range(orders.stages)])
-    inflight = inflight_peaks(orders)
+    held = step_activation_peaks(orders, saved.reshape(orders.chunks, orders.stages).T)
+    inflight = orders.inflight_peak
     stored = np.zeros((orders.stages, 3))
     np.add.at(stored, layer_stage, [(prices.stored[p].parameter_bytes, prices.stored[p].gradient_bytes,
                                      prices.stored[p].optimizer_state_bytes) for p in rep])
@@ -192,13 +189,7 @@ def _transfer_seconds(prices: LayerPrices, rep: np.ndarray, part_at: Sequence[in
              for i in ends] for direction in DIRECTIONS]
 
 
-def _chunked(table: np.ndarray, orders: StageOrders) -> list[np.ndarray]:
-    """(parts, kinds) seconds as one (stages, chunks) table per kind."""
-    out = []
-    for kind in range(len(KINDS)):
-        grid = np.zeros((orders.stages, orders.chunks))
-        for part in range(orders.virtual_stages):
-            stage, chunk = orders.placement(part)
-            grid[stage, chunk] = table[part, kind]
-        out.append(grid)
-    return out
+def _chunked(table: np.ndarray, orders: StepOrders) -> list[np.ndarray]:
+    """(parts, kinds) seconds as one (stages, chunks) table per kind (part v is chunk v div S of
+    stage v mod S)."""
+    return [np.ascontiguousarray(table[:, kind].reshape(orders.chunks, orders.stages).T) for kind in range(len(KINDS))]

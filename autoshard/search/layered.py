@@ -19,7 +19,6 @@ unsolved keeps its analytic bound, so the least bound over all keys bounds every
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from autoshard.errors import InfeasibleError, InputError
 from autoshard.graph.model import Graph
 from autoshard.graph.recompute import with_recomputation
 from autoshard.graph.schema import load_graph
-from autoshard.pipeline import StageOrders, stage_orders
+from autoshard.pipeline.step import step_orders
 from autoshard.planning.costs import least_compute_s
 from autoshard.planning.layer_prices import LayeredParts, LayeredPipeline, LayerPrices, layered_parts, simulate_parts
 from autoshard.planning.layer_sample import LayerSample
@@ -298,7 +297,7 @@ def _price_key(key: KeyOutcome, found: list[LayerPrices], sample: LayerSample, p
         if chunks == 1 or (layers // task.stages % chunks == 0 and chunks <= MAX_CHUNKS)]
     for schedule, chunks in pairs:
         configuration = LayeredConfiguration(task, schedule, chunks)
-        orders = _orders(schedule, task.stages, task.microbatches, chunks)
+        orders = step_orders(schedule, task.stages, task.microbatches, chunks)
         cut = [(variant, layered_parts(prices, sample.represented_by, orders, hw if task.stages > 1 else None))
                for variant, prices in enumerate(found)]
         fitting = [(variant, parts) for variant, parts in cut if parts.peak_bytes <= limit]
@@ -316,11 +315,6 @@ def _price_key(key: KeyOutcome, found: list[LayerPrices], sample: LayerSample, p
         out.append(PricedLayered(configuration, "priced", priced[1].parts, priced[1], priced[0], key.bound_s))
         best_s = min(best_s, priced[1].step_s)
     return out
-
-
-@functools.lru_cache(maxsize=256)
-def _orders(schedule: str, stages: int, microbatches: int, chunks: int) -> StageOrders:
-    return stage_orders(schedule, stages, microbatches, chunks)
 
 
 def _hbm_bytes(topology: str) -> float:

@@ -32,7 +32,7 @@ import numpy as np
 from autoshard.errors import InfeasibleError, InputError, OutOfTime
 from autoshard.graph.recompute import with_recomputation
 from autoshard.graph.schema import load_graph
-from autoshard.pipeline import stage_orders
+from autoshard.pipeline.step import step_orders
 from autoshard.planning.formulation import PICOSECONDS, TIE_BREAK_PS_PER_BYTE, Formulation
 from autoshard.planning.layer_prices import LayerPrices, layer_prices, price_layers
 from autoshard.planning.make_plan import MAX_MEMORY_BUDGET_BYTES, make_plan
@@ -73,7 +73,7 @@ def solve_sample_task(inputs: SearchInputs, task: SampleTask, time_limit_s: floa
         return {"infeasible": f"the graph's constraints do not fit this sub-mesh: {error}"}
     budget = inputs.settings.memory_budget_bytes or hw.hbm_bytes
     settings = dataclasses.replace(inputs.settings, microbatches=task.microbatches, time_limit_s=time_limit_s)
-    fit = stage_orders("1f1b", task.stages, task.microbatches)
+    fit = step_orders("1f1b", task.stages, task.microbatches)
     captured: list[Formulation] = []
 
     def keep(formulation: Formulation) -> Formulation:
