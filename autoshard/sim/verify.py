@@ -43,7 +43,8 @@ def verify_program(program: SpmdProgram, policy: str, seed: int = 0,
     if policy == "never":
         return {"status": "skipped", "reason": "verification not requested"}
     count = microbatching.count if microbatching is not None else 1
-    needed = pipelined_bytes(program, cut.orders) if cut is not None else simulation_bytes(program) * min(count, 2)
+    whole = microbatching.whole if microbatching is not None else program.graph
+    needed = pipelined_bytes(program, cut.orders, whole) if cut is not None else simulation_bytes(program) * min(count, 2)
     limit = min(AUTO_LIMIT_BYTES, max_bytes) if policy == "auto" else max_bytes
     if needed > limit:
         return {"status": "skipped", "needs_bytes": needed,
