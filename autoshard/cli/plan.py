@@ -12,6 +12,7 @@ from typing import Any
 
 from autoshard.cli.args import (add_hardware_args, hardware_from_args, integer_flag, mesh_from_args, number_flag,
                                 parse_bytes, parse_slice)
+from autoshard.cli._like import Decisions, apply_decisions, fill_defaults, read_decisions
 from autoshard.cli._pipeline_flags import (add_pipeline_args, flagged, pipeline_hardware, pipeline_settings,
                                            print_pipeline)
 from autoshard.delivery.deliver import Deliverables, deliver, ir_request_problems, placement_options
@@ -20,7 +21,7 @@ from autoshard.errors import InfeasibleError, InputError, Interrupted, Problem
 from autoshard.graph.builder import document_text
 from autoshard.graph.model import Graph
 from autoshard.graph.recompute import MODES, Recompute, record_recompute, with_recomputation
-from autoshard.graph.schema import load_graph
+from autoshard.graph.schema import load_graph, read_json
 from autoshard.graph.summary import si, size
 from autoshard.mesh import Mesh
 from autoshard.numerals import parse_real
@@ -40,7 +41,7 @@ from autoshard.sim.verify import VERIFY_POLICIES, policy_problem
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("plan", help="find a sharding plan for a graph on a mesh")
     parser.add_argument("graph", help="graph JSON (format autoshard.graph/v1)")
-    add_hardware_args(parser)
+    add_hardware_args(parser, mesh_required=False)
     add_solve_args(parser)
     parser.add_argument("--microbatches", type=integer_flag, default=1,
                         help="run forward and backward on 1/M of the batch, M times, accumulating the gradients; "
@@ -51,7 +52,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_recompute_arg(parser, auto="each planned, the fastest within memory kept; with --pipeline also a mode per "
                                    "layer, fitted to each stage's microbatches in flight")
     add_pipeline_args(parser)
-    parser.set_defaults(run=run)
+    parser.add_argument("--like", metavar="PLAN.json",
+                        help="take another plan's layout decisions: mesh, topology and nodes or slice, pipeline "
+                             "stages, schedule and virtual stages, microbatches, each virtual stage's layers and "
+                             "each layer's recomputation (e.g. a narrow version of a model planned as the wide one "
+                             "was); a flag given as well must agree")
+    # None: not given, so --like may set it (`fill_defaults` gives the rest their defaults)
+    parser.set_defaults(run=run, mesh=None, topology=None, recompute=None, microbatches=None)
 
 
 def add_recompute_arg(parser: argparse.ArgumentParser, auto: str) -> None:
@@ -202,6 +209,7 @@ class ProgressLine:
 
 
 def run(args: argparse.Namespace) -> int:
+    like = like_decisions(args)
     phases = PhaseTimes(announce=lambda text: print(f"  {text}", file=sys.stderr, flush=True))
     attempt = Attempt("none" if args.recompute == "auto" else args.recompute)
     chosen: Attempt | None = None  # with auto, the fastest recomputation planned so far
@@ -214,10 +222,13 @@ def run(args: argparse.Namespace) -> int:
                 raise InputError(problems)
             graph = load_graph(args.graph, mesh)
             try:
-                rewritten = recomputations(graph, args.recompute, mesh)
+                rewritten = (list(recomputations(graph, args.recompute, mesh).items()) if isinstance(args.recompute, str)
+                             else [(args.recompute, with_recomputation(graph, args.recompute, mesh))])
+                part_at = like.part_at(graph) if like is not None else None
             except InputError as error:
-                raise InputError([Problem("--recompute", p.message) for p in error.problems]) from None
-            if args.recompute in ("selective", "full") and rewritten[args.recompute] is graph:
+                raise InputError([Problem(p.where if p.where == "--like" else "--recompute", p.message)
+                                  for p in error.problems]) from None
+            if args.recompute in ("selective", "full") and rewritten[0][1] is graph:
                 print(f"  recompute {args.recompute}: no layer has a value to compute again (a fused attention "
                       f"already recomputes its scores); the step is planned as it is", file=sys.stderr, flush=True)
             if pipeline is None:
@@ -230,8 +241,8 @@ def run(args: argparse.Namespace) -> int:
                     raise flagged(error) from None
             settings, stages = checked_settings(args)
         attempts: list[Attempt] = []
-        for mode, recomputed in rewritten.items():
-            attempt = Attempt(mode)
+        for mode, recomputed in rewritten:
+            attempt = Attempt(mode, part_at)
             attempts.append(attempt)
             chosen = attempt.run(recomputed, mesh, hw, settings, pipeline, args.layer_once, phases, chosen,
                                  announce=len(rewritten) > 1)
@@ -243,7 +254,8 @@ def run(args: argparse.Namespace) -> int:
                 chosen = attempt.run(with_recomputation(graph, per_layer, mesh), mesh, hw, settings, pipeline,
                                      args.layer_once, phases, chosen, announce=True)
         if chosen is None:
-            raise InfeasibleError(f"no feasible plan with any recomputation ({', '.join(rewritten)})")
+            raise InfeasibleError(f"no feasible plan with any recomputation "
+                                  f"({', '.join(mode_words(mode) for mode, _ in rewritten)})")
         attempt = chosen
         result, pipelined = chosen.result, chosen.pipelined
         delivered = deliver(result, hw, args.topology, emit=stages, dialect=args.dialect, arguments=args.arguments,
@@ -264,6 +276,22 @@ def run(args: argparse.Namespace) -> int:
         raise interrupted(found, attempt.mode, args, phases) from None
     print_summary(delivered.document, written)
     return 1 if delivered.document["verification"]["status"] == "failed" else 0
+
+
+def like_decisions(args: argparse.Namespace) -> Decisions | None:
+    """With --like, its plan's decisions, set on the flags; the flags not set take their defaults."""
+    decisions = None
+    if args.like is not None:
+        document = read_json(args.like)
+        try:
+            decisions = read_decisions(document)
+        except InputError as error:  # the plan's fields, said to be --like's
+            raise InputError([Problem(f"--like {args.like} {p.where}", p.message) for p in error.problems]) from None
+        apply_decisions(args, decisions)
+    fill_defaults(args)
+    if args.mesh is None:
+        raise InputError("required: the mesh axes, e.g. dp=2,tp=4 (or --like PLAN.json for another plan's)", "--mesh")
+    return decisions
 
 
 def recomputations(graph: Graph, recompute: str, mesh: Mesh | None) -> dict[str, Graph]:
