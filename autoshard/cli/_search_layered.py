@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from autoshard.cli.args import number_flag
 from autoshard.cli.plan import print_summary, recomputations, write_deliverables
 from autoshard.delivery.deliver import deliver
 from autoshard.errors import InfeasibleError, InputError, Interrupted, Problem
@@ -21,8 +23,14 @@ from autoshard.planning.layer_sample import layer_sample
 from autoshard.planning.make_plan import make_plan
 from autoshard.planning.pipeline_plan import PipelineSettings, plan_pipeline
 from autoshard.planning.pipeline_stages import op_positions
-from autoshard.search.layered import KeyOutcome, LayeredSearch, PricedLayered, search_layered
-from autoshard.search.layered_ranking import layered_section, layered_table
+from autoshard.graph.model import Graph
+from autoshard.planning.layer_sample import LayerSample
+from autoshard.search.compare import compared_key, parse_layout
+from autoshard.search.layered import KeyOutcome, LayeredSearch, PricedLayered, price_key, search_layered
+from autoshard.search.layered_ranking import configuration_json, layered_section, layered_table
+from autoshard.search.pipelined import batch_sizes
+from autoshard.search.sample_tasks import solve_sample_task
+from autoshard.search.throughput import Throughput
 from autoshard.search.ranking import FORMAT
 from autoshard.search.run import SearchOptions
 from autoshard.search.stage_tasks import bind_stages
@@ -36,14 +44,32 @@ def add_layered_args(parser: argparse.ArgumentParser) -> None:
                              "once per stage count, sub-mesh, microbatch count and recomputation and priced for "
                              "every schedule: for models of tens of layers on hundreds of devices; with --pipeline "
                              "auto every stage count, with --pipeline S that one, else S = 1")
+    parser.add_argument("--sample-time-limit", type=number_flag, default=3.0,
+                        help="with --by-layer: each sample solve's time limit in seconds (default 3; --time-limit "
+                             "is the winner's whole plan's)")
     parser.add_argument("--rank-only", action="store_true",
                         help="with --by-layer: write ranking.json and stop, without planning the winner whole")
+    parser.add_argument("--compare", metavar="LAYOUT",
+                        help="with --by-layer: also price this layout in Megatron-LM's words, its shardings pinned, "
+                             "and rank it, e.g. 'tp=8,pp=16,dp=8,interleave=1,micro=1,recompute=full' (sp=0 turns "
+                             "sequence parallelism off; a Megatron-style graph)")
 
 
 def layered_problems(args: argparse.Namespace) -> list[Problem]:
+    problems = []
     if args.rank_only and not args.by_layer:
-        return [Problem("--rank-only", "ranks without planning the winner only with --by-layer")]
-    return []
+        problems.append(Problem("--rank-only", "ranks without planning the winner only with --by-layer"))
+    if not (math.isfinite(args.sample_time_limit) and args.sample_time_limit > 0):
+        problems.append(Problem("--sample-time-limit", f"must be a positive number of seconds, got "
+                                                        f"{args.sample_time_limit:g}"))
+    if args.compare is not None and not args.by_layer:
+        problems.append(Problem("--compare", "a layout is compared with the configurations of --by-layer only"))
+    elif args.compare is not None:
+        try:
+            parse_layout(args.compare)
+        except InputError as error:
+            problems += error.problems
+    return problems
 
 
 def run_layered(args: argparse.Namespace, document: dict[str, Any], options: SearchOptions,
@@ -56,19 +82,23 @@ def run_layered(args: argparse.Namespace, document: dict[str, Any], options: Sea
         sample_graph = graph_from_json(sample.document)
         modes = tuple(recomputations(sample_graph, args.recompute, None))
     except InputError as error:
-        raise InputError([Problem("--by-layer" if p.where == "layers" else "--recompute" if p.where == "recompute"
+        raise InputError([Problem("--by-layer" if p.where in ("layers", "pipeline") else "--recompute" if p.where == "recompute"
                                   else p.where, p.message) for p in error.problems]) from None
     print(f"layer sample: layers {sample.layers[0]}, {sample.layers[1] if len(sample.layers) > 1 else '-'} and "
           f"{sample.layers[-1]} stand for all {len(sample.layers)} ({time.perf_counter() - started:.1f} s)",
           file=sys.stderr, flush=True)
+    sampled = dataclasses.replace(options, settings=dataclasses.replace(options.settings,
+                                                                         time_limit_s=args.sample_time_limit))
     try:
-        found = search_layered(sample, options, modes, progress=_Progress(), stages=stages)
+        found = search_layered(sample, sampled, modes, progress=_Progress(), stages=stages)
     except KeyboardInterrupt:
         raise Interrupted("interrupted; the workers were stopped") from None
     positions = op_positions(sample_graph)
     repeats = {op.name: sample.counts[positions[op.name]] for op in sample_graph.ops}
     rates = throughput(sample_graph, options.topology, repeats)
     section = layered_section(found, rates)
+    if args.compare is not None:
+        section["compared"] = _compared(args.compare, sample, sample_graph, sampled, found, rates)
     print("\n".join(layered_table(section)))
     ranking = {"format": FORMAT, "graph": str(document.get("name", Path(args.graph).stem)),
                "devices": options.devices, "topology": options.topology, "by_layer": section}
@@ -125,6 +155,29 @@ def _deliver_best(args: argparse.Namespace, document: dict[str, Any], options: S
     written = write_deliverables(delivered, args.output, phases)
     print_summary(delivered.document, ([Path(args.output) / "ranking.json"] if args.output else []) + written)
     return 1 if delivered.document["verification"]["status"] == "failed" else 0
+
+
+def _compared(text: str, sample: LayerSample, sample_graph: Graph, options: SearchOptions, found: LayeredSearch,
+              rates: Throughput) -> dict[str, Any]:
+    """The user's layout solved with Megatron's shardings pinned, priced and ranked."""
+    layout = parse_layout(text)
+    batch = max(batch_sizes(sample_graph), default=1)
+    task, schedule, chunks, pinned = compared_key(layout, sample, options.topology, options.devices, batch)
+    print(f"comparing {layout.words}: solving its sample with Megatron-LM's shardings pinned", file=sys.stderr,
+          flush=True)
+    answer = solve_sample_task(SearchInputs(pinned, options.topology, options.settings), task,
+                               options.settings.time_limit_s)
+    if "prices" not in answer:
+        outcome = next(iter(answer))
+        return {"layout": layout.words, "outcome": outcome, "reason": answer[outcome]}
+    key = KeyOutcome(task, 0.0, outcome="solved", bound_s=answer["bound_s"] / task.stages, solved=answer)
+    placement = bind_stages(options.topology, options.devices, task.stages, task.candidate)
+    priced = price_key(key, answer["prices"], sample, placement, options.settings.memory_budget_bytes, math.inf,
+                       only=(schedule, chunks))[0]
+    row = configuration_json(None, priced, answer.get("roles"), rates)
+    if priced.fits:
+        row["rank"] = 1 + sum(1 for p in found.priced if p.fits and p.step_s < priced.step_s)
+    return {"layout": layout.words, **row}
 
 
 class _Progress:

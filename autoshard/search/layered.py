@@ -10,10 +10,12 @@ or schedules.
 
 Pruning is certified. Before anything is solved each key has an analytic bound: the step is at
 least the least compute of every op of the whole step (the sample's ops times the layers they
-stand for) spread over all N devices at the chip's best rate (`least_compute_s`). Keys are solved
-in order of that bound, and a key whose bound is at least the best step found is not solved. A
-solved key's bound is its formulation's (`sample_tasks`), over S. A key the time budget leaves
-unsolved keeps its analytic bound, so the least bound over all keys bounds every configuration.
+stand for) spread over all N devices at the chip's best rate (`least_compute_s`). A key whose
+bound is at least the best step found is not solved; a schedule whose busiest stage alone takes
+that long is not simulated. A solved key's bound is its formulation's (`sample_tasks`) over S, or
+the analytic one if larger. A key the time budget leaves unsolved keeps its analytic bound, so
+the least bound over all keys bounds every configuration of the space. The order keys are solved
+in (`Queue`) only decides where a time budget is spent.
 """
 
 from __future__ import annotations
@@ -45,6 +47,10 @@ from autoshard.search.stage_tasks import StagePlacement, bind_stages
 from autoshard.search.tasks import SearchInputs
 
 
+# The share of the memory budget a key's memory estimate must stay under to be tried early: the
+# estimate splits every value over every device, which tensor parallelism does not (Megatron's layer
+# keeps its norms' and dropouts' inputs whole: Korthikanti et al. 2022, sbh(10 + 24/t + 5as/ht)).
+ESTIMATE_SHARE = 0.8
 # Interleaved schedules with V chunks of equal layers, V at most this: more chunks shrink the bubble
 # by less than the sends they add cost in launches we do not price (real runs keep V small).
 MAX_CHUNKS = 16
@@ -122,19 +128,19 @@ def search_layered(sample: LayerSample, options: SearchOptions, modes: tuple[str
     layers = len(sample.layers)
     graph = load_graph(sample.document)
     counts = [1] + stage_counts(options.devices, layers) if stages is None else [stages]
-    keys = _in_turns(_keys(sample, options, modes, counts, graph))
+    keys = _keys(sample, options, modes, counts, graph)
     budget = options.settings.memory_budget_bytes
     best_step = math.inf
     priced: list[PricedLayered] = []
     placements: dict[tuple[int, Candidate], StagePlacement | None] = {}
     pool = open_pool(SearchInputs(sample.document, options.topology, options.settings), options.jobs, options.ray)
     running: dict[Any, KeyOutcome] = {}
-    queue = list(keys)
+    queue = Queue(keys)
     done = 0
     try:
         while queue or running:
             while queue and len(running) < pool.slots:
-                key = queue.pop(0)
+                key = queue.pop()
                 if key.analytic_bound_s >= best_step:
                     key.outcome, key.reason = "pruned", "its bound is at least the best step found"
                     continue
@@ -153,9 +159,11 @@ def search_layered(sample: LayerSample, options: SearchOptions, modes: tuple[str
                     key.bound_s = max(answer["bound_s"] / key.task.stages, key.analytic_bound_s)
                     where = placements.setdefault((key.task.stages, key.task.candidate), bind_stages(
                         options.topology, key.task.devices, key.task.stages, key.task.candidate))
-                    found = _price_key(key, answer["prices"], sample, where, layers, budget, best_step)
+                    found = price_key(key, answer["prices"], sample, where, budget, best_step)
                     priced += found
                     best_step = min([best_step] + [p.step_s for p in found])
+                    queue.learn(key, min((p.step_s if p.fits else p.parts.busy_floor_s() for p in found),
+                                         default=math.inf))
                 else:
                     key.outcome = next(iter(answer))
                     key.reason = answer[key.outcome]
@@ -195,22 +203,54 @@ def _keys(sample: LayerSample, options: SearchOptions, modes: tuple[str, ...], c
                 for mode in modes:
                     estimate = analytic[mode].memory_estimate_bytes(options.devices, stages, microbatches)
                     keys.append(KeyOutcome(SampleTask(stages, candidate, microbatches, mode, sample.represented_by),
-                                           analytic[mode].bound_s(), may_fit=estimate <= limit))
+                                           analytic[mode].bound_s(), may_fit=estimate <= limit * ESTIMATE_SHARE))
     if not keys:
         raise InputError(f"no stage count and sub-mesh of {options.devices} devices fits the fixed axes "
                          f"{options.fixed}", "fix")
     return keys
 
 
-def _in_turns(keys: list[KeyOutcome]) -> list[KeyOutcome]:
-    """Keys in the order they are solved: each stage count's keys by `_promise`, the stage counts
-    taking turns (the first key of each, then the second, ...), so that a time budget covers
-    every depth of pipeline rather than spending itself on one."""
-    by_stages: dict[int, list[KeyOutcome]] = {}
-    for key in sorted(keys, key=_promise):
-        by_stages.setdefault(key.task.stages, []).append(key)
-    turn = {id(key): i for group in by_stages.values() for i, key in enumerate(group)}
-    return sorted(keys, key=lambda key: (turn[id(key)], _promise(key)))
+class Queue:
+    """The keys in the order they are solved, so a time budget is spent where the winner likely is.
+
+    First, one key of each (stage count, sub-mesh) pair, its most promising (`_promise`), the
+    stage counts taking turns (each one's best pair, then each one's second, ...): every depth of
+    pipeline and every sub-mesh is tried once. Then the other keys, those of the most promising
+    pairs first (`learn`: the least of a pair's steps found so far, or for a schedule whose plans
+    did not fit, the busy seconds of its busiest stage: another recomputation or microbatch count
+    may make it fit), each pair's keys by promise."""
+
+    def __init__(self, keys: list[KeyOutcome]):
+        self.pending = sorted(keys, key=_promise)
+        self.best: dict[tuple[int, Candidate], float] = {}
+        self.tried: set[tuple[int, Candidate]] = set()
+        by_stages: dict[int, list[tuple[int, Candidate]]] = {}
+        for key in self.pending:
+            pair = _pair(key)
+            if pair not in by_stages.setdefault(pair[0], []):
+                by_stages[pair[0]].append(pair)
+        self.turn = {pair: i for pairs in by_stages.values() for i, pair in enumerate(pairs)}
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def pop(self) -> KeyOutcome:
+        untried = [key for key in self.pending if _pair(key) not in self.tried]
+        if untried:
+            key = min(untried, key=lambda k: (self.turn[_pair(k)], _promise(k)))
+        else:
+            key = min(self.pending, key=lambda k: (self.best.get(_pair(k), math.inf), _promise(k)))
+        self.pending.remove(key)
+        self.tried.add(_pair(key))
+        return key
+
+    def learn(self, key: KeyOutcome, step_s: float) -> None:
+        pair = _pair(key)
+        self.best[pair] = min(self.best.get(pair, math.inf), step_s)
+
+
+def _pair(key: KeyOutcome) -> tuple[int, Candidate]:
+    return key.task.stages, key.task.candidate
 
 
 def _promise(key: KeyOutcome) -> tuple:
@@ -243,7 +283,8 @@ class Analytic:
     def memory_estimate_bytes(self, devices: int, stages: int, microbatches: int) -> float:
         """Not a bound, an order: everything stored split over every device, and 1F1B's first
         stage holding min(S, M) microbatches of its 1/S of the saved values, split over its
-        N / S devices."""
+        N / S devices (which no layout quite reaches: `_keys` wants it under `ESTIMATE_SHARE` of
+        the budget)."""
         return (self.stored_bytes + self.saved_bytes / microbatches * min(stages, microbatches)) / devices
 
 
@@ -282,17 +323,18 @@ def _analytic(graph: Graph, sample: LayerSample, options: SearchOptions, modes: 
     return out
 
 
-def _price_key(key: KeyOutcome, found: list[LayerPrices], sample: LayerSample, placement: StagePlacement | None,
-               layers: int, budget: float | None, best_s: float) -> list[PricedLayered]:
-    """Every schedule of a solved key, on whichever of the key's plans is fastest within the
-    budget: simulated unless no plan fits (`over budget`) or its busiest stage alone takes at
-    least `best_s` (`dominated`: it cannot win)."""
+def price_key(key: KeyOutcome, found: list[LayerPrices], sample: LayerSample, placement: StagePlacement | None,
+              budget: float | None, best_s: float, only: tuple[str, int] | None = None) -> list[PricedLayered]:
+    """Every schedule of a solved key (or the one `only` names), on whichever of the key's plans
+    is fastest within the budget: simulated unless no plan fits (`over budget`) or its busiest
+    stage alone takes at least `best_s` (`dominated`: it cannot win)."""
     task = key.task
     assert placement is not None, "the worker bound the same machine"
     hw = placement.hardware
     limit = budget if budget is not None else hw.hbm_bytes
+    layers = len(sample.layers)
     out = []
-    pairs = [("1f1b", 1)] if task.stages == 1 else [
+    pairs = [only] if only is not None else [("1f1b", 1)] if task.stages == 1 else [
         (name, chunks) for name, chunks in schedules(task.stages, layers, task.microbatches)
         if chunks == 1 or (layers // task.stages % chunks == 0 and chunks <= MAX_CHUNKS)]
     for schedule, chunks in pairs:

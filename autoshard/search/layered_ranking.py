@@ -95,6 +95,13 @@ def layered_table(section: dict[str, Any]) -> list[str]:
                  f"{counts['formulations']} formulations; configurations: "
                  + ", ".join(f"{n} {outcome}" for outcome, n in counts["configurations"].items())
                  + f"; {section['wall_s']:.1f} s")
+    compared = section.get("compared")
+    if compared is not None:
+        lines.append(f"compared: {compared['layout']}: " + (
+            f"step {compared['step_s']:.4g} s, peak {size(max(compared['peak_memory_bytes_per_stage']))}, rank "
+            f"{compared['rank']}" if compared.get("outcome") == "priced" else
+            f"{compared['outcome']}" + (f" (peak {size(max(compared['peak_memory_bytes_per_stage']))})"
+                                        if "peak_memory_bytes_per_stage" in compared else "")))
     if section["chosen"] is not None:
         bound = section["certified_lower_bound_step_s"]
         faster = section["chosen"]["step_s"] / bound - 1 if bound > 0 else math.inf

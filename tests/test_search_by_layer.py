@@ -1,0 +1,121 @@
+"""`autoshard search --by-layer`: the configuration space searched from a three-layer sample, its
+pruning sound (no pruned key has a configuration faster than the answer), its bound below every
+step priced, and the winner planned whole as ranked."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from autoshard.cli.main import main
+from autoshard.models import GPTConfig, gpt
+from autoshard.models.training import training_precision
+from autoshard.planning.layer_sample import layer_sample
+from autoshard.planning.make_plan import SolveSettings
+from autoshard.search.layered import price_key, search_layered
+from autoshard.search.run import SearchOptions
+from autoshard.search.sample_tasks import solve_sample_task
+from autoshard.search.stage_tasks import bind_stages
+from autoshard.search.tasks import SearchInputs
+
+
+def _model(layers: int, hidden: int, seq: int, batch: int) -> dict:
+    config = GPTConfig(layers=layers, hidden=hidden, heads=8, seq=seq, batch=batch, vocab=256, style="megatron")
+    with training_precision("bf16-mixed"):
+        return gpt(config, training=True)
+
+
+@pytest.fixture(scope="module")
+def compute_bound():
+    """Wide enough that compute dominates on 4 GPUs, so full recomputation's extra forward puts
+    its keys' bound above the best step found without it: they are pruned."""
+    sample = layer_sample(_model(6, hidden=512, seq=256, batch=8))
+    options = SearchOptions(devices=4, topology="dgx-a100", max_axes=1, jobs=1,
+                            settings=SolveSettings(time_limit_s=5, workers=1, deterministic=True))
+    return sample, options, search_layered(sample, options, ("none", "full"))
+
+
+def test_pruned_keys_have_no_faster_configuration(compute_bound):
+    sample, options, found = compute_bound
+    pruned = [key for key in found.keys if key.outcome == "pruned"]
+    assert pruned and {key.task.recompute for key in pruned} == {"full"}
+    best_s = found.best.step_s
+    inputs = SearchInputs(sample.document, options.topology, options.settings)
+    for key in pruned:
+        assert key.analytic_bound_s >= best_s
+        answer = solve_sample_task(inputs, key.task, options.settings.time_limit_s)
+        key.bound_s = key.analytic_bound_s
+        placement = bind_stages(options.topology, options.devices, key.task.stages, key.task.candidate)
+        priced = price_key(key, answer["prices"], sample, placement, None, math.inf)
+        assert min(p.step_s for p in priced) >= best_s
+
+
+def test_bounds_hold_and_the_best_is_ranked_first(compute_bound):
+    _, _, found = compute_bound
+    steps = [p.step_s for p in found.priced if p.fits]
+    assert found.best.step_s == min(steps) and found.priced[0] is found.best
+    assert 0 < found.certified_bound_s <= min(steps)
+    for priced in found.priced:
+        if priced.fits:
+            assert priced.bound_s <= priced.step_s * (1 + 1e-9)
+    assert found.counts["keys"] == sum(found.counts[o] for o in ("solved", "pruned", "infeasible", "unsolved"))
+    assert found.formulations >= found.counts["solved"]
+
+
+def test_stage_counts_sub_meshes_and_schedules_are_all_priced(compute_bound):
+    _, _, found = compute_bound
+    solved = {(k.task.stages, k.task.microbatches, k.task.recompute) for k in found.keys if k.outcome == "solved"}
+    assert {stages for stages, _, _ in solved} == {1, 2}
+    schedules = {(p.configuration.task.stages, p.configuration.schedule_text) for p in found.priced}
+    assert {("2", "1f1b"), ("2", "gpipe"), ("2", "zb-h1")} <= {(str(s), text) for s, text in schedules}
+
+
+@pytest.fixture(scope="module")
+def cli_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("by_layer")
+    graph = folder / "gpt.json"
+    graph.write_text(json.dumps(_model(6, hidden=64, seq=16, batch=8)))
+    code = main(["search", str(graph), "--devices", "4", "--topology", "dgx-a100", "--by-layer", "--pipeline", "2",
+                 "--max-axes", "1", "--jobs", "1", "--deterministic", "--sample-time-limit", "5", "--time-limit", "10",
+                 "--verify", "always",
+                 "-o", str(folder / "out")])
+    return code, json.loads((folder / "out" / "ranking.json").read_text()), \
+        json.loads((folder / "out" / "plan.json").read_text())
+
+
+def test_the_winner_is_planned_whole_as_ranked(cli_run):
+    code, ranking, plan = cli_run
+    assert code == 0
+    chosen = ranking["by_layer"]["chosen"]
+    assert chosen["rank"] == 1 and chosen["stages"] == 2
+    assert plan["pipeline"]["stage_count"] == 2 and plan["pipeline"]["microbatches"] == chosen["microbatches"]
+    assert plan["pipeline"]["schedule"] == chosen["schedule"]
+    assert plan["pipeline"]["virtual_stages_per_stage"] == chosen["virtual_stages_per_stage"]
+    assert [a["size"] for a in plan["mesh"]["axes"]][-1] == chosen["sub_mesh"]["axes"][-1]["size"]
+    assert plan["search"]["ranked_step_s"] == chosen["step_s"]
+    assert plan["verification"]["status"] == "passed"
+    ranked = [row for row in ranking["by_layer"]["configurations"] if row["outcome"] == "priced"]
+    assert [row["rank"] for row in ranked] == list(range(1, len(ranked) + 1))
+    assert [row["step_s"] for row in ranked] == sorted(row["step_s"] for row in ranked)
+    assert all(row["behind_previous"]["step_s"] >= 0 for row in ranked[1:])
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["--rank-only"], "--rank-only"),
+    (["--by-layer", "--pipeline", "5"], "--pipeline"),
+])
+def test_flags_a_user_gets_wrong_are_named(tmp_path, capsys, argv, flag):
+    graph = tmp_path / "gpt.json"
+    graph.write_text(json.dumps(_model(6, hidden=64, seq=16, batch=8)))
+    assert main(["search", str(graph), "--devices", "4", "--topology", "dgx-a100", *argv]) == 2
+    assert flag in capsys.readouterr().err
+
+
+def test_a_graph_without_layers_is_refused_naming_by_layer(tmp_path, capsys):
+    from support.cli import mlp_graph
+    graph = tmp_path / "mlp.json"
+    graph.write_text(json.dumps(mlp_graph()))
+    assert main(["search", str(graph), "--devices", "4", "--topology", "dgx-a100", "--by-layer"]) == 2
+    assert "--by-layer" in capsys.readouterr().err
