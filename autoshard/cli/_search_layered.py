@@ -28,7 +28,7 @@ from autoshard.planning.layer_sample import LayerSample
 from autoshard.search.compare import compared_key, parse_layout
 from autoshard.search.layered import KeyOutcome, LayeredSearch, PricedLayered, price_key, search_layered
 from autoshard.search.layered_ranking import configuration_json, layered_section, layered_table
-from autoshard.search.pipelined import batch_sizes
+from autoshard.search.pipelined import batch_sizes, check_stage_count
 from autoshard.search.sample_tasks import solve_sample_task
 from autoshard.search.throughput import Throughput
 from autoshard.search.ranking import FORMAT
@@ -87,6 +87,11 @@ def run_layered(args: argparse.Namespace, document: dict[str, Any], options: Sea
     print(f"layer sample: layers {sample.layers[0]}, {sample.layers[1] if len(sample.layers) > 1 else '-'} and "
           f"{sample.layers[-1]} stand for all {len(sample.layers)} ({time.perf_counter() - started:.1f} s)",
           file=sys.stderr, flush=True)
+    if stages is not None and stages > 1:
+        try:
+            check_stage_count(stages, options.devices, len(sample.layers))
+        except InputError as error:
+            raise InputError(error.problems[0].message, "--pipeline") from None
     sampled = dataclasses.replace(options, settings=dataclasses.replace(options.settings,
                                                                          time_limit_s=args.sample_time_limit))
     try:
