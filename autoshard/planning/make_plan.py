@@ -135,13 +135,14 @@ def make_plan(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = 
               progress: Callable[[str, float, float, float], None] | None = None,
               phases: PhaseTimes | None = None, best_so_far: BestSoFar | None = None,
               prices: ReshardingPrices | None = None,
-              memory: Callable[[Formulation], Formulation] | None = None) -> PlanResult:
+              memory: Callable[[Formulation], Formulation] | None = None, step_lists: bool = True) -> PlanResult:
     """`progress(phase, incumbent_ps, bound_ps, elapsed_s)` is called as the solver improves;
     `phases` (a new one if None) records the time and memory of formulating, solving and pricing;
     `best_so_far` is kept up to date with the best plan found while solving; `prices`: resharding
     prices already found on this mesh and hardware (`resharding_prices`), to be reused;
     `memory`: the formulation with its memory rows made otherwise (a pipeline's stages,
-    `stage_memory`), its usage limit then the budget the solve holds to."""
+    `stage_memory`), its usage limit then the budget the solve holds to; `step_lists`: as
+    `estimate`'s."""
     phases = PhaseTimes() if phases is None else phases
     # numba compiles the solver's kernels once per install (about 25 s; then from its cache on
     # disk, once per process): a phase of its own, announced when long, not the plan's solve_s
@@ -192,7 +193,7 @@ def make_plan(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = 
         raise InfeasibleError(explain_infeasible(formulation, budget_bytes))
     with phases.phase("pricing"):  # decoding the solution into a plan and pricing it
         plan, cost = priced_solution(formulation, hw, result.solution)
-        report = estimate(plan, hw, microbatching)
+        report = estimate(plan, hw, microbatching, step_lists)
     # The certified bound and gap are over the additive price (compute + communication), the
     # objective the solver minimises; the report's overlapped step (`overlap`) stands beside it,
     # at most the additive one, and is neither minimised nor bounded, so the gap still says how

@@ -182,10 +182,12 @@ def plan_reshardings(plan: Plan, price: Callable[[str, tuple[str, ...], float], 
     return out
 
 
-def estimate(plan: Plan, hw: Hardware, microbatching: Microbatching | None = None) -> Report:
+def estimate(plan: Plan, hw: Hardware, microbatching: Microbatching | None = None, step_lists: bool = True) -> Report:
     """What `plan` costs on `hw`. With `microbatching`, `plan` is of the step on one microbatch:
     each op and each resharding into it count as often as the op runs per step (a value delivered
-    as an output, as often as its producer), and gradients hold their accumulators."""
+    as an output, as often as its producer), and gradients hold their accumulators. Without
+    `step_lists` each resharding's `steps` is left empty (a search reading only the prices: a
+    permute over hundreds of devices lists millions of transfers)."""
     graph, mesh = plan.graph, plan.mesh
     report = Report()
     shardings = PlanShardings.of(plan)
@@ -220,7 +222,7 @@ def estimate(plan: Plan, hw: Hardware, microbatching: Microbatching | None = Non
     for tensor, consumer, index, resharding in plan_reshardings(plan, hw.collective_seconds, shardings):
         steps = steps_json.get(id(resharding))
         if steps is None:
-            steps = steps_json[id(resharding)] = [s.to_json() for s in resharding.steps]
+            steps = steps_json[id(resharding)] = [s.to_json() for s in resharding.steps] if step_lists else []
         # made as often as its consumer runs; an output as often as its producer
         maker = graph.producers.get(tensor)
         times = runs.get(consumer if consumer in runs else maker.name if maker is not None else "", 1)

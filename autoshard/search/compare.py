@@ -10,15 +10,16 @@ microbatches, its recomputation; its schedule is 1F1B, or interleaved with `inte
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
+
+from cost_models import load_profile
 
 from autoshard.errors import InputError, Problem
 from autoshard.graph.recompute import MODES
 from autoshard.models.layouts import megatron_constraints
 from autoshard.planning.layer_sample import LayerSample
-from autoshard.search.candidates import Candidate, enumerate_candidates
+from autoshard.search.candidates import Candidate
 from autoshard.search.pipelined import stage_counts
 from autoshard.search.sample_tasks import SampleTask
 
@@ -115,24 +116,18 @@ def compared_key(layout: Layout, sample: LayerSample, topology: str, devices: in
 
 
 def _candidate(topology: str, layout: Layout) -> Candidate | None:
-    """The stage's sub-mesh: `tp` on the GPUs of a node, `dp` outside it (across nodes, or the
-    node's other GPUs first when tp leaves some)."""
-    fixed = {"tp": layout.tensor} if layout.tensor > 1 else {}
+    """The stage's sub-mesh: `tp` on the GPUs of a node, `dp` outside it (across nodes, and the
+    node's other GPUs first when tp leaves some); None when tp does not fit in a node or the
+    stage's devices fill no whole nodes."""
+    node = load_profile(topology).nvlink.domain_gpus
     size = layout.tensor * layout.data
-    if size == 1:
+    if layout.tensor > node or node % layout.tensor or (size > node and size % node):
         return None
-    try:
-        found = enumerate_candidates(topology, size, max_axes=2, fixed=fixed).candidates
-    except InputError:
+    nodes = max(size // node, 1)
+    outer = ("node",) if layout.tensor == node else ("node", "gpu") if nodes > 1 else ("gpu",)
+    axes = [("dp", layout.data, outer)] if layout.data > 1 else []
+    axes += [("tp", layout.tensor, ("gpu",))] if layout.tensor > 1 else []
+    if not axes:
         return None
-    for candidate in found:
-        names = candidate.axis_names
-        inner = dict(candidate.mapping).get("tp")
-        if layout.tensor == 1 and len(names) == 1:
-            return dataclasses.replace(candidate, axis_names=("dp",), mapping=(("dp", candidate.mapping[0][1]),))
-        if layout.data == 1 and names == ("tp",) and inner == ("gpu",):
-            return candidate
-        if len(names) == 2 and names[1] == "tp" and inner == ("gpu",):
-            return dataclasses.replace(candidate, axis_names=("dp", "tp"),
-                                       mapping=(("dp", candidate.mapping[0][1]), candidate.mapping[1]))
-    return None
+    return Candidate(tuple(a[0] for a in axes), tuple(a[1] for a in axes), tuple((a[0], a[2]) for a in axes),
+                     nodes, None)

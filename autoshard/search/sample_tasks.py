@@ -4,9 +4,10 @@ a certified bound per sample position. Run by the search's workers like its othe
 
 Each task is first solved for speed alone (no memory limit: the stages' memory is checked when
 each schedule is priced). When that plan's fewest-microbatches pipeline (1F1B, V = 1) holds more
-than a stage's budget, the sample is solved again under a whole-sample budget shrunk by the
-worst stage's excess, as `stage_plan` refits a whole graph (`FIT_ROUNDS`, `FIT_MARGIN`); every
-plan found is priced, so a schedule can take whichever fits. A plan solved under a memory limit
+than a stage's budget, the sample is solved once more under a whole-sample budget shrunk by the
+worst stage's excess, as `stage_plan` refits a whole graph (`FIT_MARGIN`; one refit, not
+`stage_plan`'s rounds: the search has other keys, other recomputations and microbatch counts, to
+fit with); every plan found is priced, so a schedule can take whichever fits. A plan solved under a memory limit
 is no faster than the fastest plan, so there is no refit when the fastest plan's step, less its
 solver gap, over S (the busiest stage's share of the serial seconds), cannot beat the best step
 the search had found when the task was sent (`beat_s`).
@@ -36,11 +37,13 @@ from autoshard.pipeline.step import step_orders
 from autoshard.planning.formulation import PICOSECONDS, TIE_BREAK_PS_PER_BYTE, Formulation
 from autoshard.planning.layer_prices import LayerPrices, layer_prices, price_layers
 from autoshard.planning.make_plan import MAX_MEMORY_BUDGET_BYTES, make_plan
-from autoshard.planning.pipeline_plan import FIT_MARGIN, FIT_ROUNDS
+from autoshard.planning.pipeline_plan import FIT_MARGIN
 from autoshard.planning.pipeline_stages import op_positions
 from autoshard.planning.roles import plan_roles
 from autoshard.search.candidates import Candidate
 from autoshard.search.stage_tasks import STAGE_AXIS, bind_stages
+
+SOLVES = 2  # the fastest plan, and one refitted to the stages' memory
 
 if TYPE_CHECKING:  # tasks.py dispatches to this module
     from autoshard.search.tasks import SearchInputs
@@ -83,10 +86,10 @@ def solve_sample_task(inputs: SearchInputs, task: SampleTask, time_limit_s: floa
     found: list[LayerPrices] = []
     first = None
     whole = MAX_MEMORY_BUDGET_BYTES
-    for _ in range(FIT_ROUNDS):
+    for _ in range(SOLVES):
         try:
             result = make_plan(graph, mesh, hw, dataclasses.replace(settings, memory_budget_bytes=whole),
-                               memory=keep if first is None else None)
+                               memory=keep if first is None else None, step_lists=False)
         except InfeasibleError as error:
             if first is None:
                 return {"infeasible": str(error)}
