@@ -58,13 +58,36 @@ def evaluation_peak_bytes(graph: Graph, widen: bool = True) -> int:
     return peak
 
 
+def layer_internals(graph: Graph) -> Counter[str]:
+    """The forward values of a layer that the forward reads only inside it -> how many forward
+    ops read them. A whole batch's activations are the most a reference holds: dropped after
+    their forward reads, they are computed again from the layer's input (kept, it is read by
+    the layer before) when the backward reads them, one layer at a time."""
+    phases = graph.phases
+    internals: Counter[str] = Counter()
+    for op in graph.ops:
+        if op.layer is None or phases[op.name] != "forward":
+            continue
+        for name in op.outputs:
+            readers = {r.name: r for r in graph.consumers.get(name, ()) if phases[r.name] == "forward"}
+            if graph.tensors[name].role == "intermediate" and all(r.layer == op.layer for r in readers.values()):
+                internals[name] = len(readers)
+    return internals
+
+
 class LiveReference(Mapping[str, np.ndarray]):
     """The reference values of `graph` on `inputs`, each read (`reference[name]`) counted
-    against `reads` (from `expected_reads`, copied): a value goes when its count is spent."""
+    against `reads` (from `expected_reads`, copied): a value goes when its count is spent, or,
+    for one of `internals` (`layer_internals`), when its forward reads are, to be computed
+    again for the backward's."""
 
-    def __init__(self, graph: Graph, inputs: Mapping[str, np.ndarray], reads: Counter[str]):
+    def __init__(self, graph: Graph, inputs: Mapping[str, np.ndarray], reads: Counter[str],
+                 internals: Counter[str] | None = None):
         self._graph, self._inputs = graph, inputs
         self._pending = Counter(reads)
+        self._forward_left = Counter(internals or {})
+        self._forward_ops = {op.name for op in graph.ops if graph.phases[op.name] == "forward"} if internals else set()
+        self._evaluated: set[str] = set()  # ops evaluated once: computing a value again spends no read
         self._values: dict[str, np.ndarray] = {}
 
     def __getitem__(self, name: str) -> np.ndarray:
@@ -108,8 +131,10 @@ class LiveReference(Mapping[str, np.ndarray]):
                 self._values[output] = np.asarray(value).astype(DTYPES[self._graph.tensors[output].dtype].numpy,
                                                                 copy=False)
                 made.add(output)
-            for t in set(op.inputs):
-                self._spend(t, keep=made)
+            if op.name not in self._evaluated:
+                self._evaluated.add(op.name)
+                for t in set(op.inputs):
+                    self._spend(t, keep=made, forward=op.name in self._forward_ops)
         for output in made:
             if output != name and self._pending[output] <= 0:
                 self._values.pop(output, None)
@@ -117,8 +142,13 @@ class LiveReference(Mapping[str, np.ndarray]):
     def _read(self, name: str) -> np.ndarray:
         return self._inputs[name] if name in self._inputs else self._values[name]
 
-    def _spend(self, name: str, keep: set[str] = frozenset()) -> None:
-        """One expected read of `name` done: drop its value when none is left (unless in `keep`)."""
+    def _spend(self, name: str, keep: set[str] = frozenset(), forward: bool = False) -> None:
+        """One expected read of `name` done (by a forward op): drop its value when none is left,
+        or when it is a layer's internal value and its forward reads are done (unless in `keep`)."""
         self._pending[name] -= 1
-        if self._pending[name] <= 0 and name not in keep:
+        if forward and name in self._forward_left:
+            self._forward_left[name] -= 1
+        spent = self._pending[name] <= 0 or (name in self._forward_left and self._forward_left[name] <= 0
+                                              and forward)
+        if spent and name not in keep:
             self._values.pop(name, None)

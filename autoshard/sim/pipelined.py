@@ -33,7 +33,7 @@ from autoshard.pipeline import StageOrders, WorkItem, inflight_peaks
 from autoshard.pipeline.schedules import KINDS
 from autoshard.planning.microbatches import ACCUMULATION_DTYPE, Microbatching
 from autoshard.sim.collectives import Shards
-from autoshard.sim.live_reference import LiveReference, evaluation_peak_bytes, expected_reads
+from autoshard.sim.live_reference import LiveReference, evaluation_peak_bytes, expected_reads, layer_internals
 from autoshard.sim.local_op import Placed
 from autoshard.sim.microbatch import batch_slice
 from autoshard.sim.precision import widen_dtype, widen_graph, widen_inputs
@@ -277,7 +277,7 @@ class _Run:
         read = [{v.id for p in self.staged.tail(stage) for v in self.body[p].inputs} for stage in stages]
         checked = [value.tensor for stage in stages for value, _ in self.staged.accumulated if value.id in read[stage]]
         checked += [v.tensor for stage in stages for p in self.staged.tail(stage) for v in self.body[p].outputs]
-        reference = LiveReference(graph, self.inputs, expected_reads(graph, checked))
+        reference = LiveReference(graph, self.inputs, expected_reads(graph, checked), layer_internals(graph))
         for stage in stages:
             env = dict(self.stored[stage])
             for value, source in self.staged.accumulated:
@@ -288,7 +288,7 @@ class _Run:
                     self.execution.record(f"accumulated over {self.orders.microbatches} microbatches", value,
                                           self.sums[value.id], env, reference)
             self.execution.run([self.body[p] for p in self.staged.tail(stage)], env, reference)
-            self.tail_envs.append(env)
+            self.tail_envs.append({i: placed for i, placed in env.items() if i in self.result_ids})  # for the verdict
 
     def results(self) -> dict[int, Placed]:
         """Every stage's values as the last microbatch and the tails left them."""
