@@ -58,35 +58,13 @@ def evaluation_peak_bytes(graph: Graph, widen: bool = True) -> int:
     return peak
 
 
-def layer_internals(graph: Graph) -> Counter[str]:
-    """The forward values of a layer that the forward reads only inside it -> how many forward
-    ops read them. A whole batch's activations are the most a reference holds: dropped after
-    their forward reads, they are computed again from the layer's input (kept, it is read by
-    the layer before) when the backward reads them, one layer at a time."""
-    phases = graph.phases
-    internals: Counter[str] = Counter()
-    for op in graph.ops:
-        if op.layer is None or phases[op.name] != "forward":
-            continue
-        for name in op.outputs:
-            readers = {r.name: r for r in graph.consumers.get(name, ()) if phases[r.name] == "forward"}
-            if graph.tensors[name].role == "intermediate" and all(r.layer == op.layer for r in readers.values()):
-                internals[name] = len(readers)
-    return internals
-
-
 class LiveReference(Mapping[str, np.ndarray]):
     """The reference values of `graph` on `inputs`, each read (`reference[name]`) counted
-    against `reads` (from `expected_reads`, copied): a value goes when its count is spent, or,
-    for one of `internals` (`layer_internals`), when its forward reads are, to be computed
-    again for the backward's."""
+    against `reads` (from `expected_reads`, copied): a value goes when its count is spent."""
 
-    def __init__(self, graph: Graph, inputs: Mapping[str, np.ndarray], reads: Counter[str],
-                 internals: Counter[str] | None = None):
+    def __init__(self, graph: Graph, inputs: Mapping[str, np.ndarray], reads: Counter[str]):
         self._graph, self._inputs = graph, inputs
         self._pending = Counter(reads)
-        self._forward_left = Counter(internals or {})
-        self._forward_ops = {op.name for op in graph.ops if graph.phases[op.name] == "forward"} if internals else set()
         self._evaluated: set[str] = set()  # ops evaluated once: computing a value again spends no read
         self._values: dict[str, np.ndarray] = {}
 
@@ -110,20 +88,31 @@ class LiveReference(Mapping[str, np.ndarray]):
         return sum(value.nbytes for value in self._values.values())
 
     def _compute(self, name: str) -> None:
-        """Evaluate `name`'s producer after whatever it reads that is not held, depth first. Values
-        made on the way stay until the end of this call even when their count is spent, so a
-        value computed again cannot be dropped before the op waiting for it has read it."""
+        """Evaluate `name`'s producer after whatever it reads that is not held, depth first. A
+        value an op on the stack still waits for is not dropped when its count is spent (it may
+        be one computed again); those and the values made here that no count holds are dropped
+        at the end."""
         if name not in self._graph.producers:
             raise KeyError(name)
         made: set[str] = set()
-        stack: list[Op] = [self._graph.producers[name]]
+        spared: set[str] = set()
+        waiting: Counter[str] = Counter()  # inputs of the ops on the stack
+        stack: list[Op] = []
+
+        def push(op: Op) -> None:
+            stack.append(op)
+            waiting.update(set(op.inputs))
+
+        push(self._graph.producers[name])
         while stack:
             op = stack[-1]
             missing = [t for t in dict.fromkeys(op.inputs) if t not in self._inputs and t not in self._values]
             if missing:
-                stack.extend(self._graph.producers[t] for t in missing)
+                for t in missing:
+                    push(self._graph.producers[t])
                 continue
             stack.pop()
+            waiting.subtract(set(op.inputs))
             if all(t in self._values for t in op.outputs):  # pushed twice, computed once
                 continue
             results = evaluate(op.op_kind, op.nest, op.attrs, [self._read(t) for t in op.inputs])
@@ -134,21 +123,22 @@ class LiveReference(Mapping[str, np.ndarray]):
             if op.name not in self._evaluated:
                 self._evaluated.add(op.name)
                 for t in set(op.inputs):
-                    self._spend(t, keep=made, forward=op.name in self._forward_ops)
-        for output in made:
-            if output != name and self._pending[output] <= 0:
-                self._values.pop(output, None)
+                    if self._spend(t, waiting):
+                        spared.add(t)
+        for left in made | spared:
+            if left != name and self._pending[left] <= 0:
+                self._values.pop(left, None)
 
     def _read(self, name: str) -> np.ndarray:
         return self._inputs[name] if name in self._inputs else self._values[name]
 
-    def _spend(self, name: str, keep: set[str] = frozenset(), forward: bool = False) -> None:
-        """One expected read of `name` done (by a forward op): drop its value when none is left,
-        or when it is a layer's internal value and its forward reads are done (unless in `keep`)."""
+    def _spend(self, name: str, waiting: Counter[str] | None = None) -> bool:
+        """One expected read of `name` done: drop its value when none is left, unless an op in
+        `waiting` still reads it: then say so (True)."""
         self._pending[name] -= 1
-        if forward and name in self._forward_left:
-            self._forward_left[name] -= 1
-        spent = self._pending[name] <= 0 or (name in self._forward_left and self._forward_left[name] <= 0
-                                              and forward)
-        if spent and name not in keep:
-            self._values.pop(name, None)
+        if self._pending[name] > 0:
+            return False
+        if waiting is not None and waiting[name] > 0:
+            return True
+        self._values.pop(name, None)
+        return False

@@ -33,7 +33,7 @@ from autoshard.pipeline import StageOrders, WorkItem, inflight_peaks
 from autoshard.pipeline.schedules import KINDS
 from autoshard.planning.microbatches import ACCUMULATION_DTYPE, Microbatching
 from autoshard.sim.collectives import Shards
-from autoshard.sim.live_reference import LiveReference, evaluation_peak_bytes, expected_reads, layer_internals
+from autoshard.sim.live_reference import LiveReference, evaluation_peak_bytes, expected_reads
 from autoshard.sim.local_op import Placed
 from autoshard.sim.microbatch import batch_slice
 from autoshard.sim.precision import widen_dtype, widen_graph, widen_inputs
@@ -277,7 +277,7 @@ class _Run:
         read = [{v.id for p in self.staged.tail(stage) for v in self.body[p].inputs} for stage in stages]
         checked = [value.tensor for stage in stages for value, _ in self.staged.accumulated if value.id in read[stage]]
         checked += [v.tensor for stage in stages for p in self.staged.tail(stage) for v in self.body[p].outputs]
-        reference = LiveReference(graph, self.inputs, expected_reads(graph, checked), layer_internals(graph))
+        reference = LiveReference(graph, self.inputs, expected_reads(graph, checked))
         for stage in stages:
             env = dict(self.stored[stage])
             for value, source in self.staged.accumulated:
