@@ -82,8 +82,8 @@ def run_layered(args: argparse.Namespace, document: dict[str, Any], options: Sea
         sample_graph = graph_from_json(sample.document)
         modes = tuple(recomputations(sample_graph, args.recompute, None))
     except InputError as error:
-        raise InputError([Problem("--by-layer" if p.where in ("layers", "pipeline") else "--recompute" if p.where == "recompute"
-                                  else p.where, p.message) for p in error.problems]) from None
+        flags = {"layers": "--by-layer", "pipeline": "--by-layer", "recompute": "--recompute"}
+        raise InputError([Problem(flags.get(p.where, p.where), p.message) for p in error.problems]) from None
     print(f"layer sample: layers {sample.layers[0]}, {sample.layers[1] if len(sample.layers) > 1 else '-'} and "
           f"{sample.layers[-1]} stand for all {len(sample.layers)} ({time.perf_counter() - started:.1f} s)",
           file=sys.stderr, flush=True)

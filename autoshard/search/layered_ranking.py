@@ -90,8 +90,8 @@ def layered_table(section: dict[str, Any]) -> list[str]:
                      f"{'-' if row['mfu'] is None else format(100 * row['mfu'], '.1f') + '%':>6} "
                      f"{'-' if tokens is None else format(tokens, '.4g'):>9}")
     counts = section["counts"]
-    lines.append(f"{counts['keys']} keys (stage count, sub-mesh, microbatches, recomputation): {counts['solved']} solved, "
-                 f"{counts['pruned']} pruned, {counts['infeasible']} infeasible, {counts['unsolved']} unsolved; "
+    lines.append(f"{counts['keys']} keys (stage count, sub-mesh, microbatches, recomputation): "
+                 f"{counts['solved']} solved, {counts['pruned']} pruned, {counts['infeasible']} infeasible, {counts['unsolved']} unsolved; "
                  f"{counts['formulations']} formulations; configurations: "
                  + ", ".join(f"{n} {outcome}" for outcome, n in counts["configurations"].items())
                  + f"; {section['wall_s']:.1f} s")
