@@ -145,8 +145,11 @@ def search_layered(sample: LayerSample, options: SearchOptions, modes: tuple[str
                     key.outcome, key.reason = "pruned", "its bound is at least the best step found"
                     continue
                 remaining_s = deadline - time.perf_counter()
-                if remaining_s <= 0:
-                    key.outcome, key.reason = "unsolved", "the search's time budget was spent"
+                if remaining_s <= 0:  # every key left at once: a pop looks at all of them
+                    for left in [key, *queue.drain()]:
+                        left.outcome, left.reason = (("pruned", "its bound is at least the best step found")
+                                                     if left.analytic_bound_s >= best_step else
+                                                     ("unsolved", "the search's time budget was spent"))
                     continue
                 task = dataclasses.replace(key.task, beat_s=best_step)
                 running[pool.submit("sample", task, min(options.settings.time_limit_s, remaining_s))] = key
@@ -243,6 +246,11 @@ class Queue:
         self.pending.remove(key)
         self.tried.add(_pair(key))
         return key
+
+    def drain(self) -> list[KeyOutcome]:
+        """Every key not yet popped, the queue left empty."""
+        left, self.pending = self.pending, []
+        return left
 
     def learn(self, key: KeyOutcome, step_s: float) -> None:
         pair = _pair(key)
