@@ -120,3 +120,29 @@ def linalg_index(b: Body, loop: int, offset: str | None) -> str:
     shifted = b.name(f"g{loop}")
     b.emit(f"{shifted} = arith.addi {name}, {offset} : index")
     return shifted
+
+
+def layout_position(b: Body, index: str, length: int, balanced: int | None) -> str:
+    """The sequence position of global stored `index` along an axis of `length` in the balanced
+    causal layout over `balanced` devices (`ops.nn.layout_order`); the index itself otherwise."""
+    if not balanced or balanced == 1:
+        return index
+    chunk, last = length // (2 * balanced), 2 * balanced - 1
+
+    def value(op: str, *args: str, hint: str = "lay") -> str:
+        name = b.name(hint)
+        b.emit(f"{name} = {op} {', '.join(args)} : index")
+        return name
+
+    def const(n: int) -> str:
+        return value("arith.constant", str(n), hint=f"c{n}_")
+    slot = value("arith.divui", index, const(chunk), hint="slot")
+    within = value("arith.remui", index, const(chunk), hint="within")
+    half = value("arith.divui", slot, const(2), hint="half")
+    odd = b.name("odd")
+    b.emit(f"{odd} = arith.cmpi eq, {value('arith.remui', slot, const(2))}, {const(1)} : index")
+    # an even slot holds chunk slot / 2, an odd one chunk 2n - 1 - slot / 2
+    late = value("arith.subi", const(last), half, hint="late")
+    chosen = b.name("chunk")
+    b.emit(f"{chosen} = arith.select {odd}, {late}, {half} : index")
+    return value("arith.addi", value("arith.muli", chosen, const(chunk)), within, hint="pos")

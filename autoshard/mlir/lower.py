@@ -26,7 +26,8 @@ from autoshard.affine import AffineExpr, AffineMap
 from autoshard.dtypes import DTYPES
 from autoshard.errors import InputError
 from autoshard.graph.model import Op
-from autoshard.mlir.linalg import Operand, Spec, empty, generic, ins_outs, linalg_index, reduction_init
+from autoshard.mlir.linalg import (Operand, Spec, empty, generic, ins_outs, layout_position, linalg_index,
+                                   reduction_init)
 from autoshard.mlir.lower_grad import lower_grad
 from autoshard.mlir.lower_indexing import cumulative, scatter
 from autoshard.mlir.lower_window import lower_conv, lower_pool, pad_cells
@@ -34,7 +35,7 @@ from autoshard.mlir.lower_selection import one_hot, top_k
 from autoshard.mlir.scalar import combine, constant, convert, payload
 from autoshard.mlir.text import Body, elem_type, int_list
 from autoshard.ops.loops import PARALLEL, REDUCTION
-from autoshard.ops.nn import KEY_LOOP, QUERY_LOOP
+from autoshard.ops.nn import BALANCED, KEY_LOOP, QUERY_LOOP
 from autoshard.ops.payloads import PAYLOADS
 from autoshard.ops.table import accumulated_dtype, normalize_dim
 
@@ -211,6 +212,7 @@ def _attention(b: Body, ctx: LoweringContext) -> list[Operand]:
     # outside the region: they are top-level values
     query_offset = ctx.offset(QUERY_LOOP) if causal else None
     key_offset = ctx.offset(KEY_LOOP) if causal else None
+    balanced = ctx.op.attrs.get(BALANCED)  # positions of the stored indices (`ops.nn.layout_order`)
     scores_spec = Spec(q.shape[:3] + (k.shape[2],), dtype, q.sizes[:3] + (k.sizes[2],))
 
     def dot(b: Body, args: list[str], acc: str) -> str:
@@ -225,8 +227,8 @@ def _attention(b: Body, ctx: LoweringContext) -> list[Operand]:
             value = _apply_mask(b, value, args[1], mask.dtype, dtype)
         if not causal:
             return value
-        query = linalg_index(b, 2, query_offset)
-        key = linalg_index(b, 3, key_offset)
+        query = layout_position(b, linalg_index(b, 2, query_offset), ctx.op.nest.extents[QUERY_LOOP], balanced)
+        key = layout_position(b, linalg_index(b, 3, key_offset), ctx.op.nest.extents[KEY_LOOP], balanced)
         seen = b.name("seen")
         b.emit(f"{seen} = arith.cmpi ule, {key}, {query} : index")
         return _keep_or_ninf(b, seen, value, dtype)

@@ -13,11 +13,13 @@ from typing import TYPE_CHECKING, Callable
 from autoshard.affine import AffineMap
 from autoshard.errors import InputError
 from autoshard.mlir.lower_window import conv_filter_grad, pool_grad
-from autoshard.mlir.linalg import Operand, Spec, empty, generic, ins_outs, linalg_index, reduction_init
+from autoshard.mlir.linalg import (Operand, Spec, empty, generic, ins_outs, layout_position, linalg_index,
+                                   reduction_init)
 from autoshard.mlir.lower_selection import top_k_values_grad
 from autoshard.mlir.scalar import combine, constant, payload
 from autoshard.mlir.text import Body, elem_type
 from autoshard.ops.loops import REDUCTION
+from autoshard.ops.nn import BALANCED
 
 if TYPE_CHECKING:
     from autoshard.mlir.lower import LoweringContext
@@ -213,6 +215,7 @@ def _attention_grad(b: Body, ctx: LoweringContext, of: str, wrt: int) -> list[Op
     causal = bool(forward.get("causal", False))
     # outside the regions: they are top-level values
     query_offset, key_offset = (ctx.offset(2), ctx.offset(4)) if causal else (None, None)
+    balanced = forward.get(BALANCED)  # positions of the stored indices (`ops.nn.layout_order`)
     scores = Spec(q.shape[:3] + (k.shape[2],), dtype, q.sizes[:3] + (k.sizes[2],))
     contract = ["parallel"] * 4 + ["reduction"]
     dot = lambda a, args: a.mul(*args)  # noqa: E731
@@ -223,7 +226,8 @@ def _attention_grad(b: Body, ctx: LoweringContext, of: str, wrt: int) -> list[Op
         value = a.mul(args[0], a.const(scale))
         if not causal:
             return value
-        query, key = linalg_index(a.b, 2, query_offset), linalg_index(a.b, 3, key_offset)
+        query = layout_position(a.b, linalg_index(a.b, 2, query_offset), ctx.op.nest.extents[2], balanced)
+        key = layout_position(a.b, linalg_index(a.b, 3, key_offset), ctx.op.nest.extents[4], balanced)
         seen, out = a.b.name("seen"), a.b.name("masked")
         a.b.emit(f"{seen} = arith.cmpi ule, {key}, {query} : index")
         a.b.emit(f"{out} = arith.select {seen}, {value}, {a.const(float('-inf'))} : {elem_type(dtype)}")

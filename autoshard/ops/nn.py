@@ -54,6 +54,7 @@ def _sdpa_loops(shapes: Sequence[Shape], attrs: Attrs) -> LoopNest:
         raise shape_error("q [B, H, S, D], k [B, H, T, D], v [B, H, T, E]", shapes)
     b, h, s, d = q
     t, e = k[2], v[3]
+    balanced_devices(attrs, s, t)  # checked here so a bad layout is named when the graph is read
     L = lambda *loops: AffineMap(6, tuple(AffineExpr.loop(i) for i in loops))  # noqa: E731
     # loop order: b0 h1 s2 e3 t4 d5
     maps = (L(0, 1, 2, 5), L(0, 1, 4, 5), L(0, 1, 4, 3))
@@ -72,6 +73,68 @@ def _mask_map(mask: Shape, scores: Shape, shapes: Sequence[Shape]) -> AffineMap:
                               for m, n, l in zip(mask, scores[4 - len(mask):], loops)))
 
 
+# --- the load-balanced causal layout ------------------------------------------------------
+# With the attribute `balanced_over` = n the query and key axes hold the sequence in the order
+# that balances a causal split over n devices (Megatron-LM's and Llama 3's context parallelism):
+# the sequence in 2n equal chunks, stored as chunk 0, chunk 2n - 1, chunk 1, chunk 2n - 2, ...
+# so that the k-th of n contiguous blocks of the stored order holds chunks k and 2n - 1 - k, one
+# early and one late: every block then keeps the same number of (query, key) pairs under the
+# causal mask. The graph is written in the stored order where the sequence enters it (token ids,
+# labels, position ids, masks, rotary tables: see `layout_order`); only the causal mask needs the
+# true positions, which this attribute gives attention. Any split of the stored order is correct
+# (the mask reads each slot's position); a contiguous split over n is the balanced layout.
+BALANCED = "balanced_over"
+
+
+def balanced_devices(attrs: Attrs, queries: int, keys: int) -> int | None:
+    """The attribute `balanced_over` (None: the sequence in its own order), checked against the
+    query and key lengths: each must divide into its 2n chunks."""
+    if BALANCED not in attrs:
+        return None
+    n = attrs[BALANCED]
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise OpError(f"attribute {BALANCED!r} must be a positive integer (the devices the causal layout "
+                      f"balances), got {n!r}", BALANCED)
+    for what, length in (("queries", queries), ("keys", keys)):
+        if length % (2 * n):
+            raise OpError(f"attribute {BALANCED!r} = {n} stores the sequence in {2 * n} equal chunks, but the "
+                          f"{length} {what} do not divide into them", BALANCED)
+    return n
+
+
+def chunk_at(slot: int, n: int) -> int:
+    """The chunk of the sequence the `slot`-th stored chunk holds (of 2n)."""
+    return slot // 2 if slot % 2 == 0 else 2 * n - 1 - slot // 2
+
+
+def layout_order(length: int, n: int | None) -> np.ndarray:
+    """The sequence position each stored index holds: `x[..., layout_order(S, n)]` is a sequence
+    axis in the balanced order for n devices (None or n = 1: the identity)."""
+    if not n or n == 1:
+        return np.arange(length)
+    chunk = length // (2 * n)
+    return np.concatenate([np.arange(chunk) + chunk_at(slot, n) * chunk for slot in range(2 * n)])
+
+
+def position_segments(start: int, size: int, length: int, n: int | None) -> list[tuple[int, int]]:
+    """The stored indices [start, start + size) as runs of consecutive positions (first, count):
+    one run in the sequence's own order, one per chunk touched in the balanced one."""
+    if not n or n == 1 or size <= 0:
+        return [(start, size)] if size > 0 else []
+    chunk = length // (2 * n)
+    runs = []
+    for slot in range(start // chunk, (start + size - 1) // chunk + 1):
+        lo, hi = max(start, slot * chunk), min(start + size, (slot + 1) * chunk)
+        runs.append((chunk_at(slot, n) * chunk + lo - slot * chunk, hi - lo))
+    return runs
+
+
+def block_positions(ctx: Context, loop: int, count: int, length: int) -> np.ndarray:
+    """Global positions of the block's `count` indices of `loop` (attention's queries or keys)."""
+    n = ctx.attrs.get(BALANCED)
+    return layout_order(length, n)[ctx.block.starts[loop] + np.arange(count)]
+
+
 def attention_scores(inputs: Sequence[np.ndarray], ctx: Context) -> np.ndarray:
     """q k^T * scale with the causal mask and the mask input applied (-inf where masked);
     `inputs` are q, k, v and the optional mask, each cut to the block."""
@@ -79,9 +142,11 @@ def attention_scores(inputs: Sequence[np.ndarray], ctx: Context) -> np.ndarray:
     scale = ctx.attrs.get("scale", 1.0 / np.sqrt(ctx.block.extents[5]))
     scores = np.einsum("bhsd,bhtd->bhst", q, k) * scale
     if ctx.attrs.get("causal", False):
-        # Positions are global: a block of queries from s0 and keys from t0 masks each query's later keys.
-        rows = ctx.block.starts[QUERY_LOOP] + np.arange(q.shape[2])[:, None]
-        cols = ctx.block.starts[KEY_LOOP] + np.arange(k.shape[2])[None, :]
+        # Positions are global: a block of queries from s0 and keys from t0 masks each query's later keys
+        # (in the balanced layout each stored index's position, `layout_order`).
+        s, t = ctx.block.extents[QUERY_LOOP], ctx.block.extents[KEY_LOOP]
+        rows = block_positions(ctx, QUERY_LOOP, q.shape[2], s)[:, None]
+        cols = block_positions(ctx, KEY_LOOP, k.shape[2], t)[None, :]
         scores = np.where(cols <= rows, scores, -np.inf)
     if len(inputs) == 4:
         mask = inputs[3]
@@ -144,27 +209,49 @@ def _sdpa_flops(nest: LoopNest, attrs: Attrs) -> float:
     return (2.0 * (d + e) + 5.0) * attention_pairs(nest, attrs)
 
 
+def block_causal_pairs(first_query: int, queries: int, first_key: int, keys: int, s: int, t: int,
+                       balanced: int | None = None) -> int:
+    """Unmasked (query, key) pairs of a block of stored queries and keys: in the balanced layout
+    (`balanced` devices) the sum over the runs of consecutive positions the block holds."""
+    return sum(causal_pairs(q_count, k_count, q_first, k_first)
+               for q_first, q_count in position_segments(first_query, queries, s, balanced)
+               for k_first, k_count in position_segments(first_key, keys, t, balanced))
+
+
+def block_pair_counts(nest: LoopNest, attrs: Attrs, splits: Sequence[int]) -> list[int]:
+    """Unmasked (query, key) pairs of each (query block, key block) of a split of the queries
+    and keys into `splits` contiguous blocks of the stored order (every pair without the causal
+    mask), per batch and head."""
+    s, t = nest.extents[QUERY_LOOP], nest.extents[KEY_LOOP]
+    rows, cols = -(-s // splits[QUERY_LOOP]), -(-t // splits[KEY_LOOP])
+    starts = [(i, j) for i in range(0, s, rows) for j in range(0, t, cols)]
+    if not attrs.get("causal", False):
+        return [min(rows, s - i) * min(cols, t - j) for i, j in starts]
+    return [block_causal_pairs(i, min(rows, s - i), j, min(cols, t - j), s, t, attrs.get(BALANCED)) for i, j in starts]
+
+
 def attention_block_share(nest: LoopNest, attrs: Attrs, splits: Sequence[int]) -> float:
     """The busiest device's share of attention's FLOPs. Its (query, key) pairs are its block's:
     under the causal mask the unmasked area of its query and key blocks (with the queries in n
-    contiguous blocks the last does 2n - 1 times the first's work). Of each pair's work only the
+    contiguous blocks the last does 2n - 1 times the first's work; in the balanced layout over n
+    they all do the same). Of each pair's work only the
     weighted values' 2e FLOPs divide with a split of the value features e: every device of such
     a split computes the scores and the softmax (2d + 5) of its pairs whole."""
     b, h, s, e, t, d = nest.extents
-    rows, cols = -(-s // splits[QUERY_LOOP]), -(-t // splits[KEY_LOOP])
     if attrs.get("causal", False):
-        busiest = max(causal_pairs(min(rows, s - i), min(cols, t - j), i, j)
-                      for i in range(0, s, rows) for j in range(0, t, cols))
+        busiest = max(block_pair_counts(nest, attrs, splits))
     else:
-        busiest = rows * cols
+        busiest = -(-s // splits[QUERY_LOOP]) * -(-t // splits[KEY_LOOP])
     pairs = -(-b // splits[0]) * -(-h // splits[1]) * busiest / attention_pairs(nest, attrs)
     per_pair = 2.0 * (d + e) + 5.0
     return pairs * (2.0 * d + 5.0 + 2.0 * -(-e // splits[3])) / per_pair
 
 
-register(OpKind("attention", (3, 4), _sdpa_loops, _sdpa, _sdpa_flops, attrs=("causal", "scale"), float_only=True,
+register(OpKind("attention", (3, 4), _sdpa_loops, _sdpa, _sdpa_flops, attrs=("causal", "scale", BALANCED),
+                float_only=True,
                 block_share=attention_block_share,
-                doc="softmax(q k^T * scale [causal mask] [mask]) v over [B, H, S, D] heads, optional mask input"))
+                doc="softmax(q k^T * scale [causal mask] [mask]) v over [B, H, S, D] heads, optional mask input; "
+                    "balanced_over = n: the sequence stored in the load-balanced causal order for n devices"))
 
 
 # --- convolution and pooling, channels last -----------------------------------------------
