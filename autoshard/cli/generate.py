@@ -30,6 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--moe-capacity-factor", type=number_flag, default=defaults.moe_capacity_factor,
                    help="expert slots per routed token (default %(default)s)")
     _int(p, "moe_group_size", defaults, "tokens routed together, each group with its own capacity (default seq)")
+    _int(p, "balanced_over", defaults, "store the sequence in the load-balanced causal layout for N context-parallel "
+                                       "devices: chunks i and 2N-1-i together (default: the sequence's own order)")
     p.set_defaults(run=_runner(GPTConfig, gpt))
 
     defaults = MLPConfig()

@@ -519,3 +519,12 @@ def print_roles(roles: dict[str, Any], indent: str = "  ") -> None:
     held = ", ".join(f"{TENSOR_ROLE_WORDS[role]} {size(entry['bytes_per_device'])}"
                      for role, entry in roles["tensors"].items() if entry["tensors"])
     print(f"{indent}per device: {held} (state as stored; gradients and activations as produced, summed over the step)")
+    layout = roles.get("sequence_layout")
+    if layout is not None:
+        n = layout["balanced_over"]
+        splits = sorted({(tuple(a["query_axes"]), round(a["busiest_over_least_work"], 3))
+                         for a in layout["attention"].values()})
+        said = "; ".join(f"queries over {','.join(axes) or 'no axis'}: causal work busiest/least {ratio:g}"
+                         for axes, ratio in splits)
+        print(f"{indent}sequence layout: load-balanced causal over {n} ({2 * n} chunks; device i of a contiguous "
+              f"split over {n} holds chunks i and {2 * n - 1} - i): {said}")

@@ -12,6 +12,15 @@ kv_heads * hd and each K/V head serves heads / kv_heads consecutive query heads,
 broadcast and a reshape in front of the attention; both are views, so K and V are held at kv
 heads and a resharding moves them at that size.
 
+The load-balanced causal layout (`balanced_over` = n, Megatron-LM's and Llama 3's for context
+parallelism over n devices): the sequence is stored in 2n chunks ordered 0, 2n - 1, 1, 2n - 2, ...
+so a contiguous split over n gives device i chunks i and 2n - 1 - i and every device the same
+causal work. The graph holds the sequence in that order from where it enters: token ids and labels
+are fed permuted (`to_layout`), the GPT style looks its position embedding up by an input of
+position ids (the permuted positions), and attention applies its causal mask at the true positions
+(its attribute `balanced_over`, `ops.nn`). The loss is a sum over tokens, so it is the same; the
+logits come out in the stored order. A routed MLP's groups take tokens in the stored order.
+
 An MoE MLP (`moe_experts` > 0) replaces the dense one in every layer: the tokens in groups of
 `moe_group_size` (default one sequence) routed to `moe_top_k` of the experts, each an MLP of
 the style's form with `moe_ffn` features (fine-grained experts are many narrow ones), plus
@@ -30,6 +39,9 @@ from autoshard.models.checks import float_dtype, one_of, positive_ints, raise_pr
 from autoshard.models.megatron import build_megatron_gpt
 from autoshard.models.moe import capacity, expert_linear, routed_experts, routing_problems
 from autoshard.models.training import language_model_head
+from autoshard.ops.nn import BALANCED, layout_order
+
+POSITION_IDS = "position_ids"  # the balanced layout's input: the position of each stored token
 
 STYLES = ("gpt", "llama", "megatron")  # megatron: `autoshard.models.megatron`
 
@@ -52,9 +64,10 @@ class GPTConfig:
     moe_shared_experts: int = 0
     moe_capacity_factor: float = 1.25
     moe_group_size: int | None = None  # default seq
+    balanced_over: int | None = None  # the load-balanced causal layout for this many devices (None: the own order)
 
     def __post_init__(self) -> None:
-        optional = tuple(f for f in ("ffn", "kv_heads", "moe_ffn") if getattr(self, f) is not None)
+        optional = tuple(f for f in ("ffn", "kv_heads", "moe_ffn", "balanced_over") if getattr(self, f) is not None)
         problems = positive_ints(self, "layers", "hidden", "heads", "seq", "batch", "vocab", *optional)
         if not problems and self.hidden % self.heads:
             problems.append(Problem("heads", f"must divide hidden ({self.hidden}), got {self.heads}"))
@@ -66,11 +79,17 @@ class GPTConfig:
                 problems.append(Problem(name, f"must be a non-negative integer, got {value!r}"))
         if not problems and self.moe_experts:
             problems += routing_problems(self, "moe_")
+        if not problems and self.balanced_over is not None and self.seq % (2 * self.balanced_over):
+            problems.append(Problem("balanced_over", f"the layout stores the sequence in 2 x {self.balanced_over} "
+                                                     f"equal chunks, which must divide seq ({self.seq})"))
         if self.style == "megatron":  # the 2022 layer: multi-head attention and a dense MLP
             if self.kv_heads not in (None, self.heads):
                 problems.append(Problem("kv_heads", f"the megatron style has as many as heads, got {self.kv_heads}"))
             if self.moe_experts:
                 problems.append(Problem("moe_experts", f"the megatron style has a dense MLP, got {self.moe_experts}"))
+            if self.balanced_over is not None:
+                problems.append(Problem("balanced_over", "the megatron style keeps the sequence in its own order; "
+                                                         "use style gpt or llama"))
         raise_problems(problems + float_dtype(self.dtype) + one_of(self.style, STYLES, "style"))
 
     @property
@@ -134,7 +153,8 @@ class _Blocks:
         q = self.heads(self.linear(x, h, h, f"{name}.q"), f"{name}.q", self.c.heads)
         k, v = (self.repeat_heads(self.heads(self.linear(x, h, kv * self.c.head_dim, f"{name}.{n}"), f"{name}.{n}", kv),
                                   f"{name}.{n}") for n in "kv")
-        o = b.op("attention", [q, k, v], f"{name}.sdpa", causal=True)
+        layout = {} if self.c.balanced_over is None else {BALANCED: self.c.balanced_over}
+        o = b.op("attention", [q, k, v], f"{name}.sdpa", causal=True, **layout)
         o = b.op("transpose", [o], f"{name}.merge", perm=[0, 2, 1, 3])
         o = b.op("reshape", [o], f"{name}.merged", shape=[self.c.batch, self.c.seq, h])
         return self.linear(o, h, h, f"{name}.out")
@@ -179,7 +199,10 @@ def build_gpt(config: GPTConfig, training: bool = False) -> GraphBuilder:
     ids = b.input("ids", (c.batch, c.seq), "i32", batch_dim=0)
     x = b.op("embedding", [ids, b.parameter("embed.table", (c.vocab, c.hidden))], "embed")
     if blocks.gpt:
-        x = b.op("add", [x, b.parameter("embed.position", (c.seq, c.hidden))], "embed.position_add")
+        positions = b.parameter("embed.position", (c.seq, c.hidden))
+        if c.balanced_over is not None:  # each stored token's row of the table, by its position id
+            positions = b.op("embedding", [b.input(POSITION_IDS, (c.seq,), "i32"), positions], "embed.position_rows")
+        x = b.op("add", [x, positions], "embed.position_add")
     for layer in range(c.layers):
         p, b.layer = f"layer{layer}", layer
         x = b.op("add", [x, blocks.attention(blocks.norm(x, f"{p}.attn_norm"), f"{p}.attn")], f"{p}.attn_residual")
@@ -188,6 +211,30 @@ def build_gpt(config: GPTConfig, training: bool = False) -> GraphBuilder:
     b.layer = None
     language_model_head(b, blocks.norm(x, "final_norm"), c.hidden, c.vocab, training)
     return b
+
+
+def sequence_inputs(config: GPTConfig) -> dict[str, int]:
+    """The inputs that carry the sequence, and their sequence dim: what a run feeds in the
+    layout's order (`to_layout`)."""
+    found = {"ids": 1, "labels": 1}
+    if config.balanced_over is not None and config.style == "gpt":
+        found[POSITION_IDS] = 0
+    return found
+
+
+def to_layout(config: GPTConfig, values: dict[str, Any]) -> dict[str, Any]:
+    """A step's inputs in the graph's sequence order: with `balanced_over` = n, token ids and
+    labels permuted along the sequence into the balanced order (chunks i and 2n - 1 - i adjacent)
+    and the position ids that order's positions, as Megatron-LM's context-parallel data loader
+    does; the others as given."""
+    order = layout_order(config.seq, config.balanced_over)
+    out = dict(values)
+    for name, dim in sequence_inputs(config).items():
+        if name == POSITION_IDS:
+            out[name] = order.astype("int32")
+        elif name in out:
+            out[name] = out[name].take(order, axis=dim)
+    return out
 
 
 def gpt(config: GPTConfig, training: bool = False) -> dict[str, Any]:
