@@ -193,6 +193,7 @@ def test_the_plan_document_and_report_name_the_layout(capsys):
     layout = roles_document(Plan(graph, mesh, {"sdpa": Q_OVER_CP}, stores))["sequence_layout"]
     assert layout == {"layout": "load-balanced causal", "balanced_over": 4, "chunks": 8,
                       "device_chunks": [[0, 7], [1, 6], [2, 5], [3, 4]],
+                      "stored_in_layout_order": {"q": [2], "k": [2], "v": [2]},
                       "attention": {"sdpa": {"query_axes": ["cp"], "key_axes": [], "busiest_over_least_work": 1.0}}}
     roles = roles_document(Plan(graph, mesh, {"sdpa": Q_OVER_CP}, stores))
     print_roles(roles)

@@ -1,4 +1,5 @@
-"""`autoshard import FRAMEWORK SOURCE -o graph.json [--strict] [--training [--precision P]] [--batch-dim D]`: a framework's program
+"""`autoshard import FRAMEWORK SOURCE -o graph.json [--strict] [--training [--precision P]] [--batch-dim D]
+[--balanced-over N]`: a framework's program
 as a graph document. One row per framework in `FRAMEWORKS`; the framework's own code lives in
 `autoshard.frontends.<framework>` and is imported only when its row runs.
 """
@@ -109,8 +110,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--batch-dim", type=int, metavar="D",
                        help="dim D of every argument (and of the labels) carries the batch, which --microbatches "
                             "and --pipeline split (0 for torch.distributed.pipelining)")
+        p.add_argument("--balanced-over", type=integer_flag, metavar="N",
+                       help="store the sequence in the load-balanced causal layout for N context-parallel devices "
+                            "(chunks i and 2N-1-i together); lists the inputs to feed in that order")
         framework.extra_args(p)
         p.set_defaults(run=_runner(framework))
+
+
+def _balanced(document: dict[str, Any], n: int) -> tuple[dict[str, Any], Any]:
+    """The imported graph in the load-balanced causal layout, and what to feed in its order."""
+    from autoshard.planning.sequence_layout import balance_layout, sequence_entries
+    try:
+        document = balance_layout(document, n)
+    except InputError as error:  # name the flag for the layout's own problems, the op for the graph's
+        raise InputError([replace(p, where="--balanced-over") if p.where == "balanced_over" else p
+                          for p in error.problems]) from None
+    graph = graph_from_json(document)
+    fed = ", ".join(f"{name} (dim {', '.join(map(str, dims))})" for name, dims in sequence_entries(graph).items())
+    print(f"load-balanced causal layout over {n}: feed and store in its order {fed}")
+    return document, graph
 
 
 def _runner(framework: Framework) -> Callable[[argparse.Namespace], int]:
@@ -125,6 +143,8 @@ def _runner(framework: Framework) -> Callable[[argparse.Namespace], int]:
                               for p in error.problems]) from None
         for note in notes:
             print(f"warning: {note}")
+        if args.balanced_over is not None:
+            document, graph = _balanced(document, args.balanced_over)
         write_graph(document, graph, args.output)
         return 0
     return run

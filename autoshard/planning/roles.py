@@ -47,7 +47,6 @@ from typing import Any, Mapping
 
 from autoshard.graph.model import Graph, Op
 from autoshard.ops.loops import PARALLEL, REDUCTION, LoopNest, loop_position
-from autoshard.ops.nn import BALANCED, KEY_LOOP, QUERY_LOOP, block_pair_counts, chunk_at
 from autoshard.planning.costs import tensor_bytes
 from autoshard.planning.plan import Plan
 
@@ -292,30 +291,9 @@ def roles_document(plan: Plan, roles: Roles | None = None) -> dict[str, Any]:
         "tensor_roles": {name: role for name, role in roles.tensors.items() if role != "activation"},
         "batch_declared": roles.batch_declared,
     }
+    from autoshard.planning.sequence_layout import sequence_layout  # it reads the labels defined here
     layout = sequence_layout(plan)
     if layout is not None:
         document["sequence_layout"] = layout
     return document
 
-
-def sequence_layout(plan: Plan) -> dict[str, Any] | None:
-    """The load-balanced causal layout of a plan whose attention stores the sequence in it
-    (`ops.nn`, attribute `balanced_over`), None for one in the sequence's own order: the devices
-    it balances, its chunks and which each device's contiguous block of the stored order holds,
-    and, per attention op, the axes splitting the queries and the busiest device's causal work
-    over the least busy's (1.0 where balanced; 2n - 1 for n contiguous query blocks)."""
-    ops = [op for op in plan.graph.ops if op.kind == "attention" and BALANCED in op.attrs]
-    if not ops:
-        return None
-    n = ops[0].attrs[BALANCED]
-    per_op = {}
-    for op in ops:
-        option = plan.options[op.name]
-        splits = tuple(plan.mesh.group_size(axes) if axes else 1 for axes in option.loop_axes)
-        counts = [c for c in block_pair_counts(op.nest, op.attrs, splits) if c]
-        per_op[op.name] = {"query_axes": list(option.loop_axes[QUERY_LOOP]),
-                           "key_axes": list(option.loop_axes[KEY_LOOP]),
-                           "busiest_over_least_work": max(counts) / min(counts) if counts else 1.0}
-    return {"layout": "load-balanced causal", "balanced_over": n, "chunks": 2 * n,
-            "device_chunks": [[chunk_at(2 * i, n), chunk_at(2 * i + 1, n)] for i in range(n)],
-            "attention": per_op}
