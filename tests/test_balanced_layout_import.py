@@ -7,6 +7,7 @@ document mask and rotary tables, and a torch module with rotary inputs imported.
 from __future__ import annotations
 
 import json
+import re
 import warnings
 
 import numpy as np
@@ -130,6 +131,9 @@ def test_the_layout_errors_name_balanced_over():
     with pytest.raises(InputError, match="no causal attention") as error:
         balance_layout(b.document(), 2)
     assert [p.where for p in error.value.problems] == ["balanced_over"]
+    with pytest.raises(InputError, match="already in the layout balanced over 2") as error:
+        balance_layout(balance_layout(doc, 2), 4)
+    assert [p.where for p in error.value.problems] == ["balanced_over"]
 
 
 ROTARY_SOURCE = '''
@@ -193,3 +197,61 @@ def test_an_imported_torch_module_with_rotary_inputs_balanced_computes_its_outpu
     # the flag's own error names it
     assert main(["import", "torch", f"{source}:make", "--balanced-over", "3", "-o", str(out)]) == 2
     assert "--balanced-over: the layout stores the sequence in 2 x 3 equal chunks" in capsys.readouterr().err
+
+
+def long_attention(path, heads: int = 1, seq: int = 2048) -> None:
+    """Causal attention over `seq` tokens whose q, k, v arrive split over cp along the sequence."""
+    b = GraphBuilder("long", "f32")
+    q, k, v = (b.input(name, (1, heads, seq, 64)) for name in "qkv")
+    b.mark_outputs(b.op("attention", [q, k, v], "sdpa", causal=True))
+    document = b.document()
+    document["constraints"] = [{"tensor": name, "split_axes": [[], [], ["cp"]]} for name in "qkv"]
+    path.write_text(json.dumps(document))
+
+
+def test_plan_balanced_over_auto_keeps_the_layout_that_pays_and_writes_its_graph(tmp_path, capsys):
+    from autoshard.cli.main import main
+
+    long_attention(tmp_path / "g.json")
+    out = tmp_path / "out"
+    assert main(["plan", str(tmp_path / "g.json"), "--mesh", "cp=4", "--workers", "1", "--verify", "always",
+                 "--balanced-over", "auto", "-o", str(out)]) == 0
+    said = capsys.readouterr()
+    steps = dict(re.findall(r"recompute none, (the sequence in its own order|balanced over 4): step (\S+) s", said.err))
+    assert float(steps["balanced over 4"]) < float(steps["the sequence in its own order"])
+    plan = json.loads((out / "plan.json").read_text())
+    layout = plan["roles"]["sequence_layout"]
+    assert (layout["balanced_over"], layout["stored_in_layout_order"]) == (4, {"q": [2], "k": [2], "v": [2]})
+    assert layout["attention"]["sdpa"] == {"query_axes": ["cp"], "key_axes": [], "busiest_over_least_work": 1.0}
+    assert plan["ops"]["sdpa"]["option"][2] == ["cp"]
+    graph = json.loads((out / "graph.json").read_text())
+    assert [op.get(BALANCED) for op in graph["ops"]] == [4]
+    assert "simulator: PASS" in said.out
+    # the readers take the plan with the graph written beside it
+    assert main(["simulate", str(out / "graph.json"), "--plan", str(out / "plan.json")]) == 0
+    assert "PASS" in capsys.readouterr().out
+
+
+def test_plan_balanced_over_n_and_its_errors(tmp_path, capsys):
+    from autoshard.cli.main import main
+
+    long_attention(tmp_path / "g.json", seq=2044)
+    assert main(["plan", str(tmp_path / "g.json"), "--mesh", "cp=4", "--workers", "1", "--balanced-over", "4",
+                 "-o", str(tmp_path / "out")]) == 2
+    assert ("--balanced-over: the layout stores the sequence in 2 x 4 equal chunks, which must divide its 2044 "
+            "positions") in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["plan", str(tmp_path / "g.json"), "--mesh", "cp=4", "--balanced-over", "four"])
+    assert "argument --balanced-over: expected a whole number or auto, got 'four'" in capsys.readouterr().err
+    # auto on a sequence no axis's layout divides: the own order alone, the layout said and skipped
+    out = tmp_path / "auto"
+    assert main(["plan", str(tmp_path / "g.json"), "--mesh", "cp=4", "--workers", "1", "--verify", "never",
+                 "--balanced-over", "auto", "-o", str(out)]) == 0
+    assert "layout balanced over 4: not offered: the layout stores the sequence in 2 x 4" in capsys.readouterr().err
+    assert not (out / "graph.json").exists()
+    assert "sequence_layout" not in json.loads((out / "plan.json").read_text())["roles"]
+    long_attention(tmp_path / "g.json", seq=2048)
+    out = tmp_path / "fixed"
+    assert main(["plan", str(tmp_path / "g.json"), "--mesh", "cp=4", "--workers", "1", "--verify", "never",
+                 "--balanced-over", "2", "-o", str(out)]) == 0
+    assert [op.get(BALANCED) for op in json.loads((out / "graph.json").read_text())["ops"]] == [2]

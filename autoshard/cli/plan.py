@@ -21,7 +21,7 @@ from autoshard.errors import InfeasibleError, InputError, Interrupted, Problem
 from autoshard.graph.builder import document_text
 from autoshard.graph.model import Graph
 from autoshard.graph.recompute import MODES, Recompute, record_recompute, with_recomputation
-from autoshard.graph.schema import load_graph, read_json
+from autoshard.graph.schema import graph_from_json, load_graph, read_json
 from autoshard.graph.summary import si, size
 from autoshard.mesh import Mesh
 from autoshard.numerals import parse_real
@@ -57,8 +57,51 @@ def register(sub: argparse._SubParsersAction) -> None:
                              "stages, schedule and virtual stages, microbatches, each virtual stage's layers and "
                              "each layer's recomputation (e.g. a narrow version of a model planned as the wide one "
                              "was); a flag given as well must agree")
+    parser.add_argument("--balanced-over", metavar="N|auto", type=_layout_flag,
+                        help="plan the graph in the load-balanced causal layout for N context-parallel devices "
+                             "(the sequence in 2N chunks, device i of a contiguous split holding chunks i and "
+                             "2N-1-i); auto: plan the sequence's own order and the layout over each mesh axis's "
+                             "size, keep the fastest. The graph planned is written beside plan.json as graph.json: "
+                             "emit and simulate with it, and feed the inputs plan.json lists under "
+                             "roles.sequence_layout in the layout's order")
     # None: not given, so --like may set it (`fill_defaults` gives the rest their defaults)
     parser.set_defaults(run=run, mesh=None, topology=None, recompute=None, microbatches=None)
+
+
+def _layout_flag(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return integer_flag(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a whole number or auto, got {text!r}") from None
+
+
+LAYOUT_GRAPH = "graph.json"  # the graph planned in the balanced layout, written beside plan.json
+
+
+def causal_layouts(args: argparse.Namespace, graph: Graph, mesh: Mesh) -> list[tuple[int | None, Graph, dict | None]]:
+    """The layouts to plan: (devices balanced over or None for the sequence's own order, the
+    graph so laid out, its document when rewritten). `--balanced-over auto` offers the own order
+    and the layout over each mesh axis's size the graph takes (the others said and skipped)."""
+    wanted = getattr(args, "balanced_over", None)
+    if wanted is None:
+        return [(None, graph, None)]
+    from autoshard.planning.sequence_layout import balance_layout
+    document = read_json(args.graph)
+    auto = wanted == "auto"
+    found: list[tuple[int | None, Graph, dict | None]] = [(None, graph, None)] if auto else []
+    for n in sorted({size for size in mesh.shape if size > 1}) if auto else [wanted]:
+        try:
+            balanced = balance_layout(document, n)
+        except InputError as error:
+            if not auto:  # the layout's own problems are the flag's; the graph's are at their ops
+                raise InputError([dataclasses.replace(p, where="--balanced-over") if p.where == "balanced_over"
+                                  else p for p in error.problems]) from None
+            print(f"  layout balanced over {n}: not offered: {error.problems[0].message}", file=sys.stderr, flush=True)
+            continue
+        found.append((n, graph_from_json(balanced, mesh), balanced))
+    return found
 
 
 def add_recompute_arg(parser: argparse.ArgumentParser, auto: str) -> None:
@@ -221,9 +264,17 @@ def run(args: argparse.Namespace) -> int:
             if problems:
                 raise InputError(problems)
             graph = load_graph(args.graph, mesh)
+            layouts = causal_layouts(args, graph, mesh)
+            if len(layouts) > 1 and args.recompute == "auto" and pipeline is not None:
+                raise InputError("--balanced-over auto with --recompute auto and --pipeline: choose one of the two "
+                                 "automatically (a mode per layer is fitted to one layout's plans)", "--balanced-over")
+            layout_documents = {n: document for n, _, document in layouts}
+            graph = layouts[0][1]  # the one layout's graph (with auto, the sequence's own order)
             try:
-                rewritten = (list(recomputations(graph, args.recompute, mesh).items()) if isinstance(args.recompute, str)
-                             else [(args.recompute, with_recomputation(graph, args.recompute, mesh))])
+                rewritten = [(mode, recomputed, n) for n, laid, _ in layouts for mode, recomputed in
+                             (list(recomputations(laid, args.recompute, mesh).items())
+                              if isinstance(args.recompute, str)
+                              else [(args.recompute, with_recomputation(laid, args.recompute, mesh))])]
                 part_at = like.part_at(graph) if like is not None else None
             except InputError as error:
                 raise InputError([Problem(p.where if p.where == "--like" else "--recompute", p.message)
@@ -241,8 +292,8 @@ def run(args: argparse.Namespace) -> int:
                     raise flagged(error) from None
             settings, stages = checked_settings(args)
         attempts: list[Attempt] = []
-        for mode, recomputed in rewritten:
-            attempt = Attempt(mode, part_at)
+        for mode, recomputed, n in rewritten:
+            attempt = Attempt(mode, part_at, layout=n, layouts_compared=len(layouts) > 1)
             attempts.append(attempt)
             chosen = attempt.run(recomputed, mesh, hw, settings, pipeline, args.layer_once, phases, chosen,
                                  announce=len(rewritten) > 1)
@@ -255,7 +306,7 @@ def run(args: argparse.Namespace) -> int:
                                      args.layer_once, phases, chosen, announce=True)
         if chosen is None:
             raise InfeasibleError(f"no feasible plan with any recomputation "
-                                  f"({', '.join(mode_words(mode) for mode, _ in rewritten)})")
+                                  f"({', '.join(sorted({mode_words(mode) for mode, _, _ in rewritten}))})")
         attempt = chosen
         result, pipelined = chosen.result, chosen.pipelined
         delivered = deliver(result, hw, args.topology, emit=stages, dialect=args.dialect, arguments=args.arguments,
@@ -267,13 +318,17 @@ def run(args: argparse.Namespace) -> int:
         if chosen.graph is not graph:  # the graph as planned is the rewritten one
             record_recompute(delivered.document, chosen.mode)
         written = write_deliverables(delivered, args.output, phases)
+        written += write_layout_graph(layout_documents.get(chosen.layout), args.output)
         if pipelined is not None and args.trace:
             written.append(write_trace(pipelined.timeline, args.trace))
     except KeyboardInterrupt:
         found = attempt.result or attempt.best.result()
         if chosen is not None and chosen is not attempt and (found is None or chosen.step_s <= step_of(found)):
             attempt, found = chosen, chosen.result  # with auto: a finished plan beats a running one's incumbent
-        raise interrupted(found, attempt.mode, args, phases) from None
+        stopped = interrupted(found, attempt.mode, args, phases)
+        if found is not None and args.output:
+            write_layout_graph(layout_documents.get(attempt.layout), args.output)
+        raise stopped from None
     print_summary(delivered.document, written)
     return 1 if delivered.document["verification"]["status"] == "failed" else 0
 
@@ -345,8 +400,12 @@ def mode_words(mode: Recompute) -> str:
 class Attempt:
     """One recomputation's plan (a pipelined one with `--pipeline`), and the best so far while it solves."""
 
-    def __init__(self, mode: Recompute, part_at: tuple[int, ...] | None = None) -> None:
+    def __init__(self, mode: Recompute, part_at: tuple[int, ...] | None = None, layout: int | None = None,
+                 layouts_compared: bool = False) -> None:
         self.mode, self.best = mode, BestSoFar()
+        # the causal layout planned (the devices it balances; None: the sequence's own order), named
+        # in the announcements when several are compared
+        self.layout, self.layouts_compared = layout, layouts_compared
         self.part_at = part_at  # the cut (virtual stage per layer position), when fixed
         self.graph: Graph | None = None
         self.result: PlanResult | None = None
@@ -361,6 +420,8 @@ class Attempt:
         """Solve; the faster of this plan and `chosen` (an infeasible one said when `announce`,
         else raised)."""
         words = mode_words(self.mode)
+        if self.layouts_compared:
+            words += f", {'the sequence in its own order' if self.layout is None else f'balanced over {self.layout}'}"
         if announce:
             print(f"  recompute {words}: planning", file=sys.stderr, flush=True)
         try:
@@ -445,6 +506,15 @@ def write_deliverables(delivered: Deliverables, output: str | None, phases: Phas
     if output:
         (Path(output) / "plan.json").write_text(_with_phases(body, document["phases"]))
     return [Path(output) / name for name in names] if output else []
+
+
+def write_layout_graph(document: dict | None, output: str | None) -> list[Path]:
+    """The graph as planned in the balanced layout, beside plan.json (none for the own order)."""
+    if document is None or not output:
+        return []
+    path = Path(output) / LAYOUT_GRAPH
+    path.write_text(document_text(document))
+    return [path]
 
 
 def _with_phases(body: str, phases: dict[str, Any]) -> str:

@@ -58,6 +58,9 @@ def layout_problems(graph: Graph) -> list[Problem]:
     causal = [op for op in graph.ops if op.kind == "attention" and op.attrs.get("causal", False)]
     if not causal:
         return [Problem("balanced_over", "the graph has no causal attention: the layout balances its mask")]
+    already = sorted({op.attrs[BALANCED] for op in causal if BALANCED in op.attrs})
+    if already:
+        return [Problem("balanced_over", f"the graph is already in the layout balanced over {already[0]}")]
     length = causal[0].nest.extents[QUERY_LOOP]
     problems = []
     index = {op.name: i for i, op in enumerate(graph.ops)}
