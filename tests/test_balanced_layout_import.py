@@ -230,6 +230,16 @@ def test_plan_balanced_over_auto_keeps_the_layout_that_pays_and_writes_its_graph
     # the readers take the plan with the graph written beside it
     assert main(["simulate", str(out / "graph.json"), "--plan", str(out / "plan.json")]) == 0
     assert "PASS" in capsys.readouterr().out
+    # the frameworks run their programs' own attention (masking by index): the plan is refused, named
+    pytest.importorskip("torch")
+    from autoshard.frontends.torch import parallelize
+    with pytest.raises(InputError, match="load-balanced causal layout over 4; autoshard.frontends.torch.parallelize"):
+        parallelize(None, plan, None)
+    pytest.importorskip("jax")
+    from autoshard.frontends.jax import partition_specs
+    with pytest.raises(InputError, match="layout over 4; autoshard.frontends.jax.partition_specs runs") as error:
+        partition_specs(lambda x: x, plan)
+    assert error.value.problems[0].where == "plan"
 
 
 def test_plan_balanced_over_n_and_its_errors(tmp_path, capsys):

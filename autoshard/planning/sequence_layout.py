@@ -161,3 +161,21 @@ def sequence_layout(plan: Plan) -> dict[str, Any] | None:
     return {"layout": "load-balanced causal", "balanced_over": n, "chunks": 2 * n,
             "device_chunks": [[chunk_at(2 * i, n), chunk_at(2 * i + 1, n)] for i in range(n)],
             "stored_in_layout_order": sequence_entries(graph), "attention": per_op}
+
+
+def refuse_balanced(plan: Any, entry: str) -> None:
+    """Raise naming `entry` (a framework's runner) when `plan` was made for a graph in the
+    balanced layout: the framework runs the program's own attention, which masks by index, so
+    inputs fed in the stored order would be computed as if in their own. `plan`: a Plan, a
+    PlanResult or a plan document (its `roles.sequence_layout`)."""
+    if isinstance(plan, Mapping):
+        roles = plan.get("roles")
+        layout = roles.get("sequence_layout") if isinstance(roles, Mapping) else None
+        n = layout.get("balanced_over") if isinstance(layout, Mapping) else None
+    else:
+        graph = getattr(getattr(plan, "plan", plan), "graph", None)
+        n = next((op.attrs[BALANCED] for op in getattr(graph, "ops", ()) if BALANCED in op.attrs), None)
+    if n is not None:
+        raise InputError(f"the plan is for the graph in the load-balanced causal layout over {n}; {entry} runs the "
+                         f"program's own attention, whose causal mask reads indices as positions: plan the program "
+                         f"in its own order (without --balanced-over) to run it here", "plan")

@@ -21,6 +21,7 @@ from autoshard.frontends.jax.trace import Const
 from autoshard.frontends.pipelined import refuse_pipelined
 from autoshard.planning.make_plan import PlanResult
 from autoshard.planning.plan import Plan
+from autoshard.planning.sequence_layout import refuse_balanced
 from autoshard.resharding import Price
 
 
@@ -103,6 +104,7 @@ def shard(f: Callable[..., Any], plan: PlanResult | Plan | dict[str, Any], mesh:
     every sharding XLA would otherwise infer). `parameters` as for `from_function`; `price` as for
     `partition_specs` (the plan's own, `hardware.collective_seconds`, to deliver values as it does)."""
     refuse_pipelined(plan, "autoshard.frontends.jax.shard")
+    refuse_balanced(plan, "autoshard.frontends.jax.shard")
     jax = require_jax()
     document = plan_document(plan)
     ours = plan_mesh(document)

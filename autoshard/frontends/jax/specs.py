@@ -22,6 +22,7 @@ from autoshard.planning.make_plan import PlanResult
 from autoshard.planning.plan import Plan, plan_to_json
 from autoshard.planning.plan_contract import read_plan
 from autoshard.planning.report import delivered_shardings
+from autoshard.planning.sequence_layout import refuse_balanced
 from autoshard.resharding import Price, bytes_moved_price
 from autoshard.sharding import Sharding
 
@@ -91,6 +92,7 @@ def partition_specs(f: Any, plan: PlanResult | Plan | dict[str, Any], *args: Any
     Raises an InputError naming the value when an argument or result cannot be placed as planned
     (uneven, or explicit offsets); a partial intermediate gets no spec where it is produced (JAX
     cannot write one down), only the specs its consumers ask for."""
+    refuse_balanced(plan, "autoshard.frontends.jax.partition_specs")
     jax = require_jax()
     document = plan_document(plan)
     mesh = plan_mesh(document)

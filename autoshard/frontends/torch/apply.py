@@ -28,6 +28,7 @@ from autoshard.planning.make_plan import PlanResult
 from autoshard.planning.plan import Plan, plan_from_json
 from autoshard.planning.plan_contract import read_plan
 from autoshard.planning.report import plan_reshardings
+from autoshard.planning.sequence_layout import refuse_balanced
 from autoshard.resharding import bytes_moved_price
 from autoshard.sharding import Sharding
 
@@ -49,6 +50,7 @@ def parallelize(exported_program: Any, plan: Plan | PlanResult | Mapping[str, An
     itself (a plan document does not: pass it).
     """
     refuse_pipelined(plan, "autoshard.frontends.torch.parallelize")
+    refuse_balanced(plan, "autoshard.frontends.torch.parallelize")
     if expert_capacity is None and isinstance(plan, (Plan, PlanResult)):
         expert_capacity = planned_capacity((plan.plan if isinstance(plan, PlanResult) else plan).graph)
     elif expert_capacity is None and any(str(op).endswith(".dispatch_tokens") for op in plan.get("ops") or ()):
