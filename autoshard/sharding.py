@@ -245,8 +245,12 @@ class Sharding:
 
     def max_local_shape(self, mesh: Mesh, shape: Sequence[int]) -> tuple[int, ...]:
         """The largest shard per dim, halos included: the buffer every device allocates."""
-        return tuple(max(b - a for a, b in self.dim_bounds(mesh, size, dim)) + sum(self.halo(dim))
-                     for dim, size in enumerate(shape))
+        return tuple(self._largest_shard(mesh, size, dim) + sum(self.halo(dim)) for dim, size in enumerate(shape))
+
+    def _largest_shard(self, mesh: Mesh, size: int, dim: int) -> int:
+        if dim < len(self.dims_offsets) and self.dims_offsets[dim]:
+            return max(b - a for a, b in self.dim_bounds(mesh, size, dim))
+        return min(ceildiv(size, self.shard_count(mesh, dim)), size)  # the first of `dim_bounds`' even shards
 
     # --- printing -----------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:

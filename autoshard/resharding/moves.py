@@ -23,14 +23,13 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from functools import lru_cache
-from types import MappingProxyType
+from functools import lru_cache, partial
 from typing import Any, Callable, Iterator, Sequence
 
 from autoshard.mesh import Mesh
 from autoshard.resharding.geometry import (device_transfers, dim_offsets, exchange_axes, exchange_extent, fan_in,
                                            halo_received_elements, missing_elements, pieces)
-from autoshard.resharding.steps import STEP_KINDS, CollectiveStep, Price
+from autoshard.resharding.steps import STEP_KINDS, CollectiveStep, Price, StepDims
 from autoshard.sharding import Sharding, ceildiv
 
 
@@ -285,10 +284,9 @@ def halo_move(mesh: Mesh, shape: tuple[int, ...], dtype_bytes: float, state: Sha
 
 
 def build_step(mesh: Mesh, shape: tuple[int, ...], before: Sharding, move: Move, seconds: float) -> CollectiveStep:
-    dims = dict(move.dims)
-    if move.kind == "permute":
-        dims["transfers"] = device_transfers(mesh, shape, before, move.after, move.mesh_axes)
-    return CollectiveStep(move.kind, move.mesh_axes, MappingProxyType(dims), before.max_local_shape(mesh, shape),
+    later = {"transfers": partial(device_transfers, mesh, shape, before, move.after, move.mesh_axes)} \
+        if move.kind == "permute" else None
+    return CollectiveStep(move.kind, move.mesh_axes, StepDims(move.dims, later), before.max_local_shape(mesh, shape),
                           move.after.max_local_shape(mesh, shape), move.bytes_per_device, seconds, before, move.after)
 
 

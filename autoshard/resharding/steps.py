@@ -10,7 +10,7 @@ printer's `STEP_PRINTERS`) key their own dicts by these names; a test holds them
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, Callable, Iterator, Mapping, NamedTuple
 
 from autoshard.mesh import Device, Mesh
 from autoshard.sharding import Sharding
@@ -76,6 +76,36 @@ class Transfer(NamedTuple):
     def to_json(self) -> dict[str, Any]:
         return {"source": list(self.source), "target": list(self.target),
                 "source_box": [list(b) for b in self.source_box], "target_box": [list(b) for b in self.target_box]}
+
+
+class StepDims(Mapping[str, Any]):
+    """A step's `dims`, read-only, with some entries computed on first read: a permute's
+    `transfers` list every device's tiles, which costs seconds on meshes of hundreds of devices
+    and which only the simulator and the IR printer read (a plan is priced without them)."""
+
+    __slots__ = ("_known", "_later")
+
+    def __init__(self, known: Mapping[str, Any], later: Mapping[str, Callable[[], Any]] | None = None):
+        self._known = dict(known)
+        self._later = dict(later or {})
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._known and key in self._later:
+            self._known[key] = self._later.pop(key)()
+        return self._known[key]
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._known
+        yield from list(self._later)
+
+    def __len__(self) -> int:
+        return len(self._known) + len(self._later)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._known or key in self._later
+
+    def __repr__(self) -> str:
+        return f"StepDims({self._known}, later={sorted(self._later)})"
 
 
 @dataclass(frozen=True, slots=True)

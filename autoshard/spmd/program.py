@@ -278,7 +278,7 @@ def describe(program: SpmdProgram) -> list[str]:
     for instruction in program.body:
         if isinstance(instruction, Communicate):
             step = instruction.step
-            attrs = ", ".join(f"{k}={v}" for k, v in step.dims.items() if k != "transfers")
+            attrs = ", ".join(f"{k}={step.dims[k]}" for k in step.dims if k != "transfers")
             lines.append(f"%{instruction.output.id} = {step.kind}[{', '.join(step.mesh_axes)}]({attrs}) "
                          f"%{instruction.input.id} {instruction.input.tensor}: {step.before} -> {step.after}")
         else:
