@@ -30,12 +30,11 @@ from autoshard.search.layered import KeyOutcome, LayeredSearch, PricedLayered, p
 from autoshard.search.layered_ranking import configuration_json, layered_section, layered_table
 from autoshard.search.pipelined import batch_sizes, check_stage_count
 from autoshard.search.sample_tasks import solve_sample_task
-from autoshard.search.throughput import Throughput
 from autoshard.search.ranking import FORMAT
-from autoshard.search.run import SearchOptions
+from autoshard.search.run import POLL_S, SearchOptions
 from autoshard.search.stage_tasks import bind_stages
 from autoshard.search.tasks import SearchInputs, bind_candidate
-from autoshard.search.throughput import throughput
+from autoshard.search.throughput import Throughput, throughput
 
 
 def add_layered_args(parser: argparse.ArgumentParser) -> None:
@@ -73,10 +72,10 @@ def layered_problems(args: argparse.Namespace) -> list[Problem]:
 
 
 def run_layered(args: argparse.Namespace, document: dict[str, Any], options: SearchOptions,
-                stages: int | None) -> int:
+                stages: int | None, started: float) -> int:
     """The search (of stage count `stages` only, or every one for None), its table and
-    ranking.json; then the winner planned whole and delivered."""
-    started = time.perf_counter()
+    ranking.json; then the winner planned whole and delivered. `--time-budget` counts from
+    `started` (`time.perf_counter()` when the command began)."""
     try:
         sample = layer_sample(document)
         sample_graph = graph_from_json(sample.document)
@@ -94,16 +93,20 @@ def run_layered(args: argparse.Namespace, document: dict[str, Any], options: Sea
             raise InputError(error.problems[0].message, "--pipeline") from None
     sampled = dataclasses.replace(options, settings=dataclasses.replace(options.settings,
                                                                          time_limit_s=args.sample_time_limit))
-    try:
-        found = search_layered(sample, sampled, modes, progress=_Progress(), stages=stages)
-    except KeyboardInterrupt:
-        raise Interrupted("interrupted; the workers were stopped") from None
     positions = op_positions(sample_graph)
     repeats = {op.name: sample.counts[positions[op.name]] for op in sample_graph.ops}
     rates = throughput(sample_graph, options.topology, repeats)
+    compared = None if args.compare is None else _compared(args.compare, sample, sample_graph, sampled, rates)
+    if options.time_budget_s is not None:  # the budget is the whole command's: the sample and the compared layout
+        left_s = options.time_budget_s - (time.perf_counter() - started)  # took their part of it
+        sampled = dataclasses.replace(sampled, time_budget_s=max(left_s, POLL_S))
+    try:
+        found = search_layered(sample, sampled, modes, progress=_Progress(started), stages=stages)
+    except KeyboardInterrupt:
+        raise Interrupted("interrupted; the workers were stopped") from None
     section = layered_section(found, rates)
-    if args.compare is not None:
-        section["compared"] = _compared(args.compare, sample, sample_graph, sampled, found, rates)
+    if compared is not None:
+        section["compared"] = _ranked(compared, found)
     print("\n".join(layered_table(section)))
     ranking = {"format": FORMAT, "graph": str(document.get("name", Path(args.graph).stem)),
                "devices": options.devices, "topology": options.topology, "by_layer": section}
@@ -162,9 +165,10 @@ def _deliver_best(args: argparse.Namespace, document: dict[str, Any], options: S
     return 1 if delivered.document["verification"]["status"] == "failed" else 0
 
 
-def _compared(text: str, sample: LayerSample, sample_graph: Graph, options: SearchOptions, found: LayeredSearch,
-              rates: Throughput) -> dict[str, Any]:
-    """The user's layout solved with Megatron's shardings pinned, priced and ranked."""
+def _compared(text: str, sample: LayerSample, sample_graph: Graph, options: SearchOptions,
+              rates: Throughput) -> tuple[dict[str, Any], PricedLayered | None]:
+    """The user's layout solved with Megatron's shardings pinned and priced: its row, and what
+    `_ranked` ranks (None when it has no plan)."""
     layout = parse_layout(text)
     batch = max(batch_sizes(sample_graph), default=1)
     task, schedule, chunks, pinned = compared_key(layout, sample, options.topology, options.devices, batch)
@@ -174,20 +178,25 @@ def _compared(text: str, sample: LayerSample, sample_graph: Graph, options: Sear
                                options.settings.time_limit_s)
     if "prices" not in answer:
         outcome = next(iter(answer))
-        return {"layout": layout.words, "outcome": outcome, "reason": answer[outcome]}
+        return {"layout": layout.words, "outcome": outcome, "reason": answer[outcome]}, None
     key = KeyOutcome(task, 0.0, outcome="solved", bound_s=answer["bound_s"] / task.stages, solved=answer)
     placement = bind_stages(options.topology, options.devices, task.stages, task.candidate)
     priced = price_key(key, answer["prices"], sample, placement, options.settings.memory_budget_bytes, math.inf,
                        only=(schedule, chunks))[0]
-    row = configuration_json(None, priced, answer.get("roles"), rates)
-    if priced.fits:
-        row["rank"] = 1 + sum(1 for p in found.priced if p.fits and p.step_s < priced.step_s)
-    return {"layout": layout.words, **row}
+    return {"layout": layout.words, **configuration_json(None, priced, answer.get("roles"), rates)}, priced
+
+
+def _ranked(compared: tuple[dict[str, Any], PricedLayered | None], found: LayeredSearch) -> dict[str, Any]:
+    """The compared layout's row with its rank among the search's configurations."""
+    row, priced = compared
+    if priced is not None and priced.fits:
+        return {**row, "rank": 1 + sum(1 for p in found.priced if p.fits and p.step_s < priced.step_s)}
+    return row
 
 
 class _Progress:
-    def __init__(self) -> None:
-        self.started = time.perf_counter()
+    def __init__(self, started: float) -> None:
+        self.started = started
 
     def __call__(self, done: int, total: int, key: KeyOutcome) -> None:
         task = key.task

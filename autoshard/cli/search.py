@@ -145,10 +145,12 @@ def _field(where: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
     options = checked_options(args)
     if args.by_layer:
         try:
-            return run_layered(args, read_json(args.graph), options, searched_stages(args) if args.pipeline else 1)
+            return run_layered(args, read_json(args.graph), options, searched_stages(args) if args.pipeline else 1,
+                               started)
         except InputError as error:
             raise InputError([Problem(_field(p.where), p.message) for p in error.problems]) from None
     documents = recomputed_documents(read_json(args.graph), args.recompute)
@@ -156,7 +158,6 @@ def run(args: argparse.Namespace) -> int:
     if args.pipeline:
         check_pipelinable(next(iter(documents.values())), searched_stages(args), options.devices)
     searched = []
-    started = time.perf_counter()
     for index, (mode, document) in enumerate(documents.items()):
         if len(documents) > 1:
             print(f"recompute {mode}: searching", file=sys.stderr, flush=True)

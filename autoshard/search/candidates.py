@@ -120,6 +120,18 @@ def machines_for(topology: str, devices: int) -> list[Machine]:
                           for f, m in error.problems]) from None
 
 
+# Links between nodes or slices, an order of magnitude slower than those inside one.
+SLOW_LINKS = ("network", "dcn")
+
+
+def slow_axes(topology: str, candidate: Candidate) -> tuple[str, ...]:
+    """The candidate's axes placed (at least partly) on links between nodes or slices."""
+    machine = next(m for m in machines_for(topology, math.prod(candidate.axis_sizes))
+                   if m.nodes == candidate.nodes and (m.slice_shape or None) == candidate.slice_shape)
+    slow = {d.name for d in machine.dims if d.link in SLOW_LINKS}
+    return tuple(axis for axis, dims in candidate.mapping if slow.intersection(dims))
+
+
 def ordered_factorizations(n: int, parts: int) -> list[tuple[int, ...]]:
     """Every tuple of `parts` integers >= 2 whose product is `n`, in lexicographic order."""
     if parts == 1:

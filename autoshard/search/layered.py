@@ -38,7 +38,7 @@ from autoshard.planning.layer_prices import LayeredParts, LayeredPipeline, Layer
 from autoshard.planning.layer_sample import LayerSample
 from autoshard.planning.pipeline_stages import op_positions
 from autoshard.planning.roles import tensor_roles
-from autoshard.search.candidates import Candidate, enumerate_candidates
+from autoshard.search.candidates import Candidate, enumerate_candidates, slow_axes
 from autoshard.search.fanout import open_pool
 from autoshard.search.pipelined import batch_sizes, microbatch_counts, schedules, stage_counts
 from autoshard.search.run import POLL_S, SearchOptions
@@ -74,6 +74,7 @@ class KeyOutcome:
     task: SampleTask
     analytic_bound_s: float
     may_fit: bool = True  # by the memory estimate (`Analytic`), which orders the solves only
+    replica_micro: bool = False  # one sample a microbatch per replica along the slow links (`_keys`)
     outcome: str = "waiting"
     reason: str = ""
     bound_s: float = 0.0  # certified, for every configuration of the key
@@ -146,13 +147,13 @@ def search_layered(sample: LayerSample, options: SearchOptions, modes: tuple[str
                     continue
                 remaining_s = deadline - time.perf_counter()
                 if remaining_s <= 0:  # every key left at once: a pop looks at all of them
-                    for left in [key, *queue.drain()]:
-                        left.outcome, left.reason = (("pruned", "its bound is at least the best step found")
-                                                     if left.analytic_bound_s >= best_step else
-                                                     ("unsolved", "the search's time budget was spent"))
+                    _out_of_time([key, *queue.drain()], best_step)
                     continue
                 task = dataclasses.replace(key.task, beat_s=best_step)
                 running[pool.submit("sample", task, min(options.settings.time_limit_s, remaining_s))] = key
+            if running and time.perf_counter() > deadline:  # the budget is the user's wait: stop the stragglers
+                _out_of_time([*running.values(), *queue.drain()], best_step)
+                break
             for handle in pool.wait(list(running), POLL_S):
                 key = running.pop(handle)
                 answer = pool.result(handle)
@@ -172,10 +173,8 @@ def search_layered(sample: LayerSample, options: SearchOptions, modes: tuple[str
                     key.reason = answer[key.outcome]
                 if progress:
                     progress(done, len(keys), key)
-    except BaseException:
-        pool.close(cancel=list(running))
-        raise
-    pool.close()
+    finally:
+        pool.close(cancel=list(running))  # what still runs: keys the budget or an error stopped
     priced.sort(key=lambda p: (not p.fits, p.step_s, p.bound_s, p.configuration.task.stages,
                                p.configuration.task.microbatches, p.configuration.chunks))
     floors = [k.bound_s if k.outcome == "solved" else k.analytic_bound_s for k in keys if k.outcome != "infeasible"]
@@ -186,6 +185,13 @@ def search_layered(sample: LayerSample, options: SearchOptions, modes: tuple[str
                       for outcome in ("priced", "over budget", "dominated")}
     return LayeredSearch(keys, priced, min(floors, default=0.0), time.perf_counter() - started, formulations,
                          {"keys": len(keys), **tally, "configurations": configurations})
+
+
+def _out_of_time(keys: list[KeyOutcome], best_step_s: float) -> None:
+    for key in keys:
+        key.outcome, key.reason = (("pruned", "its bound is at least the best step found")
+                                   if key.analytic_bound_s >= best_step_s else
+                                   ("unsolved", "the search's time budget was spent"))
 
 
 def _keys(sample: LayerSample, options: SearchOptions, modes: tuple[str, ...], counts: list[int],
@@ -202,11 +208,14 @@ def _keys(sample: LayerSample, options: SearchOptions, modes: tuple[str, ...], c
             continue
         limit = budget if budget is not None else _hbm_bytes(options.topology)
         for candidate in candidates:
+            replicas = math.prod(size for (axis, _), size in zip(candidate.mapping, candidate.axis_sizes)
+                                 if axis in slow_axes(options.topology, candidate))
             for microbatches in microbatch_counts(stages, batches, candidate.axis_sizes):
                 for mode in modes:
                     estimate = analytic[mode].memory_estimate_bytes(options.devices, stages, microbatches)
                     keys.append(KeyOutcome(SampleTask(stages, candidate, microbatches, mode, sample.represented_by),
-                                           analytic[mode].bound_s(), may_fit=estimate <= limit * ESTIMATE_SHARE))
+                                           analytic[mode].bound_s(), may_fit=estimate <= limit * ESTIMATE_SHARE,
+                                           replica_micro=replicas > 1 and batches == {microbatches * replicas}))
     if not keys:
         raise InputError(f"no stage count and sub-mesh of {options.devices} devices fits the fixed axes "
                          f"{options.fixed}", "fix")
@@ -216,12 +225,14 @@ def _keys(sample: LayerSample, options: SearchOptions, modes: tuple[str, ...], c
 class Queue:
     """The keys in the order they are solved, so a time budget is spent where the winner likely is.
 
-    First, one key of each (stage count, sub-mesh) pair, its most promising (`_promise`), the
-    stage counts taking turns (each one's best pair, then each one's second, ...): every depth of
-    pipeline and every sub-mesh is tried once. Then the other keys, those of the most promising
-    pairs first (`learn`: the least of a pair's steps found so far, or for a schedule whose plans
-    did not fit, the busy seconds of its busiest stage: another recomputation or microbatch count
-    may make it fit), each pair's keys by promise."""
+    Two kinds of pops alternate while both have keys. Exploring: one key of each (stage count,
+    sub-mesh) pair not tried yet, its most promising (`_promise`), the stage counts taking turns
+    (each one's best pair, then each one's second, ...), so every depth of pipeline and every
+    sub-mesh is tried once. Refining: another key of the most promising pair tried (`learn`: the
+    least of a pair's steps found so far, or for a schedule whose plans did not fit, the busy
+    seconds of its busiest stage: another recomputation or microbatch count may make it fit),
+    each pair's keys by promise. Refining from the start matters on large machines, where trying
+    every pair once takes most of a time budget."""
 
     def __init__(self, keys: list[KeyOutcome]):
         self.pending = sorted(keys, key=_promise)
@@ -233,16 +244,19 @@ class Queue:
             if pair not in by_stages.setdefault(pair[0], []):
                 by_stages[pair[0]].append(pair)
         self.turn = {pair: i for pairs in by_stages.values() for i, pair in enumerate(pairs)}
+        self.refine = False  # the kind of the next pop, when both kinds have keys
 
     def __len__(self) -> int:
         return len(self.pending)
 
     def pop(self) -> KeyOutcome:
         untried = [key for key in self.pending if _pair(key) not in self.tried]
-        if untried:
+        learnt = [key for key in self.pending if _pair(key) in self.best]
+        if untried and not (self.refine and learnt):
             key = min(untried, key=lambda k: (self.turn[_pair(k)], _promise(k)))
         else:
-            key = min(self.pending, key=lambda k: (self.best.get(_pair(k), math.inf), _promise(k)))
+            key = min(learnt or self.pending, key=lambda k: (self.best.get(_pair(k), math.inf), _promise(k)))
+        self.refine = not self.refine
         self.pending.remove(key)
         self.tried.add(_pair(key))
         return key
@@ -263,13 +277,16 @@ def _pair(key: KeyOutcome) -> tuple[int, Candidate]:
 
 def _promise(key: KeyOutcome) -> tuple:
     """The order keys are solved in, so the keys likely to win come first and prune the rest
-    sooner: those whose memory estimate fits first, then by their bound stretched by the least
-    bubble of their best schedule, (S - 1) / (M V) of the busy time (V as large as the layers
-    allow); fewer axes first at a tie."""
+    sooner. First the microbatch count giving each replica along the slow links (between nodes or
+    slices) one sample: data parallelism there and the rest of the batch split inside the node,
+    whose links carry the per-layer traffic of tensor parallelism an order of magnitude faster
+    (as published runs are laid out); then those whose memory estimate fits, then by their bound
+    stretched by the least bubble of their best schedule, (S - 1) / (M V) of the busy time (V as
+    large as the layers allow); fewer axes first at a tie."""
     task = key.task
     chunks = max(len(task.represented_by) // task.stages, 1) if task.microbatches % task.stages == 0 else 1
     bubble = (task.stages - 1) / (task.microbatches * chunks)
-    return (not key.may_fit, key.analytic_bound_s * (1 + bubble), len(task.candidate.axis_sizes), task.stages,
+    return (not key.replica_micro, not key.may_fit, key.analytic_bound_s * (1 + bubble), len(task.candidate.axis_sizes), task.stages,
             task.microbatches)
 
 
