@@ -30,6 +30,7 @@ from autoshard.planning.make_plan import make_plan
 from autoshard.planning.options import ShardingOption as O
 from autoshard.planning.plan import Plan
 from autoshard.planning.roles import roles_document
+from autoshard.planning.sequence_layout import sequence_entries
 from autoshard.sharding import Sharding as S
 from autoshard.sim.local_op import loop_block
 from autoshard.sim.program import simulate_program
@@ -220,6 +221,8 @@ def step_values(graph, config: GPTConfig, seed: int = 0) -> dict[str, np.ndarray
             continue
         if t.name in ("ids", "labels"):
             values[t.name] = rng.integers(0, config.vocab, t.shape).astype(np.int32)
+        elif t.name.endswith(".dispatch"):  # a 0/1 assignment of tokens to expert slots
+            values[t.name] = (rng.random(t.shape) < 0.2).astype(np.float64)
         elif t.name == "loss.token_weight":
             values[t.name] = np.array(1.0 / (config.batch * config.seq))
         else:
@@ -227,16 +230,21 @@ def step_values(graph, config: GPTConfig, seed: int = 0) -> dict[str, np.ndarray
     return values
 
 
-@pytest.mark.parametrize("style", ["gpt", "llama"])
-def test_a_generated_training_step_in_the_balanced_layout_has_the_same_loss_and_gradients(style):
-    """Grouped-query attention (4 heads over 2 K/V heads): token ids, labels and (GPT) position
-    ids fed in the stored order give the contiguous model's loss, every parameter's gradient and
-    the logits in the stored order."""
-    plain_config, config = small_config(style=style), small_config(style=style, balanced_over=2)
+@pytest.mark.parametrize("style, experts", [("gpt", 0), ("llama", 0), ("gpt", 4)], ids=["gpt", "llama", "gpt-moe"])
+def test_a_generated_training_step_in_the_balanced_layout_has_the_same_loss_and_gradients(style, experts):
+    """Grouped-query attention (4 heads over 2 K/V heads), dense or routed MLPs: token ids,
+    labels, (GPT) position ids and routers' assignments fed in the stored order give the
+    contiguous model's loss, every parameter's gradient and the logits in the stored order."""
+    plain_config = small_config(style=style, moe_experts=experts)
+    config = small_config(style=style, moe_experts=experts, balanced_over=2)
     plain, balanced = (graph_from_json(gpt(c, training=True)) for c in (plain_config, config))
     assert all(op.attrs.get(BALANCED) == 2 for op in balanced.ops if op.kind == "attention")
     assert (POSITION_IDS in balanced.tensors) == (style == "gpt")
-    assert sequence_inputs(config) == {"ids": 1, "labels": 1} | ({POSITION_IDS: 0} if style == "gpt" else {})
+    fed = ({"ids": 1, "labels": 1} | ({POSITION_IDS: 0} if style == "gpt" else {})
+           | ({"layer0.mlp.dispatch": 1, "layer1.mlp.dispatch": 1} if experts else {}))
+    assert sequence_inputs(config) == fed
+    # the generator's list is what the roles' labels find in its graph
+    assert sequence_entries(balanced) == {name: [dim] for name, dim in fed.items()}
     values = step_values(plain, plain_config)
     reference = evaluate_graph(plain, values)
     fed = to_layout(config, values)
@@ -286,7 +294,8 @@ def test_layout_errors_name_the_field():
     assert [p.where for p in error.value.problems] == ["/ops/0/balanced_over"]
     for changes, message in (({"balanced_over": 3}, "2 x 3 equal chunks, which must divide seq"),
                              ({"balanced_over": 0}, "balanced_over"),
-                             ({"balanced_over": 2, "style": "megatron", "kv_heads": None}, "megatron style keeps")):
+                             ({"balanced_over": 2, "style": "megatron", "kv_heads": None}, "megatron style keeps"),
+                             ({"balanced_over": 2, "moe_experts": 4, "moe_group_size": 4}, "moe_group_size 4 would")):
         with pytest.raises(InputError, match=message) as error:
             small_config(**changes)
         assert [p.where for p in error.value.problems] == ["balanced_over"]

@@ -19,7 +19,8 @@ causal work. The graph holds the sequence in that order from where it enters: to
 are fed permuted (`to_layout`), the GPT style looks its position embedding up by an input of
 position ids (the permuted positions), and attention applies its causal mask at the true positions
 (its attribute `balanced_over`, `ops.nn`). The loss is a sum over tokens, so it is the same; the
-logits come out in the stored order. A routed MLP's groups take tokens in the stored order.
+logits come out in the stored order. A routed MLP then routes groups of the whole sequence, its
+dispatch input fed in the stored order too.
 
 An MoE MLP (`moe_experts` > 0) replaces the dense one in every layer: the tokens in groups of
 `moe_group_size` (default one sequence) routed to `moe_top_k` of the experts, each an MLP of
@@ -82,6 +83,11 @@ class GPTConfig:
         if not problems and self.balanced_over is not None and self.seq % (2 * self.balanced_over):
             problems.append(Problem("balanced_over", f"the layout stores the sequence in 2 x {self.balanced_over} "
                                                      f"equal chunks, which must divide seq ({self.seq})"))
+        if (not problems and self.balanced_over is not None and self.moe_experts
+                and self.tokens_per_group != self.seq):  # groups of the stored order would be other tokens
+            problems.append(Problem("balanced_over", f"routes tokens in groups of the whole sequence; "
+                                                     f"moe_group_size {self.moe_group_size} would group other tokens "
+                                                     f"than in the sequence's own order"))
         if self.style == "megatron":  # the 2022 layer: multi-head attention and a dense MLP
             if self.kv_heads not in (None, self.heads):
                 problems.append(Problem("kv_heads", f"the megatron style has as many as heads, got {self.kv_heads}"))
@@ -215,18 +221,21 @@ def build_gpt(config: GPTConfig, training: bool = False) -> GraphBuilder:
 
 def sequence_inputs(config: GPTConfig) -> dict[str, int]:
     """The inputs that carry the sequence, and their sequence dim: what a run feeds in the
-    layout's order (`to_layout`)."""
+    layout's order (`to_layout`; `planning.sequence_layout.sequence_entries` finds the same from
+    the graph)."""
     found = {"ids": 1, "labels": 1}
     if config.balanced_over is not None and config.style == "gpt":
         found[POSITION_IDS] = 0
+    if config.moe_experts:  # the router's assignment [G, N, E, C]: its tokens N, a whole sequence per group
+        found.update({f"layer{layer}.mlp.dispatch": 1 for layer in range(config.layers)})
     return found
 
 
 def to_layout(config: GPTConfig, values: dict[str, Any]) -> dict[str, Any]:
-    """A step's inputs in the graph's sequence order: with `balanced_over` = n, token ids and
-    labels permuted along the sequence into the balanced order (chunks i and 2n - 1 - i adjacent)
-    and the position ids that order's positions, as Megatron-LM's context-parallel data loader
-    does; the others as given."""
+    """A step's inputs in the graph's sequence order: with `balanced_over` = n, token ids, labels
+    (and routers' assignments) permuted along the sequence into the balanced order (chunks i and
+    2n - 1 - i adjacent) and the position ids that order's positions, as Megatron-LM's
+    context-parallel data loader does; the others as given."""
     order = layout_order(config.seq, config.balanced_over)
     out = dict(values)
     for name, dim in sequence_inputs(config).items():
