@@ -234,9 +234,9 @@ def attention_block_share(nest: LoopNest, attrs: Attrs, splits: Sequence[int]) -
     """The busiest device's share of attention's FLOPs. Its (query, key) pairs are its block's:
     under the causal mask the unmasked area of its query and key blocks (with the queries in n
     contiguous blocks the last does 2n - 1 times the first's work; in the balanced layout over n
-    they all do the same). Of each pair's work only the
-    weighted values' 2e FLOPs divide with a split of the value features e: every device of such
-    a split computes the scores and the softmax (2d + 5) of its pairs whole."""
+    they all do the same). Of each pair's work only the weighted values' 2e FLOPs divide with a
+    split of the value features e: every device of such a split computes the scores and the
+    softmax (2d + 5) of its pairs whole."""
     b, h, s, e, t, d = nest.extents
     if attrs.get("causal", False):
         busiest = max(block_pair_counts(nest, attrs, splits))
