@@ -4,8 +4,10 @@ step priced, and the winner planned whole as ranked."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import time
 
 import pytest
 
@@ -14,7 +16,9 @@ from autoshard.models import GPTConfig, gpt
 from autoshard.models.training import training_precision
 from autoshard.planning.layer_sample import layer_sample
 from autoshard.planning.make_plan import SolveSettings
-from autoshard.search.layered import price_key, search_layered
+from autoshard.graph.schema import load_graph
+from autoshard.search.layered import Queue, _keys, price_key, search_layered
+from autoshard.search.pipelined import stage_counts
 from autoshard.search.run import SearchOptions
 from autoshard.search.sample_tasks import solve_sample_task
 from autoshard.search.stage_tasks import bind_stages
@@ -120,3 +124,76 @@ def test_a_graph_without_layers_is_refused_naming_by_layer(tmp_path, capsys):
     graph = mlp_graph(tmp_path)
     assert main(["search", graph, "--devices", "4", "--topology", "dgx-a100", "--by-layer"]) == 2
     assert "--by-layer" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def two_node_keys():
+    """Every key of a 16-GPU (two DGX nodes) search of a batch-16 step, up to two axes."""
+    sample = layer_sample(_model(4, hidden=64, seq=16, batch=16))
+    options = SearchOptions(devices=16, topology="dgx-a100", max_axes=2, jobs=1)
+    graph = load_graph(sample.document)
+    counts = [1] + stage_counts(options.devices, len(sample.layers))
+    return _keys(sample, options, ("none",), counts, graph)
+
+
+def test_a_pairs_first_key_gives_each_replica_between_nodes_one_sample(two_node_keys):
+    """The first key solved of a (stages, sub-mesh) pair splits the batch over the axes that
+    cross nodes one sample a replica: M = batch / (their sizes' product)."""
+    queue, first = Queue(two_node_keys), {}
+    while queue:
+        key = queue.pop()
+        first.setdefault((key.task.stages, key.task.candidate), key)
+    checked = 0
+    for (stages, candidate), key in first.items():
+        crossing = math.prod(size for (axis, dims), size in zip(candidate.mapping, candidate.axis_sizes)
+                             if "node" in dims)
+        if crossing > 1 and 16 // crossing >= stages:
+            assert key.task.microbatches == 16 // crossing, (stages, candidate.label)
+            checked += 1
+    assert checked >= 3
+
+
+def test_refining_pops_alternate_with_exploring_ones(two_node_keys):
+    queue = Queue(two_node_keys)
+    first = queue.pop()
+    queue.learn(first, 1.0)
+    pairs = [(k.task.stages, k.task.candidate) for k in (queue.pop(), queue.pop(), queue.pop(), queue.pop())]
+    mine = (first.task.stages, first.task.candidate)
+    assert [pair == mine for pair in pairs] == [True, False, True, False]
+    assert len(set(pairs[1::2])) == 2  # each exploring pop a pair not tried before
+
+
+class _StuckPool:
+    """A pool whose one solve never ends: what a key too long for the time budget looks like."""
+
+    slots = 1
+
+    def __init__(self) -> None:
+        self.submitted: list[object] = []
+        self.cancelled: list[object] | None = None
+
+    def submit(self, kind, task, time_limit_s, known=None):
+        self.submitted.append(task)
+        return len(self.submitted)
+
+    def wait(self, handles, timeout_s):
+        time.sleep(timeout_s)
+        return []
+
+    def close(self, cancel=None):
+        self.cancelled = list(cancel or [])
+
+
+def test_keys_running_when_the_budget_ends_are_stopped_and_left_unsolved(monkeypatch):
+    pool = _StuckPool()
+    monkeypatch.setattr("autoshard.search.layered.open_pool", lambda *args: pool)
+    sample = layer_sample(_model(4, hidden=64, seq=16, batch=8))
+    options = SearchOptions(devices=8, topology="dgx-a100", max_axes=1, jobs=1, time_budget_s=3.0,
+                            settings=SolveSettings(time_limit_s=30, workers=1))
+    found = search_layered(sample, options, ("none",))
+    assert len(pool.submitted) == 1 and pool.cancelled == [1]  # the running solve stopped, no other sent
+    stopped = [key for key in found.keys if key.reason == "the search's time budget ended while it was solved"]
+    assert [key.task for key in stopped] == [dataclasses.replace(pool.submitted[0], beat_s=math.inf)]
+    assert found.counts["solved"] == 0 and found.best is None
+    assert {key.outcome for key in found.keys} <= {"unsolved", "infeasible"}
+    assert found.certified_bound_s == min(key.analytic_bound_s for key in found.keys if key.outcome != "infeasible")

@@ -152,7 +152,8 @@ def search_layered(sample: LayerSample, options: SearchOptions, modes: tuple[str
                 task = dataclasses.replace(key.task, beat_s=best_step)
                 running[pool.submit("sample", task, min(options.settings.time_limit_s, remaining_s))] = key
             if running and time.perf_counter() > deadline:  # the budget is the user's wait: stop the stragglers
-                _out_of_time([*running.values(), *queue.drain()], best_step)
+                _out_of_time(list(running.values()), best_step, "the search's time budget ended while it was solved")
+                _out_of_time(queue.drain(), best_step)
                 break
             for handle in pool.wait(list(running), POLL_S):
                 key = running.pop(handle)
@@ -187,11 +188,10 @@ def search_layered(sample: LayerSample, options: SearchOptions, modes: tuple[str
                          {"keys": len(keys), **tally, "configurations": configurations})
 
 
-def _out_of_time(keys: list[KeyOutcome], best_step_s: float) -> None:
+def _out_of_time(keys: list[KeyOutcome], best_step_s: float, why: str = "the search's time budget was spent") -> None:
     for key in keys:
         key.outcome, key.reason = (("pruned", "its bound is at least the best step found")
-                                   if key.analytic_bound_s >= best_step_s else
-                                   ("unsolved", "the search's time budget was spent"))
+                                   if key.analytic_bound_s >= best_step_s else ("unsolved", why))
 
 
 def _keys(sample: LayerSample, options: SearchOptions, modes: tuple[str, ...], counts: list[int],
