@@ -286,8 +286,8 @@ def _promise(key: KeyOutcome) -> tuple:
     task = key.task
     chunks = max(len(task.represented_by) // task.stages, 1) if task.microbatches % task.stages == 0 else 1
     bubble = (task.stages - 1) / (task.microbatches * chunks)
-    return (not key.replica_micro, not key.may_fit, key.analytic_bound_s * (1 + bubble), len(task.candidate.axis_sizes), task.stages,
-            task.microbatches)
+    return (not key.replica_micro, not key.may_fit, key.analytic_bound_s * (1 + bubble),
+            len(task.candidate.axis_sizes), task.stages, task.microbatches)
 
 
 @dataclass(frozen=True)
