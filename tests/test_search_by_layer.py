@@ -86,7 +86,7 @@ def cli_run(tmp_path_factory):
     graph.write_text(json.dumps(_model(6, hidden=64, seq=16, batch=8)))
     code = main(["search", str(graph), "--devices", "4", "--topology", "dgx-a100", "--by-layer", "--pipeline", "2",
                  "--max-axes", "1", "--jobs", "1", "--deterministic", "--sample-time-limit", "5", "--time-limit", "10",
-                 "--verify", "always",
+                 "--verify", "always", "--compare", "tp=2,pp=2,dp=1,interleave=1,micro=1,recompute=none",
                  "-o", str(folder / "out")])
     return code, json.loads((folder / "out" / "ranking.json").read_text()), \
         json.loads((folder / "out" / "plan.json").read_text())
@@ -107,6 +107,26 @@ def test_the_winner_is_planned_whole_as_ranked(cli_run):
     assert [row["rank"] for row in ranked] == list(range(1, len(ranked) + 1))
     assert [row["step_s"] for row in ranked] == sorted(row["step_s"] for row in ranked)
     assert all(row["behind_previous"]["step_s"] >= 0 for row in ranked[1:])
+
+
+def test_a_step_is_explained_term_by_term_and_the_compared_layout_ranked(cli_run):
+    """Each configuration's step is its busiest stage's compute, communication, tails and waiting,
+    which add up to it; the compared layout (Megatron's shardings pinned) is ranked among the
+    searched ones and set against the chosen one term by term."""
+    _, ranking, _ = cli_run
+    section = ranking["by_layer"]
+    for row in section["configurations"]:
+        if row["outcome"] == "priced":
+            terms = row["busiest_stage_s"]
+            assert sum(terms.values()) == pytest.approx(row["step_s"], rel=1e-9)
+            assert terms["compute_s"] > 0 and min(terms.values()) >= -1e-9 * row["step_s"]
+    compared, chosen = section["compared"], section["chosen"]
+    assert compared["stages"] == 2 and compared["outcome"] == "priced"
+    faster = [r for r in section["configurations"] if r["outcome"] == "priced" and r["step_s"] < compared["step_s"]]
+    assert compared["rank"] == 1 + len(faster)
+    explained = compared["behind_chosen"]
+    assert explained["step_s"] == pytest.approx(compared["step_s"] - chosen["step_s"])
+    assert explained["step_s"] == pytest.approx(sum(v for k, v in explained.items() if k != "step_s"))
 
 
 @pytest.mark.parametrize("argv,flag", [

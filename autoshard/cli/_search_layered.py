@@ -27,7 +27,7 @@ from autoshard.graph.model import Graph
 from autoshard.planning.layer_sample import LayerSample
 from autoshard.search.compare import compared_key, parse_layout
 from autoshard.search.layered import KeyOutcome, LayeredSearch, PricedLayered, price_key, search_layered
-from autoshard.search.layered_ranking import configuration_json, layered_section, layered_table
+from autoshard.search.layered_ranking import behind, configuration_json, layered_section, layered_table
 from autoshard.search.pipelined import batch_sizes, check_stage_count
 from autoshard.search.sample_tasks import solve_sample_task
 from autoshard.search.ranking import FORMAT
@@ -106,7 +106,7 @@ def run_layered(args: argparse.Namespace, document: dict[str, Any], options: Sea
         raise Interrupted("interrupted; the workers were stopped") from None
     section = layered_section(found, rates)
     if compared is not None:
-        section["compared"] = _ranked(compared, found)
+        section["compared"] = _ranked(compared, found, section["chosen"])
     print("\n".join(layered_table(section)))
     ranking = {"format": FORMAT, "graph": str(document.get("name", Path(args.graph).stem)),
                "devices": options.devices, "topology": options.topology, "by_layer": section}
@@ -186,12 +186,15 @@ def _compared(text: str, sample: LayerSample, sample_graph: Graph, options: Sear
     return {"layout": layout.words, **configuration_json(None, priced, answer.get("roles"), rates)}, priced
 
 
-def _ranked(compared: tuple[dict[str, Any], PricedLayered | None], found: LayeredSearch) -> dict[str, Any]:
-    """The compared layout's row with its rank among the search's configurations."""
+def _ranked(compared: tuple[dict[str, Any], PricedLayered | None], found: LayeredSearch,
+            chosen: dict[str, Any] | None) -> dict[str, Any]:
+    """The compared layout's row with its rank among the search's configurations and, term by
+    term, how it differs from the chosen one."""
     row, priced = compared
-    if priced is not None and priced.fits:
-        return {**row, "rank": 1 + sum(1 for p in found.priced if p.fits and p.step_s < priced.step_s)}
-    return row
+    if priced is None or not priced.fits:
+        return row
+    ranked = {**row, "rank": 1 + sum(1 for p in found.priced if p.fits and p.step_s < priced.step_s)}
+    return {**ranked, "behind_chosen": behind(row, chosen)} if chosen is not None else ranked
 
 
 class _Progress:

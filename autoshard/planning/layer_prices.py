@@ -83,6 +83,7 @@ class LayeredParts:
     orders: StepOrders
     part_at: tuple[int, ...]  # per layer of the whole, its virtual stage
     plain: np.ndarray  # (parts, kinds)
+    compute: np.ndarray  # (parts, kinds): the part of `plain` that is compute, the rest communication
     hidden: np.ndarray  # (parts, kinds)
     tail_s: dict[str, list[float]]
     overlapped_tail_s: dict[str, list[float]]
@@ -176,7 +177,7 @@ def layered_parts(prices: LayerPrices, represented_by: Sequence[int], orders: St
                                      prices.stored[p].optimizer_state_bytes) for p in rep])
     memory = tuple(StageMemory(StoredBytes(*(int(v) for v in stored[s])), int(held[s]), inflight[s])
                    for s in range(orders.stages))
-    return LayeredParts(orders, part_at, plain, hidden, tail_s, overlapped_tail, transfers, memory)
+    return LayeredParts(orders, part_at, plain, compute, hidden, tail_s, overlapped_tail, transfers, memory)
 
 
 def _transfer_seconds(prices: LayerPrices, rep: np.ndarray, part_at: Sequence[int], hw: Hardware | None

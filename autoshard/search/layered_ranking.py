@@ -30,19 +30,33 @@ def configuration_json(rank: int | None, priced: PricedLayered, roles: dict[str,
     if priced.pipeline is not None:
         timeline = priced.pipeline.timeline
         row.update({"step_s": timeline.step_s, "overlapped_step_s": priced.pipeline.overlapped.step_s,
-                    "bubble_fraction": timeline.bubble_fraction,
-                    "busiest_stage_busy_s": max(timeline.busy_s), "busiest_stage_idle_s": max(timeline.idle_s),
+                    "bubble_fraction": timeline.bubble_fraction, "busiest_stage_s": step_terms(priced),
                     **rates.of(timeline.step_s, task.devices)})
     return row
 
 
+def step_terms(priced: PricedLayered) -> dict[str, float]:
+    """The step as the stage with the most work spends it: its compute, its communication (both
+    over every microbatch), its tails (gradient reduction, optimizer) and the rest of the step,
+    waiting (the bubble, transfers from the other stages, and the end of the slowest stage). The
+    terms add up to the step."""
+    assert priced.pipeline is not None
+    parts, timeline = priced.pipeline.parts, priced.pipeline.timeline
+    stages, microbatches = parts.orders.stages, parts.orders.microbatches
+    mine = [[part for part in range(parts.orders.virtual_stages) if part % stages == s] for s in range(stages)]
+    tails = {name: list(values) for name, values in parts.tail_s.items()}
+    work = [timeline.busy_s[s] + sum(values[s] for values in tails.values()) for s in range(stages)]
+    s = max(range(stages), key=lambda stage: work[stage])
+    compute = microbatches * float(parts.compute[mine[s]].sum())
+    terms = {"compute_s": compute, "communication_s": timeline.busy_s[s] - compute,
+             **{f"{name.replace(' ', '_')}_s": values[s] for name, values in tails.items()}}
+    return {**terms, "waiting_s": timeline.step_s - sum(terms.values())}
+
+
 def behind(row: dict[str, Any], above: dict[str, Any]) -> dict[str, float]:
-    """Why a configuration is slower than the one ranked above it, term by term: the busiest
-    stage's busy seconds (compute, communication and tail) and its idle seconds (the bubble and
-    waits for transfers)."""
+    """Why a configuration is slower than one ranked above it, term by term (`step_terms`)."""
     return {"step_s": row["step_s"] - above["step_s"],
-            "busy_s": row["busiest_stage_busy_s"] - above["busiest_stage_busy_s"],
-            "idle_s": row["busiest_stage_idle_s"] - above["busiest_stage_idle_s"]}
+            **{term: seconds - above["busiest_stage_s"][term] for term, seconds in row["busiest_stage_s"].items()}}
 
 
 def layered_section(found: LayeredSearch, rates: Throughput) -> dict[str, Any]:
@@ -102,12 +116,23 @@ def layered_table(section: dict[str, Any]) -> list[str]:
             f"{compared['rank']}" if compared.get("outcome") == "priced" else
             f"{compared['outcome']}" + (f" (peak {size(max(compared['peak_memory_bytes_per_stage']))})"
                                         if "peak_memory_bytes_per_stage" in compared else "")))
+    if compared is not None and "behind_chosen" in compared:
+        lines.append(_explained(compared["behind_chosen"], section["chosen"]))
     if section["chosen"] is not None:
         bound = section["certified_lower_bound_step_s"]
         faster = section["chosen"]["step_s"] / bound - 1 if bound > 0 else math.inf
         lines.append(f"no configuration has a plan with a step under {bound:.4g} s"
                      + (f": none is more than {100 * faster:.1f}% faster than the chosen one" if bound > 0 else ""))
     return lines
+
+
+def _explained(behind_chosen: dict[str, float], chosen: dict[str, Any]) -> str:
+    """The compared layout against the chosen configuration, term by term (`step_terms`)."""
+    terms = ", ".join(f"{name[:-2].replace('_', ' ')} {seconds:+.3g} s" for name, seconds in behind_chosen.items()
+                      if name != "step_s")
+    step_s = behind_chosen["step_s"]
+    return (f"  the compared layout's step is {step_s:+.4g} s ({100 * step_s / chosen['step_s']:+.1f}%) against the "
+            f"chosen one's, on the stage with most work: {terms}")
 
 
 def _layers_per_part(part_at: tuple[int, ...]) -> list[int]:
