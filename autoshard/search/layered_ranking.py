@@ -105,7 +105,8 @@ def layered_table(section: dict[str, Any]) -> list[str]:
                      f"{'-' if tokens is None else format(tokens, '.4g'):>9}")
     counts = section["counts"]
     lines.append(f"{counts['keys']} keys (stage count, sub-mesh, microbatches, recomputation): "
-                 f"{counts['solved']} solved, {counts['pruned']} pruned, {counts['infeasible']} infeasible, {counts['unsolved']} unsolved; "
+                 f"{counts['solved']} solved, {counts['pruned']} pruned, {counts['infeasible']} infeasible, "
+                 f"{counts['unsolved']} unsolved; "
                  f"{counts['formulations']} formulations; configurations: "
                  + ", ".join(f"{n} {outcome}" for outcome, n in counts["configurations"].items())
                  + f"; {section['wall_s']:.1f} s")
