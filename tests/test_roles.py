@@ -179,6 +179,24 @@ def test_an_expert_parallel_moe_step():
                                                 "ep": {"expert": ["experts", "optimizer"]}}
 
 
+
+def test_experts_split_only_by_the_optimizer_are_its_data_replicas():
+    """Experts computed on every device over a batch axis, their Adam state split over that axis on
+    the expert dim (ZeRO over data replicas): the axis is data for the experts and fully-sharded data
+    for the optimizer, not an expert axis."""
+    pins = {"x": [["dp"]], "labels": [["dp"]], "layer0.dispatch": [["dp"]], "layer0.experts.act": [[], ["dp"]],
+            "layer0.router": [["dp"]], "layer0.combine": [["dp"]]}
+    weights = ["layer0.experts.fc1.w", "layer0.experts.fc2.w"]
+    pins |= {w: [[], [], []] for w in weights} | {f"adam.{w}.{m}": [["dp"]] for w in weights for m in "mv"}
+    plan = pinned_plan(moe(MoEConfig(layers=1, batch=4, seq=8, hidden=32, experts=4), training=True), "dp=2", pins)
+    roles = plan_roles(plan)
+    assert roles.ops["layer0.experts.fc1"] == {"dp": "data"}
+    assert plan.storage["adam.layer0.experts.fc1.w.m"].used_axes() == ("dp",)
+    update = next(op.name for op in plan.graph.ops if "adam.layer0.experts.fc1.w.new_m" in op.outputs)
+    assert roles.ops[update] == {"dp": "fully_sharded_data"}
+    axes = roles.axes(plan.mesh.axis_names)
+    assert "expert" not in axes["dp"] and "optimizer" in axes["dp"]["fully_sharded_data"]
+
 def test_plan_and_estimate_say_the_roles(tmp_path, capsys):
     graph = tmp_path / "mlp.json"
     graph.write_text(json.dumps(mlp(MLPConfig(layers=1, batch=8, hidden=32), training=True)))

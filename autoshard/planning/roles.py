@@ -27,9 +27,11 @@ parallelism in attention, sequence parallelism around it) or `tensor` (any other
 parameter's or a model dim split at use). `data` becomes `fully_sharded_data` where the op uses a
 parameter (reads it, or computes its gradient) that is stored split over the axis: the axis splits
 the parameter's storage and the batch of its users, so the parameter is gathered before use
-(FSDP, ZeRO-3). In the optimizer, a split of any dim but an expert dim is `fully_sharded_data`
-when the axis splits the batch at the parameter's users (the update and the state are split over
-data replicas, ZeRO) and `tensor` otherwise. `pipeline` is in the vocabulary for stages over an
+(FSDP, ZeRO-3). In the optimizer, a split of an expert dim is `expert` when the axis splits the
+experts at the parameter's users (expert parallelism); a split of any other dim, or of an expert
+dim over an axis the experts are not split over at their use, is `fully_sharded_data` when the axis
+splits the batch at the parameter's users (the update and the state are split over data replicas,
+ZeRO) and `tensor` otherwise. `pipeline` is in the vocabulary for stages over an
 axis; no plan has them yet. Without a declared batch dim no axis can be told to be data: its splits
 read as tensor.
 
@@ -221,8 +223,9 @@ def plan_roles(plan: Plan) -> Roles:
         option = plan.options[op.name]
         return [(axis, loop_label(op, loop)) for loop in option.split_loops() for axis in option.loop_axes[loop]]
 
-    # parameter -> the axes splitting the batch at the ops that use it (forward and backward)
+    # parameter -> the axes splitting the batch (the expert loop) at the ops that use it (forward and backward)
     data_axes: dict[str, set[str]] = {}
+    expert_axes: dict[str, set[str]] = {}
     uses: dict[str, set[str]] = {}
     for op in graph.ops:
         if classes[op.name] == "optimizer":
@@ -230,9 +233,12 @@ def plan_roles(plan: Plan) -> Roles:
         params = {t for t in op.inputs if roles[t] == "parameter"}
         params.update(p for t in op.outputs for p in gradients.get(t, ()))
         uses[op.name] = params
-        batch_axes = {axis for axis, label in split_labels(op) if label == "batch"}
+        splits = split_labels(op)
+        batch_axes = {axis for axis, label in splits if label == "batch"}
+        routed_axes = {axis for axis, label in splits if label == "expert"}
         for p in params:
             data_axes.setdefault(p, set()).update(batch_axes)
+            expert_axes.setdefault(p, set()).update(routed_axes)
     stored_split = {p: set(plan.storage[p].used_axes()) for p in data_axes}
 
     per_op: dict[str, dict[str, str]] = {}
@@ -240,10 +246,14 @@ def plan_roles(plan: Plan) -> Roles:
         found: dict[str, str] = {}
         for axis, label in split_labels(op):
             role = _ROLE_OF_LABEL[label]
-            if classes[op.name] == "optimizer" and label != "expert":
+            params = owned.get(op.name, ())
+            if classes[op.name] == "optimizer" and not (
+                    label == "expert" and any(axis in expert_axes.get(p, ()) for p in params)):
                 # the optimizer splits a parameter's own dims: data replicas or tensor shards (a
-                # position table's sequence dim is a parameter dim here)
-                data = any(axis in data_axes.get(p, ()) for p in owned.get(op.name, ()))
+                # position table's sequence dim is a parameter dim here; an expert dim is the
+                # expert axis's only where the experts are split over it at their use, else its
+                # split is the optimizer's over data replicas, ZeRO)
+                data = any(axis in data_axes.get(p, ()) for p in params)
                 role = "fully_sharded_data" if data else "tensor"
             elif role == "data" and any(axis in stored_split[p] for p in uses[op.name]):
                 role = "fully_sharded_data"  # stored split over a batch axis of this use: gathered for it
