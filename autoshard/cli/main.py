@@ -16,6 +16,7 @@ try:  # a Ctrl-C while the command line is still being imported ends it as any i
     import importlib
     import pkgutil
     import tempfile
+    import time
     import traceback
     from importlib.metadata import entry_points
     from typing import Callable, Sequence
@@ -52,6 +53,7 @@ def _commands() -> dict[str, Callable[[argparse._SubParsersAction], None]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    started = time.perf_counter()  # a command's time budget is the user's wait, imports included
     collect_garbage_rarely()
     try:
         parser = build_parser()  # imports every command's module: Ctrl-C may well land here
@@ -60,6 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _interrupted_importing.append(True)
         return INTERRUPTED
     args = parser.parse_args(argv)
+    args.command_started = started
     try:
         with signals_interrupt():
             return int(args.run(args) or 0)

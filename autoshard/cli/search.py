@@ -145,7 +145,7 @@ def _field(where: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    started = time.perf_counter()
+    started = getattr(args, "command_started", time.perf_counter())  # set by `main`
     options = checked_options(args)
     if args.by_layer:
         try:
