@@ -25,11 +25,11 @@ from autoshard.planning.pipeline_plan import PipelineSettings, plan_pipeline
 from autoshard.planning.pipeline_stages import op_positions
 from autoshard.graph.model import Graph
 from autoshard.planning.layer_sample import LayerSample
-from autoshard.search.compare import compared_key, parse_layout
+from autoshard.search.compare import Layout, compared_key, parse_layout
 from autoshard.search.layered import KeyOutcome, LayeredSearch, PricedLayered, price_key, search_layered
 from autoshard.search.layered_ranking import behind, configuration_json, layered_section, layered_table
 from autoshard.search.pipelined import batch_sizes, check_stage_count
-from autoshard.search.sample_tasks import solve_sample_task
+from autoshard.search.sample_tasks import SampleTask
 from autoshard.search.ranking import FORMAT
 from autoshard.search.run import POLL_S, SearchOptions
 from autoshard.search.stage_tasks import bind_stages
@@ -96,17 +96,18 @@ def run_layered(args: argparse.Namespace, document: dict[str, Any], options: Sea
     positions = op_positions(sample_graph)
     repeats = {op.name: sample.counts[positions[op.name]] for op in sample_graph.ops}
     rates = throughput(sample_graph, options.topology, repeats)
-    compared = None if args.compare is None else _compared(args.compare, sample, sample_graph, sampled, rates)
-    if options.time_budget_s is not None:  # the budget is the whole command's: the sample and the compared layout
-        left_s = options.time_budget_s - (time.perf_counter() - started)  # took their part of it
+    compared = None if args.compare is None else _compared_task(args.compare, sample, sample_graph, sampled)
+    if options.time_budget_s is not None:  # the budget is the whole command's: the sample took its part
+        left_s = options.time_budget_s - (time.perf_counter() - started)
         sampled = dataclasses.replace(sampled, time_budget_s=max(left_s, POLL_S))
     try:
-        found = search_layered(sample, sampled, modes, progress=_Progress(started), stages=stages)
+        found = search_layered(sample, sampled, modes, progress=_Progress(started), stages=stages,
+                               compared=compared[1] if compared is not None else None)
     except KeyboardInterrupt:
         raise Interrupted("interrupted; the workers were stopped") from None
     section = layered_section(found, rates)
     if compared is not None:
-        section["compared"] = _ranked(compared, found, section["chosen"])
+        section["compared"] = _compared_row(compared, found, sample, sampled, rates, section["chosen"])
     print("\n".join(layered_table(section)))
     ranking = {"format": FORMAT, "graph": str(document.get("name", Path(args.graph).stem)),
                "devices": options.devices, "topology": options.topology, "by_layer": section}
@@ -165,36 +166,37 @@ def _deliver_best(args: argparse.Namespace, document: dict[str, Any], options: S
     return 1 if delivered.document["verification"]["status"] == "failed" else 0
 
 
-def _compared(text: str, sample: LayerSample, sample_graph: Graph, options: SearchOptions,
-              rates: Throughput) -> tuple[dict[str, Any], PricedLayered | None]:
-    """The user's layout solved with Megatron's shardings pinned and priced: its row, and what
-    `_ranked` ranks (None when it has no plan)."""
+def _compared_task(text: str, sample: LayerSample, sample_graph: Graph, options: SearchOptions
+                   ) -> tuple[Layout, SampleTask, str, int]:
+    """The user's layout as a key of the search whose sample has Megatron's shardings pinned, and
+    the schedule and V it runs."""
     layout = parse_layout(text)
     batch = max(batch_sizes(sample_graph), default=1)
     task, schedule, chunks, pinned = compared_key(layout, sample, options.topology, options.devices, batch)
-    print(f"comparing {layout.words}: solving its sample with Megatron-LM's shardings pinned", file=sys.stderr,
-          flush=True)
-    answer = solve_sample_task(SearchInputs(pinned, options.topology, options.settings), task,
-                               options.settings.time_limit_s)
+    print(f"comparing {layout.words}: its sample is solved with Megatron-LM's shardings pinned, beside the search's",
+          file=sys.stderr, flush=True)
+    return layout, dataclasses.replace(task, graph_document=pinned), schedule, chunks
+
+
+def _compared_row(compared: tuple[Layout, SampleTask, str, int], found: LayeredSearch, sample: LayerSample,
+                  options: SearchOptions, rates: Throughput, chosen: dict[str, Any] | None) -> dict[str, Any]:
+    """The compared layout priced, with its rank among the search's configurations and, term by
+    term, how it differs from the chosen one."""
+    layout, task, schedule, chunks = compared
+    answer = found.compared
+    assert answer is not None, "the search solved or stopped the compared task"
     if "prices" not in answer:
         outcome = next(iter(answer))
-        return {"layout": layout.words, "outcome": outcome, "reason": answer[outcome]}, None
+        return {"layout": layout.words, "outcome": outcome, "reason": answer[outcome]}
     key = KeyOutcome(task, 0.0, outcome="solved", bound_s=answer["bound_s"] / task.stages, solved=answer)
     placement = bind_stages(options.topology, options.devices, task.stages, task.candidate)
     priced = price_key(key, answer["prices"], sample, placement, options.settings.memory_budget_bytes, math.inf,
                        only=(schedule, chunks))[0]
-    return {"layout": layout.words, **configuration_json(None, priced, answer.get("roles"), rates)}, priced
-
-
-def _ranked(compared: tuple[dict[str, Any], PricedLayered | None], found: LayeredSearch,
-            chosen: dict[str, Any] | None) -> dict[str, Any]:
-    """The compared layout's row with its rank among the search's configurations and, term by
-    term, how it differs from the chosen one."""
-    row, priced = compared
-    if priced is None or not priced.fits:
+    row = {"layout": layout.words, **configuration_json(None, priced, answer.get("roles"), rates)}
+    if not priced.fits:
         return row
-    ranked = {**row, "rank": 1 + sum(1 for p in found.priced if p.fits and p.step_s < priced.step_s)}
-    return {**ranked, "behind_chosen": behind(row, chosen)} if chosen is not None else ranked
+    row["rank"] = 1 + sum(1 for p in found.priced if p.fits and p.step_s < priced.step_s)
+    return {**row, "behind_chosen": behind(row, chosen)} if chosen is not None else row
 
 
 class _Progress:

@@ -107,6 +107,7 @@ class LayeredSearch:
     wall_s: float
     formulations: int
     counts: dict[str, int] = field(default_factory=dict)
+    compared: dict[str, Any] | None = None  # the compared task's answer (`solve_sample_task`'s)
 
     @property
     def best(self) -> PricedLayered | None:
@@ -122,8 +123,11 @@ KeyProgress = Callable[[int, int, KeyOutcome], None]
 
 
 def search_layered(sample: LayerSample, options: SearchOptions, modes: tuple[str, ...],
-                   progress: KeyProgress | None = None, stages: int | None = None) -> LayeredSearch:
-    """Every configuration of the space priced from the sample's solves, ranked (module docstring)."""
+                   progress: KeyProgress | None = None, stages: int | None = None,
+                   compared: SampleTask | None = None) -> LayeredSearch:
+    """Every configuration of the space priced from the sample's solves, ranked (module docstring).
+    `compared` (a layout the user compares, its own sample) is solved first, beside the keys,
+    within the same budget; its answer is `LayeredSearch.compared`."""
     started = time.perf_counter()
     deadline = started + (options.time_budget_s or math.inf)
     layers = len(sample.layers)
@@ -138,6 +142,9 @@ def search_layered(sample: LayerSample, options: SearchOptions, modes: tuple[str
     running: dict[Any, KeyOutcome] = {}
     queue = Queue(keys)
     done = 0
+    theirs = KeyOutcome(compared, 0.0) if compared is not None else None
+    if theirs is not None:
+        running[pool.submit("sample", compared, options.settings.time_limit_s)] = theirs
     try:
         while queue or running:
             while queue and len(running) < pool.slots:
@@ -158,6 +165,9 @@ def search_layered(sample: LayerSample, options: SearchOptions, modes: tuple[str
             for handle in pool.wait(list(running), POLL_S):
                 key = running.pop(handle)
                 answer = pool.result(handle)
+                if key is theirs:
+                    theirs.solved = answer
+                    continue
                 done += 1
                 if "prices" in answer:
                     key.outcome, key.solved = "solved", answer
@@ -184,8 +194,11 @@ def search_layered(sample: LayerSample, options: SearchOptions, modes: tuple[str
     formulations = sum(k.solved["solver"]["solves"] for k in keys if k.solved)
     configurations = {outcome: sum(1 for p in priced if p.outcome == outcome)
                       for outcome in ("priced", "over budget", "dominated")}
+    if theirs is not None and theirs.solved is None:
+        theirs.solved = {"unsolved": "the search's time budget ended while it was solved"}
     return LayeredSearch(keys, priced, min(floors, default=0.0), time.perf_counter() - started, formulations,
-                         {"keys": len(keys), **tally, "configurations": configurations})
+                         {"keys": len(keys), **tally, "configurations": configurations},
+                         theirs.solved if theirs is not None else None)
 
 
 def _out_of_time(keys: list[KeyOutcome], best_step_s: float, why: str = "the search's time budget was spent") -> None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -57,6 +57,8 @@ class SampleTask:
     recompute: str
     represented_by: tuple[int, ...]  # per layer of the whole graph, the sample position pricing it
     beat_s: float = math.inf  # refit to the memory budget only a plan that might beat this step
+    # the sample to solve when not the search's own: a compared layout's, its shardings pinned
+    graph_document: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
     @property
     def devices(self) -> int:
@@ -71,7 +73,8 @@ def solve_sample_task(inputs: SearchInputs, task: SampleTask, time_limit_s: floa
         return {"infeasible": f"{STAGE_AXIS}={task.stages} and this sub-mesh do not bind to the machine together"}
     mesh, hw = task.candidate.mesh, placement.hardware
     try:
-        graph = with_recomputation(load_graph(inputs.graph_document, mesh), task.recompute, mesh)
+        document = task.graph_document if task.graph_document is not None else inputs.graph_document
+        graph = with_recomputation(load_graph(document, mesh), task.recompute, mesh)
     except InputError as error:  # a constraint of the graph names an axis this sub-mesh lacks
         return {"infeasible": f"the graph's constraints do not fit this sub-mesh: {error}"}
     budget = inputs.settings.memory_budget_bytes or hw.hbm_bytes
