@@ -142,3 +142,10 @@ def test_a_given_stage_count_is_the_only_one_searched(tmp_path):
     rows = json.loads((out / "ranking.json").read_text())["pipeline"]["configurations"]
     assert rows and {row["stages"] for row in rows} == {4}
     assert {row["microbatches"] for row in rows} == set(microbatch_counts(4, {GPT.batch}, (2,)))
+
+
+def test_a_routed_moes_token_groups_leave_the_per_replica_microbatch_counts():
+    """A routed MoE declares its token groups as a second batch (12 samples of 8 groups each):
+    the counts giving each replica one sample a microbatch are still offered."""
+    assert microbatch_counts(2, {12, 96}, (3,)) == [1, 2, 4, 12]
+    assert microbatch_counts(2, {12}, (3,)) == [1, 2, 4, 12]

@@ -228,7 +228,8 @@ def _keys(sample: LayerSample, options: SearchOptions, modes: tuple[str, ...], c
                     estimate = analytic[mode].memory_estimate_bytes(options.devices, stages, microbatches)
                     keys.append(KeyOutcome(SampleTask(stages, candidate, microbatches, mode, sample.represented_by),
                                            analytic[mode].bound_s(), may_fit=estimate <= limit * ESTIMATE_SHARE,
-                                           replica_micro=replicas > 1 and batches == {microbatches * replicas}))
+                                           replica_micro=bool(batches) and (stages > 1 or replicas > 1)
+                                           and math.gcd(*batches) == microbatches * replicas))
     if not keys:
         raise InputError(f"no stage count and sub-mesh of {options.devices} devices fits the fixed axes "
                          f"{options.fixed}", "fix")
@@ -293,7 +294,8 @@ def _promise(key: KeyOutcome) -> tuple:
     sooner. First the microbatch count giving each replica along the slow links (between nodes or
     slices) one sample: data parallelism there and the rest of the batch split inside the node,
     whose links carry the per-layer traffic of tensor parallelism an order of magnitude faster
-    (as published runs are laid out); then those whose memory estimate fits, then by their bound
+    (as published runs are laid out; a pipeline whose stages hold no slow link, one sample a
+    microbatch); then those whose memory estimate fits, then by their bound
     stretched by the least bubble of their best schedule, (S - 1) / (M V) of the busy time (V as
     large as the layers allow); fewer axes first at a tie."""
     task = key.task

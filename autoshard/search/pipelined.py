@@ -177,10 +177,12 @@ def batch_sizes(graph: Graph) -> set[int]:
 def microbatch_counts(stages: int, batches: set[int], axis_sizes: tuple[int, ...] = ()) -> list[int]:
     """1, S, 2S and 4S, and the counts giving each replica along some of the sub-mesh's axes one
     sample a microbatch (how published runs are set: micro-batch 1 on every data-parallel rank);
-    at least S (fewer leave stages idle every step) and dividing every batch (without a batch: 1)."""
+    at least S (fewer leave stages idle every step) and dividing every batch (without a batch: 1).
+    With several batches (a routed MoE's token groups beside its samples) a sample is a unit of
+    their greatest common divisor."""
     counts = {1} | {stages * k for k in MICROBATCHES_PER_STAGE}
-    if len(batches) == 1:
-        batch = next(iter(batches))
+    if batches:
+        batch = math.gcd(*batches)
         counts |= {batch // math.prod(chosen) for n in range(len(axis_sizes) + 1)
                    for chosen in itertools.combinations(axis_sizes, n) if batch % math.prod(chosen) == 0}
     return sorted(m for m in counts if m == 1 or (m >= stages and batches and all(b % m == 0 for b in batches)))
