@@ -71,6 +71,9 @@ def layered_problems(args: argparse.Namespace) -> list[Problem]:
     return problems
 
 
+RANKING_S = 1.0  # what pricing the compared layout, the table and ranking.json take after the search (at most)
+
+
 def run_layered(args: argparse.Namespace, document: dict[str, Any], options: SearchOptions,
                 stages: int | None, started: float) -> int:
     """The search (of stage count `stages` only, or every one for None), its table and
@@ -97,8 +100,8 @@ def run_layered(args: argparse.Namespace, document: dict[str, Any], options: Sea
     repeats = {op.name: sample.counts[positions[op.name]] for op in sample_graph.ops}
     rates = throughput(sample_graph, options.topology, repeats)
     compared = None if args.compare is None else _compared_task(args.compare, sample, sample_graph, sampled)
-    if options.time_budget_s is not None:  # the budget is the whole command's: the sample took its part
-        left_s = options.time_budget_s - (time.perf_counter() - started)
+    if options.time_budget_s is not None:  # the budget is the whole command's: the sample took its part, and
+        left_s = options.time_budget_s - (time.perf_counter() - started) - RANKING_S  # the ranking takes its own
         sampled = dataclasses.replace(sampled, time_budget_s=max(left_s, POLL_S))
     try:
         found = search_layered(sample, sampled, modes, progress=_Progress(started), stages=stages,

@@ -43,7 +43,7 @@ from autoshard.planning.roles import plan_roles
 from autoshard.search.candidates import Candidate
 from autoshard.search.stage_tasks import STAGE_AXIS, bind_stages
 
-SOLVES = 2  # the fastest plan, and one refitted to the stages' memory
+SOLVES = 3  # the fastest plan, and up to two refitted to the stages' memory
 
 if TYPE_CHECKING:  # tasks.py dispatches to this module
     from autoshard.search.tasks import SearchInputs
