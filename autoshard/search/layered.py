@@ -221,8 +221,8 @@ def _keys(sample: LayerSample, options: SearchOptions, modes: tuple[str, ...], c
             continue
         limit = budget if budget is not None else _hbm_bytes(options.topology)
         for candidate in candidates:
-            replicas = math.prod(size for (axis, _), size in zip(candidate.mapping, candidate.axis_sizes)
-                                 if axis in slow_axes(options.topology, candidate))
+            slow = slow_axes(options.topology, candidate)
+            replicas = math.prod(size for name, size in zip(candidate.axis_names, candidate.axis_sizes) if name in slow)
             for microbatches in microbatch_counts(stages, batches, candidate.axis_sizes):
                 for mode in modes:
                     estimate = analytic[mode].memory_estimate_bytes(options.devices, stages, microbatches)
@@ -295,9 +295,9 @@ def _promise(key: KeyOutcome) -> tuple:
     slices) one sample: data parallelism there and the rest of the batch split inside the node,
     whose links carry the per-layer traffic of tensor parallelism an order of magnitude faster
     (as published runs are laid out; a pipeline whose stages hold no slow link, one sample a
-    microbatch); then those whose memory estimate fits, then by their bound
-    stretched by the least bubble of their best schedule, (S - 1) / (M V) of the busy time (V as
-    large as the layers allow); fewer axes first at a tie."""
+    microbatch); then those whose memory estimate fits, then by their bound stretched by the
+    least bubble of their best schedule, (S - 1) / (M V) of the busy time (V as large as the
+    layers allow); fewer axes first at a tie."""
     task = key.task
     chunks = max(len(task.represented_by) // task.stages, 1) if task.microbatches % task.stages == 0 else 1
     bubble = (task.stages - 1) / (task.microbatches * chunks)
