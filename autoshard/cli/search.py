@@ -144,6 +144,9 @@ def _field(where: str) -> str:
             "time_budget_s": "--time-budget"}.get(where, "--topology" if where.startswith("topology") else where)
 
 
+SPENT_S = 1e-3  # the budget a mode gets once --time-budget is spent: it stops at its first check
+
+
 def run(args: argparse.Namespace) -> int:
     started = getattr(args, "command_started", time.perf_counter())  # set by `main`
     options = checked_options(args)
@@ -164,10 +167,10 @@ def run(args: argparse.Namespace) -> int:
         share = options
         if options.time_budget_s is not None:  # the modes share --time-budget: each its part of what is left
             left_s = options.time_budget_s - (time.perf_counter() - started)
-            if left_s <= 0:
+            if left_s <= 0 and searched:  # the first mode is searched, if only to say the budget ran out
                 print(f"recompute {mode}: not searched, --time-budget spent", file=sys.stderr, flush=True)
                 continue
-            share = dataclasses.replace(options, time_budget_s=left_s / (len(documents) - index))
+            share = dataclasses.replace(options, time_budget_s=max(left_s, SPENT_S) / (len(documents) - index))
         searched.append(_search_one(mode, document, share, args))
     chosen = min(searched, key=lambda one: one.step_s)
     ranking = chosen.ranking
