@@ -4,11 +4,12 @@ a certified bound per sample position. Run by the search's workers like its othe
 
 Each task is first solved for speed alone (no memory limit: the stages' memory is checked when
 each schedule is priced). When that plan's fewest-microbatches pipeline (1F1B, V = 1) holds more
-than a stage's budget, the sample is solved once more under a whole-sample budget shrunk by the
-worst stage's excess, as `stage_plan` refits a whole graph (`FIT_MARGIN`; one refit, not
-`stage_plan`'s rounds: the search has other keys, other recomputations and microbatch counts, to
-fit with); every plan found is priced, so a schedule can take whichever fits. A plan solved under a memory limit
-is no faster than the fastest plan, so there is no refit when the fastest plan's step, less its
+than a stage's budget, the sample is solved again under a whole-sample budget shrunk by the
+worst stage's excess, as `stage_plan` refits a whole graph (`FIT_MARGIN`; at most two refits,
+fewer than `stage_plan`'s rounds: the search has other keys, other recomputations and microbatch
+counts, to fit with; a refit that misses by a little is common, as peaks do not scale with the
+budget exactly); every plan found is priced, so a schedule can take whichever fits. A plan
+solved under a memory limit is no faster than the fastest plan, so there is no refit when the fastest plan's step, less its
 solver gap, over S (the busiest stage's share of the serial seconds), cannot beat the best step
 the search had found when the task was sent (`beat_s`).
 
