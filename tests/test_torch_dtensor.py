@@ -12,6 +12,7 @@ runs the functional collectives themselves (no gloo), so no collective is substi
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import pytest
@@ -169,22 +170,87 @@ def test_a_mesh_that_is_not_the_plans_is_refused_naming_the_axis():
     assert placement_specs(result.plan.produced("x"), result.plan.mesh, "x") == (PlacementSpec("replicate"),)
 
 
-def test_a_plan_splitting_attentions_keys_is_refused_rather_than_run_to_other_values():
-    """Context parallelism combines each device's key block by its row statistics, which the
-    DTensor run does not do: the plan is refused naming the attention op."""
+class MaskedGroupedAttention(torch.nn.Module):
+    """Grouped-query attention (8 heads, 2 kv heads) under an additive float mask (a buffer)."""
+
+    def __init__(self, hidden: int = 32, heads: int = 8, kv_heads: int = 2, seq: int = 8):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, hidden // heads
+        self.wq = torch.nn.Linear(hidden, hidden, bias=False)
+        self.wkv = torch.nn.Linear(hidden, 2 * kv_heads * self.head_dim, bias=False)
+        self.wo = torch.nn.Linear(hidden, hidden, bias=False)
+        self.register_buffer("bias", torch.randn(seq, seq))
+
+    def forward(self, x):
+        b, s, h = x.shape
+        q = self.wq(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k, v = (t.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2) for t in self.wkv(x).chunk(2, dim=-1))
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=self.bias, enable_gqa=True)
+        return self.wo(o.transpose(1, 2).reshape(b, s, h))
+
+
+def key_split(plan, keys, queries=()):
+    """The plan with its attention splitting the key loop over `keys` (and the queries over `queries`)."""
     from dataclasses import replace
 
-    from autoshard.errors import InputError
+    from autoshard.ops.nn import KEY_LOOP, QUERY_LOOP
     from autoshard.planning.options import ShardingOption
-    module, args = examples()["llama_block"]
-    program = exported(module, args)
-    plan = sharded_plan(import_program(program).document, "cp=2").plan
     attention = next(op for op in plan.graph.ops if op.kind == "attention")
     loops = [()] * attention.nest.num_loops
-    loops[4] = ("cp",)
-    plan = replace(plan, options={**plan.options, attention.name: ShardingOption(tuple(loops))})
-    with simulated_ranks("cp=2") as mesh:
+    loops[KEY_LOOP], loops[QUERY_LOOP] = keys, queries
+    return replace(plan, options={**plan.options, attention.name: ShardingOption(tuple(loops))})
+
+
+KEY_SPLITS = [("llama_block", "cp=2", ("cp",), ()), ("llama_block", "dp=2,cp=2", ("cp",), ("dp",)),
+              ("llama_block", "dp=2,cp=2", ("dp", "cp"), ()), ("masked_gqa", "cp=2", ("cp",), ())]
+
+
+@pytest.mark.parametrize("name, mesh_text, keys, queries", KEY_SPLITS,
+                         ids=[f"{c[0]}-{c[1]}-keys_{'_'.join(c[2])}" for c in KEY_SPLITS])
+def test_key_split_attention_gives_the_unsharded_outputs_and_gradients(name, mesh_text, keys, queries):
+    """Context parallelism under DTensor: each rank's key block (causal at global positions, or
+    under the float mask; grouped-query heads repeated before attention) combined by all_reduce
+    max then sum over the key axes; the backward's dq summed over them, dk and dv per key block."""
+    torch.manual_seed(0)
+    module, args = examples()[name] if name in examples() else (MaskedGroupedAttention().eval(), (torch.randn(2, 8, 32),))
+    program = exported(module, args)
+    plan = key_split(sharded_plan(import_program(program).document, mesh_text).plan, keys, queries)
+    labels = torch.randn_like(module(*args))
+    module.zero_grad()
+    loss = (module(*args) * labels).sum()
+    loss.backward()
+    expected = {n: p.grad for n, p in module.named_parameters()}
+
+    with simulated_ranks(mesh_text) as mesh:
+        program_on_mesh = parallelize(program, plan, mesh)
+        with CollectiveLog() as log:
+            out = program_on_mesh(*args)
+        torch.testing.assert_close(unwrap(out.full_tensor()), module(*args), rtol=1e-5, atol=1e-5)
+        sharded_loss = (out * torch.distributed.tensor.distribute_tensor(labels, mesh, out.placements, src_data_rank=None)).sum()
+        sharded_loss.backward()
+        grads = {n: unwrap(p.grad.full_tensor()) for n, p in program_on_mesh.named_parameters()}
+    assert sorted(grads) == sorted(expected)
+    for n, g in grads.items():
+        torch.testing.assert_close(g, expected[n], rtol=1e-4, atol=1e-5, msg=lambda m, n=n: f"{n}: {m}")
+    # the combine: max of the row maxima [B, H, S/queries], sum of the exponent sums, sum of the
+    # weighted values [B, H, S/queries, E]: one all_reduce per key axis each (f32)
+    attention = next(op for op in plan.graph.ops if op.kind == "attention")
+    b, h, s, e = attention.nest.extents[:4]
+    rows = b * h * s // math.prod(plan.mesh.axis_size(a) for a in queries) * 4
+    sizes = [plan.mesh.axis_size(a) for a in keys]
+    combine = [c for c in log.collectives if c.kind == "all_reduce"]
+    assert [(c.group_size, c.input_bytes) for c in combine] == [
+        (n, size) for size in (rows, rows, rows * e) for n in sizes]
+
+
+def test_an_uneven_key_split_is_refused_naming_the_attention_op():
+    from autoshard.errors import InputError
+    module, args = examples()["llama_block"]
+    program = exported(module, args)
+    plan = key_split(sharded_plan(import_program(program).document, "cp=3").plan, ("cp",))
+    attention = next(op for op in plan.graph.ops if op.kind == "attention")
+    with simulated_ranks("cp=3") as mesh:
         with pytest.raises(InputError) as error:
-            parallelize(program, plan, mesh)
-    assert error.value.problems[0].where == "plan" and attention.name in str(error.value)
-    assert "key loop" in str(error.value)
+            parallelize(program, plan, mesh)(*args)
+    assert error.value.problems[0].where == f"/ops/{attention.name}/option"
+    assert "8 keys" in str(error.value) and "unevenly" in str(error.value)

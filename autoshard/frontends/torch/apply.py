@@ -16,6 +16,7 @@ from typing import Any, Callable, Collection, Mapping
 
 from autoshard.errors import InputError, Problem
 from autoshard.frontends.torch.capacity import ExpertCapacity, planned_capacity
+from autoshard.frontends.torch.context_parallel import key_split_attention
 from autoshard.frontends.torch.importer import ImportedProgram, import_program
 from autoshard.frontends.torch.lowering import DTYPES
 from autoshard.delivery.dtensor_placements import placement_specs
@@ -147,25 +148,11 @@ TORCH_DTYPES = {ours: getattr(torch, name) for name, ours in DTYPES.items()}
 BLOCKWISE = ("reshape", "broadcast_in_dim", "dot_general", "matmul", "batch_matmul", "conv1d", "conv2d", "one_hot")
 
 
-def _refuse_key_splits(plan: Plan) -> None:
-    """A plan splitting attention's key loop (context parallelism) combines each device's block
-    by its row statistics, which the blocks run here do not do: refused, naming the ops, rather
-    than run to other values."""
-    split = [op.name for op in plan.graph.ops
-             if op.kind == "attention" and plan.options[op.name].loop_axes[KEY_LOOP]]
-    if split:
-        raise InputError(f"attention op(s) {split[:3]}{' ...' if len(split) > 3 else ''} split their key loop over "
-                         f"the mesh (context parallelism), which the DTensor run does not combine yet; plan with "
-                         f"the keys whole (pin the keys and values unsplit along the sequence) to run it here",
-                         "plan")
-
-
 class ShardedProgram(torch.nn.Module):
     def __init__(self, exported_program: Any, imported: ImportedProgram, plan: Plan, device_mesh: Any,
                  resharding_steps: dict[tuple[str, Sharding], list[Sharding]], held: Collection[str] | None = None):
         """`held`: the parameters and buffers (graph names) to hold, all of them by default."""
         super().__init__()
-        _refuse_key_splits(plan)
         self.imported, self.plan, self.device_mesh = imported, plan, device_mesh
         # (tensor, target placements) -> the placements the plan's resharding starts from, then
         # those after each of its steps, where DTensor can place them all; else DTensor goes to
@@ -241,6 +228,8 @@ class ShardedProgram(torch.nn.Module):
             required = self._required[name]
             inputs = [placed(t, placements) for t, placements in zip(step.inputs, required)]
             local = self._local_shape(name)
+            if local is None and self._splits_keys(producers[name]):
+                raise self._uneven_key_split(name)
             if local is not None and self._by_blocks(producers[name]):
                 result = self._run_blocks(step, inputs, name, local)
             else:
@@ -278,19 +267,36 @@ class ShardedProgram(torch.nn.Module):
         result is the result's block: a reshape (the plan only splits its major loops), a
         contraction or a convolution (a split reduction leaves the partial sum the plan says;
         the plans DTensor runs never split a convolution's windows: that needs halos), attention while its queries stay whole (the
-        causal mask needs global query positions). A broadcast goes by blocks too: DTensor keeps a broadcast
+        causal mask needs global query positions), and attention splitting its keys (its
+        combine, `context_parallel`). A broadcast goes by blocks too: DTensor keeps a broadcast
         dim replicated where the plan may split it. A one-hot goes by blocks too (DTensor has
         no rule for it; its class loop is never split, so a block's ids give the block's rows).
         The other ops go through DTensor, which checks the plan.
         """
         if op.kind in BLOCKWISE:
             return True
-        return op.kind == "attention" and not self.plan.options[op.name].loop_axes[QUERY_LOOP]
+        return op.kind == "attention" and not self.plan.options[op.name].loop_axes[QUERY_LOOP] or self._splits_keys(op)
+
+    def _splits_keys(self, op: Any) -> bool:
+        return op.kind == "attention" and bool(self.plan.options[op.name].loop_axes[KEY_LOOP])
+
+    def _uneven_key_split(self, tensor: str) -> InputError:
+        op = self.plan.graph.producers[tensor]
+        return InputError(f"attention op {op.name!r} splits its key loop (context parallelism) and its result "
+                          f"{tensor!r} {list(self.plan.graph.tensors[tensor].shape)} unevenly as "
+                          f"{self.plan.produced(tensor)}, which the DTensor run does not take: plan even splits",
+                          f"/ops/{op.name}/option")
 
     def _run_blocks(self, step: Any, inputs: list[Any], tensor: str, local: tuple[int, ...]) -> Any:
         op = self.plan.graph.producers[tensor]
         blocks = [x.to_local(grad_placements=self._block_grad_placements(op, i, x.placements)) for i, x in enumerate(inputs)]
-        block = call_at_shape(step, op.kind, blocks, local)
+        if self._splits_keys(op):
+            option = self.plan.options[op.name]
+            lengths = (op.nest.extents[QUERY_LOOP], op.nest.extents[KEY_LOOP])
+            block = key_split_attention(op.name, blocks, op.attrs, option.loop_axes[QUERY_LOOP],
+                                        option.loop_axes[KEY_LOOP], lengths, self.device_mesh)
+        else:
+            block = call_at_shape(step, op.kind, blocks, local)
         shape = self.plan.graph.tensors[tensor].shape
         strides = [1] * len(shape)
         for d in range(len(shape) - 2, -1, -1):
