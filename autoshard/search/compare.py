@@ -2,14 +2,22 @@
 layout in Megatron-LM's words, priced by the same model as the search's configurations with
 Megatron's shardings pinned (column- then row-parallel projections over tp, the batch over dp,
 norms and residuals split on the sequence with sequence parallelism), and ranked among them.
+Graphs of `generate gpt --style megatron` are pinned by `layouts.megatron_constraints`, those of
+`--style llama` (dense or routed experts) by `llama_layout.llama_constraints`.
 
-The layout is a key of the search's space (`SampleTask`): S = pp stages, a sub-mesh `dp x tp`
-with tp inside a node (its inner axis on the GPUs) and dp outside it, M = batch / (dp x micro)
-microbatches, its recomputation; its schedule is 1F1B, or interleaved with `interleave` chunks.
+`ep` is Megatron-LM's and NeMo's `expert_model_parallel_size`: the routed experts split over ep
+of the dp data replicas (ep divides dp; tp x pp x dp is every device, as without experts), the
+experts replicated over the dp / ep groups of them (expert data parallelism).
+
+The layout is a key of the search's space (`SampleTask`): S = pp stages, a sub-mesh
+`dp/ep x ep x tp` (its axes `dp`, `ep`, `tp`; each of size 1 left out) with tp innermost (on a
+node's GPUs), then ep, then dp, M = batch / (dp x micro) microbatches, its recomputation; its
+schedule is 1F1B, or interleaved with `interleave` chunks.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,12 +26,13 @@ from cost_models import load_profile
 from autoshard.errors import InputError, Problem
 from autoshard.graph.recompute import MODES
 from autoshard.models.layouts import megatron_constraints
+from autoshard.models.llama_layout import llama_constraints, routed_experts
 from autoshard.planning.layer_sample import LayerSample
 from autoshard.search.candidates import Candidate
 from autoshard.search.pipelined import stage_counts
 from autoshard.search.sample_tasks import SampleTask
 
-KEYS = ("tp", "pp", "dp", "interleave", "micro", "recompute", "sp")
+KEYS = ("tp", "pp", "dp", "ep", "interleave", "micro", "recompute", "sp")
 YES_NO = {"1": True, "yes": True, "true": True, "0": False, "no": False, "false": False}
 
 
@@ -36,16 +45,19 @@ class Layout:
     micro: int
     recompute: str
     sequence_parallel: bool
+    expert: int = 1  # of the data replicas, how many split the routed experts between them
 
     @property
     def words(self) -> str:
-        return (f"tp {self.tensor} x pp {self.pipeline} x dp {self.data}, V {self.interleave}, micro {self.micro}, "
-                f"{self.recompute}{', SP' if self.sequence_parallel else ''}")
+        experts = f" (ep {self.expert})" if self.expert > 1 else ""
+        return (f"tp {self.tensor} x pp {self.pipeline} x dp {self.data}{experts}, V {self.interleave}, "
+                f"micro {self.micro}, {self.recompute}{', SP' if self.sequence_parallel else ''}")
 
 
 def parse_layout(text: str, where: str = "--compare") -> Layout:
-    """`tp=8,pp=16,dp=8,interleave=1,micro=1,recompute=full[,sp=1]`; tp, pp and dp are required,
-    interleave and micro default to 1, recompute to none, sp to yes wherever tp > 1."""
+    """`tp=8,pp=16,dp=8,interleave=1,micro=1,recompute=full[,sp=1][,ep=8]`; tp, pp and dp are
+    required, ep (dividing dp), interleave and micro default to 1, recompute to none, sp to yes
+    wherever tp > 1."""
     fields: dict[str, str] = {}
     problems = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
@@ -58,7 +70,7 @@ def parse_layout(text: str, where: str = "--compare") -> Layout:
         else:
             fields[key] = value.strip().lower()
     numbers: dict[str, int] = {}
-    for key, default in (("tp", None), ("pp", None), ("dp", None), ("interleave", 1), ("micro", 1)):
+    for key, default in (("tp", None), ("pp", None), ("dp", None), ("ep", 1), ("interleave", 1), ("micro", 1)):
         value = fields.get(key)
         if value is None and default is None:
             problems.append(Problem(where, f"{key} is required (e.g. tp=8,pp=16,dp=8)"))
@@ -72,18 +84,25 @@ def parse_layout(text: str, where: str = "--compare") -> Layout:
     sp = fields.get("sp")
     if sp is not None and sp not in YES_NO:
         problems.append(Problem(where, f"sp must be 1 or 0, got {sp!r}"))
+    if not problems and numbers["dp"] % numbers["ep"]:
+        problems.append(Problem(where, f"ep={numbers['ep']} must divide dp={numbers['dp']}: the expert-parallel "
+                                       f"devices are data replicas of the attention and dense parts (as Megatron-LM's "
+                                       f"expert_model_parallel_size)"))
     if problems:
         raise InputError(problems)
     tensor = numbers["tp"]
     return Layout(tensor, numbers["pp"], numbers["dp"], numbers["interleave"], numbers["micro"], recompute,
-                  YES_NO[sp] if sp is not None else tensor > 1)
+                  YES_NO[sp] if sp is not None else tensor > 1, numbers["ep"])
 
 
 def compared_key(layout: Layout, sample: LayerSample, topology: str, devices: int, batch: int
                  ) -> tuple[SampleTask, str, int, dict[str, Any]]:
     """The layout as a key of the search (its task, schedule and chunks) and the sample with
-    Megatron's shardings pinned; every way it does not fit the model, devices or machine named."""
+    Megatron's shardings pinned; every way it does not fit the model, devices or machine named.
+    `batch` is a batch the sample declares; the sequences are the greatest common divisor of all
+    it declares (a routed MoE declares its token groups as a batch too)."""
     layers = len(sample.layers)
+    batch = math.gcd(batch, *_batch_sizes(sample.document))
     problems = []
     if layout.tensor * layout.pipeline * layout.data != devices:
         problems.append(f"tp x pp x dp = {layout.tensor * layout.pipeline * layout.data}, but the search has "
@@ -100,12 +119,10 @@ def compared_key(layout: Layout, sample: LayerSample, topology: str, devices: in
                         f"of pp and the {layers} layers a multiple of pp x interleave")
     candidate = _candidate(topology, layout) if not problems else None
     if not problems and candidate is None:
-        problems.append(f"tp={layout.tensor} does not fit inside one node of {topology}")
+        problems.append(f"tp={layout.tensor}, ep={layout.expert} and dp={layout.data} do not fit the nodes of "
+                        f"{topology}: tp inside one node, then ep, then dp / ep, each within a node or on whole nodes")
     pinned = dict(sample.document)
-    constraints = megatron_constraints(sample.document, layout.sequence_parallel, data_parallel=layout.data > 1)
-    if not constraints:
-        problems.append("pins Megatron-LM's layout by the value names of `generate gpt --style megatron`; this "
-                        "graph has none of them")
+    constraints = _constraints(layout, sample.document, problems)
     if problems:
         raise InputError([Problem("--compare", message) for message in problems])
     pinned["constraints"] = list(sample.document.get("constraints", [])) + constraints
@@ -115,19 +132,53 @@ def compared_key(layout: Layout, sample: LayerSample, topology: str, devices: in
     return task, schedule, chunks, pinned
 
 
+def _constraints(layout: Layout, document: dict[str, Any], problems: list[str]) -> list[dict[str, Any]]:
+    """The layout's pins for a Megatron-style graph, else a llama-style one; a problem for each
+    way the graph cannot hold it."""
+    experts = routed_experts(document)
+    if layout.expert > 1 and not experts:
+        problems.append(f"ep={layout.expert} splits routed experts, but this graph has none (a `generate gpt --style "
+                        f"llama --moe-experts N` graph has)")
+    elif experts % layout.expert:
+        problems.append(f"ep={layout.expert} must divide the {experts} routed experts of a layer")
+    named = "pins Megatron-LM's layout by the value names of `generate gpt --style megatron` or `--style llama`"
+    names = document["tensors"]
+    if not any(name.endswith(".attn.sdpa") for name in names):  # Megatron's own layer: attention unfused
+        constraints = megatron_constraints(document, layout.sequence_parallel, data_parallel=layout.data > 1)
+    elif any(name.endswith(".attn.q.b") for name in names):
+        problems.append(f"{named}; this graph is of `--style gpt` (biases, layer norms)")
+        return []
+    else:
+        axes = tuple(axis for axis, size in (("dp", layout.data // layout.expert), ("ep", layout.expert)) if size > 1)
+        constraints = llama_constraints(document, layout.sequence_parallel, axes, layout.tensor > 1,
+                                        layout.expert > 1)
+    if not any(c["tensor"].startswith("layer") for c in constraints):
+        problems.append(f"{named}; this graph has none of them")
+    return constraints
+
+
+def _batch_sizes(document: dict[str, Any]) -> list[int]:
+    return [t["shape"][t["batch_dim"]] for t in document["tensors"].values() if t.get("batch_dim") is not None]
+
+
 def _candidate(topology: str, layout: Layout) -> Candidate | None:
-    """The stage's sub-mesh: `tp` on the GPUs of a node, `dp` outside it (across nodes, and the
-    node's other GPUs first when tp leaves some); None when tp does not fit in a node or the
-    stage's devices fill no whole nodes."""
+    """The stage's sub-mesh: `tp` on the GPUs of a node, then `ep`, then the rest of the data
+    replicas `dp` (dp / ep of them), each axis on the node's GPUs while they last, then across
+    nodes (Megatron-LM's rank order, tensor fastest); None when tp does not fit in a node or an
+    axis straddles nodes unevenly."""
     node = load_profile(topology).nvlink.domain_gpus
-    size = layout.tensor * layout.data
-    if layout.tensor > node or node % layout.tensor or (size > node and size % node):
-        return None
-    nodes = max(size // node, 1)
-    outer = ("node",) if layout.tensor == node else ("node", "gpu") if nodes > 1 else ("gpu",)
-    axes = [("dp", layout.data, outer)] if layout.data > 1 else []
-    axes += [("tp", layout.tensor, ("gpu",))] if layout.tensor > 1 else []
+    inner, axes = 1, []
+    for name, size in (("tp", layout.tensor), ("ep", layout.expert), ("dp", layout.data // layout.expert)):
+        if size == 1:
+            continue
+        if name == "tp" and (size > node or node % size):
+            return None  # tensor parallelism stays inside a node
+        if inner < node < inner * size and (node % inner or inner * size % node):
+            return None  # the axis would straddle nodes unevenly
+        dims = ("gpu",) if inner * size <= node else ("node",) if inner >= node else ("node", "gpu")
+        axes.insert(0, (name, size, dims))
+        inner *= size
     if not axes:
         return None
     return Candidate(tuple(a[0] for a in axes), tuple(a[1] for a in axes), tuple((a[0], a[2]) for a in axes),
-                     nodes, None)
+                     max(inner // node, 1), None)
