@@ -13,8 +13,10 @@ in its own process and reads its ranking.json. The degrees come from the roles t
 axis of a stage's sub-mesh (`planning/roles.py`): an axis is the expert axis where it splits the
 experts' loop at the expert ops (`expert` for the op class `experts`), a tensor axis where it splits
 a model dim of the linear layers, attention or experts, a data axis where it splits their batch.
-The pipeline degree is the stage count. Rows are appended to a JSON-lines file as each case ends;
-`--table` prints the markdown table of such a file.
+The pipeline degree is the stage count. A case with a published layout in Megatron-LM's words
+(`compare`) also passes `--compare` and records that layout priced with its shardings pinned (expert
+parallelism included), its rank and, term by term, how far it is behind the search's answer. Rows are
+appended to a JSON-lines file as each case ends; `--table` prints the markdown table of such a file.
 
     python benchmarks/moe_search.py -o moe.jsonl [--only mixtral-8x7B-64] [--time-budget 180]
     python benchmarks/moe_search.py --table moe.jsonl
@@ -53,6 +55,7 @@ class Case:
     group_size: int  # tokens routed together (GShard groups), each with its own capacity
     published: str
     budget_s: float
+    compare: str | None = None  # the published layout for `search --compare`, when it can be pinned
 
     def generate_args(self) -> list[str]:
         return ["--style", "llama", "--training", "--precision", "bf16-mixed", "--layers", str(self.layers),
@@ -67,7 +70,9 @@ CASES = (
     # Mixtral 8x7B (arXiv 2401.04088); global batch 512 of NeMo's pretraining recipe
     # (nemo/collections/llm/recipes/mixtral_8x7b.py: 8 nodes x 8 GPUs, TP 1, PP 4, VP 8, EP 8, SP).
     Case("mixtral-8x7B-64", 64, 32, 4096, 32, 8, 4096, 32000, 512, 8, 2, 14336, 0, 1024,
-         "NeMo recipe: tp 1, pp 4 (vp 8), ep 8, dp 16, sp; NeMo 25.04 perf table (GB200): tp 1, pp 1, ep 8", 180.0),
+         "NeMo recipe: tp 1, pp 4 (vp 8), ep 8, dp 16, sp; NeMo 25.04 perf table (GB200): tp 1, pp 1, ep 8", 180.0,
+         # NeMo-Framework-Launcher examples/training/mixtral/h100/mixtral_8x7b_bf16.sh: no recomputation set
+         "tp=1,pp=4,dp=16,ep=8,interleave=8,micro=1,recompute=none"),
     # DeepSeek-V3 (arXiv 2412.19437): 15,360 sequences of 4k at the end of its batch ramp, PP 16, EP 64
     # (over 8 nodes), ZeRO-1 DP, no TP. MLA approximated by multi-head attention of 128 heads of
     # hidden / heads = 56 features; its first 3 dense layers (ffn 18,432) by MoE layers of the same
@@ -107,7 +112,7 @@ def run_case(case: Case, budget_s: float | None, max_axes: int, time_limit_s: fl
     command = [sys.executable, "-m", "autoshard.cli.main", "search", str(graph), "--devices", str(case.gpus),
                "--topology", "dgx-h100", "--by-layer", "--pipeline", "auto", "--recompute", "auto", "--rank-only",
                "--time-budget", str(budget), "--sample-time-limit", str(time_limit_s), "--max-axes", str(max_axes),
-               "--jobs", "1", "-o", str(out)]
+               "--jobs", "1", "-o", str(out)] + (["--compare", case.compare] if case.compare else [])
     started = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True)
     wall_s = time.perf_counter() - started
@@ -120,14 +125,25 @@ def run_case(case: Case, budget_s: float | None, max_axes: int, time_limit_s: fl
     with_experts = next((c for c in priced if degrees(c["sub_mesh"])["expert"] > 1), None)
     return row | {"search_s": section["wall_s"], "counts": section["counts"], "gap": section["gap"],
                   "bound_s": section["certified_lower_bound_step_s"], "chosen": _short(section["chosen"]),
-                  "best_expert_parallel": _short(with_experts), "priced": len(priced)}
+                  "best_expert_parallel": _short(with_experts), "priced": len(priced),
+                  "compared": _compared(section.get("compared"))}
+
+
+def _compared(row: dict | None) -> dict | None:
+    """The published layout as priced: its words, outcome, rank, step and terms, and how far it
+    is behind the chosen configuration term by term."""
+    if row is None:
+        return None
+    keep = ("layout", "outcome", "reason", "behind_chosen")
+    return {k: row[k] for k in keep if k in row} | (_short(row) if "stages" in row else {})
 
 
 def _short(row: dict | None) -> dict | None:
     if row is None:
         return None
     keep = ("rank", "outcome", "stages", "microbatches", "schedule", "virtual_stages_per_stage", "recompute",
-            "step_s", "overlapped_step_s", "bubble_fraction", "mfu", "tokens_per_s_per_device", "reason")
+            "step_s", "overlapped_step_s", "bubble_fraction", "mfu", "tokens_per_s_per_device", "reason",
+            "busiest_stage_s")
     out = {k: row[k] for k in keep if k in row}
     if "sub_mesh" in row:
         out["sub_mesh"] = ",".join(f"{a['name']}={a['size']}" for a in row["sub_mesh"]["axes"])
@@ -160,9 +176,19 @@ def _words(row: dict | None) -> str:
             f"M {row['microbatches']}, {schedule}, {row['recompute']}")
 
 
+def _priced_words(row: dict | None) -> str:
+    if row is None:
+        return "-"
+    if row.get("outcome") != "priced":
+        return f"{row.get('layout')}: {row.get('outcome')}"
+    peak = f", peak {row['peak_gib']:.1f} GiB" if "peak_gib" in row else ""
+    return f"{_words(row)} ({row.get('rank', 'over memory')}, {row['step_s']:.4g}{peak})"
+
+
 def table(rows: list[dict]) -> str:
     head = ("| case | GPUs | batch | budget s | wall s (search) | keys | solved | unsolved | chosen | step s | MFU "
-            "| peak GiB | gap | best with an expert axis (rank, step s) | published |")
+            "| peak GiB | gap | best with an expert axis (rank, step s) | published "
+            "| published priced (rank, step s) |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         if "error" in r:
@@ -176,7 +202,7 @@ def table(rows: list[dict]) -> str:
         lines.append(f"| {r['case']} | {r['gpus']} | {r['batch']} | {r['budget_s']:g} | {r['wall_s']:.0f} "
                      f"({r['search_s']:.0f}) | {counts['keys']} | {counts['solved']} | {counts['unsolved']} "
                      f"| {_words(c)} | {c['step_s']:.4g} | {mfu} | {c.get('peak_gib', float('nan')):.1f} | {gap} "
-                     f"| {expert} | {r['published']} |")
+                     f"| {expert} | {r['published']} | {_priced_words(r.get('compared'))} |")
     return "\n".join(lines)
 
 
