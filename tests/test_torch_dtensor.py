@@ -189,8 +189,9 @@ class MaskedGroupedAttention(torch.nn.Module):
         return self.wo(o.transpose(1, 2).reshape(b, s, h))
 
 
-def key_split(plan, keys, queries=()):
-    """The plan with its attention splitting the key loop over `keys` (and the queries over `queries`)."""
+def key_split(plan, keys, queries=(), ring=None):
+    """The plan with its attention splitting the key loop over `keys` and the queries over
+    `queries`, or passing the keys around `ring` (one of the query axes)."""
     from dataclasses import replace
 
     from autoshard.ops.nn import KEY_LOOP, QUERY_LOOP
@@ -198,23 +199,29 @@ def key_split(plan, keys, queries=()):
     attention = next(op for op in plan.graph.ops if op.kind == "attention")
     loops = [()] * attention.nest.num_loops
     loops[KEY_LOOP], loops[QUERY_LOOP] = keys, queries
-    return replace(plan, options={**plan.options, attention.name: ShardingOption(tuple(loops))})
+    return replace(plan, options={**plan.options, attention.name: ShardingOption(tuple(loops), ring)})
 
 
-KEY_SPLITS = [("llama_block", "cp=2", ("cp",), ()), ("llama_block", "dp=2,cp=2", ("cp",), ("dp",)),
-              ("llama_block", "dp=2,cp=2", ("dp", "cp"), ()), ("masked_gqa", "cp=2", ("cp",), ())]
+# (model, mesh, keys split over, queries split over, ring axis)
+KEY_SPLITS = [("llama_block", "cp=2", ("cp",), (), None), ("llama_block", "dp=2,cp=2", ("cp",), ("dp",), None),
+              ("llama_block", "dp=2,cp=2", ("dp", "cp"), (), None), ("masked_gqa", "cp=2", ("cp",), (), None),
+              ("llama_block", "cp=4", (), ("cp",), "cp"), ("llama_block", "dp=2,cp=2", (), ("dp", "cp"), "cp"),
+              ("masked_gqa", "cp=4", (), ("cp",), "cp")]
 
 
-@pytest.mark.parametrize("name, mesh_text, keys, queries", KEY_SPLITS,
-                         ids=[f"{c[0]}-{c[1]}-keys_{'_'.join(c[2])}" for c in KEY_SPLITS])
-def test_key_split_attention_gives_the_unsharded_outputs_and_gradients(name, mesh_text, keys, queries):
-    """Context parallelism under DTensor: each rank's key block (causal at global positions, or
-    under the float mask; grouped-query heads repeated before attention) combined by all_reduce
-    max then sum over the key axes; the backward's dq summed over them, dk and dv per key block."""
+@pytest.mark.parametrize("name, mesh_text, keys, queries, ring", KEY_SPLITS,
+                         ids=[f"{c[0]}-{c[1]}-{'ring_' + c[4] if c[4] else 'keys_' + '_'.join(c[2])}"
+                              for c in KEY_SPLITS])
+def test_context_parallel_attention_gives_the_unsharded_outputs_and_gradients(name, mesh_text, keys, queries, ring):
+    """Context parallelism under DTensor, causal (llama_block) or under a float mask, grouped-query
+    heads repeated before attention. A key split: each rank's key block combined by all_reduce max
+    then sum over the key axes; the backward's dq summed over them, dk and dv per key block. A
+    ring: K/V blocks passed around the ring axis by point-to-point rotations (all_to_all_single
+    sending one block to one peer), no all_reduce; the backward passes dk and dv home."""
     torch.manual_seed(0)
     module, args = examples()[name] if name in examples() else (MaskedGroupedAttention().eval(), (torch.randn(2, 8, 32),))
     program = exported(module, args)
-    plan = key_split(sharded_plan(import_program(program).document, mesh_text).plan, keys, queries)
+    plan = key_split(sharded_plan(import_program(program).document, mesh_text).plan, keys, queries, ring)
     labels = torch.randn_like(module(*args))
     module.zero_grad()
     loss = (module(*args) * labels).sum()
@@ -227,20 +234,26 @@ def test_key_split_attention_gives_the_unsharded_outputs_and_gradients(name, mes
             out = program_on_mesh(*args)
         torch.testing.assert_close(unwrap(out.full_tensor()), module(*args), rtol=1e-5, atol=1e-5)
         sharded_loss = (out * torch.distributed.tensor.distribute_tensor(labels, mesh, out.placements, src_data_rank=None)).sum()
-        sharded_loss.backward()
+        with CollectiveLog() as backward:
+            sharded_loss.backward()
         grads = {n: unwrap(p.grad.full_tensor()) for n, p in program_on_mesh.named_parameters()}
     assert sorted(grads) == sorted(expected)
     for n, g in grads.items():
         torch.testing.assert_close(g, expected[n], rtol=1e-4, atol=1e-5, msg=lambda m, n=n: f"{n}: {m}")
+    attention = next(op for op in plan.graph.ops if op.kind == "attention")
+    reduces = [(c.group_size, c.input_bytes) for c in log.collectives if c.kind == "all_reduce"]
+    rotations = [c for c in log.collectives if c.kind == "all_to_all"]
+    if ring:  # n - 1 steps, each passing K and V; the backward also takes dk and dv home
+        n = plan.mesh.axis_size(ring)
+        assert reduces == [] and len(rotations) == 2 * (n - 1)
+        assert len([c for c in backward.collectives if c.kind == "all_to_all"]) == 4 * (n - 1) + 2
+        return
     # the combine: max of the row maxima [B, H, S/queries], sum of the exponent sums, sum of the
     # weighted values [B, H, S/queries, E]: one all_reduce per key axis each (f32)
-    attention = next(op for op in plan.graph.ops if op.kind == "attention")
     b, h, s, e = attention.nest.extents[:4]
     rows = b * h * s // math.prod(plan.mesh.axis_size(a) for a in queries) * 4
     sizes = [plan.mesh.axis_size(a) for a in keys]
-    combine = [c for c in log.collectives if c.kind == "all_reduce"]
-    assert [(c.group_size, c.input_bytes) for c in combine] == [
-        (n, size) for size in (rows, rows, rows * e) for n in sizes]
+    assert reduces == [(n, size) for size in (rows, rows, rows * e) for n in sizes] and rotations == []
 
 
 def test_an_uneven_key_split_is_refused_naming_the_attention_op():

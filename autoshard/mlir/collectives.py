@@ -111,11 +111,7 @@ def _permute(b: Body, dialect: Dialect, mesh: Mesh, step: CollectiveStep, x: Ope
     shift = _shift(mesh, step, x, out)
     if shift is not None:
         axis, offset = shift
-        name = b.name(hint)
-        b.emit(f"{name} = {dialect.op('shift')} {x.name} on {MESH_SYMBOL} {dialect.axes_attr} = "
-               f"{axes_list(mesh, step.mesh_axes)} shift_axis = {mesh.axis_index(axis)} offset = {offset} rotate "
-               f": {x.type} -> {out.type}")
-        return Operand(name, out)
+        return emit_shift(b, dialect, mesh, step.mesh_axes, axis, offset, x, out, hint)
     transfers: Sequence[Transfer] = step.dims["transfers"]
     rank, axes, devices = len(x.shape), step.mesh_axes, list(mesh.devices())
     tile = tensor_type(["?"] * rank, x.dtype)
@@ -238,6 +234,16 @@ STEP_PRINTERS: dict[str, Printer] = {
     "permute": _permute,
     "update_halo": _update_halo,
 }
+
+
+def emit_shift(b: Body, dialect: Dialect, mesh: Mesh, mesh_axes: Sequence[str], axis: str, offset: int, x: Operand,
+               out: Spec, hint: str) -> Operand:
+    """`shift` (rotating) of `x` by `offset` places along `axis` within groups over `mesh_axes`."""
+    name = b.name(hint)
+    b.emit(f"{name} = {dialect.op('shift')} {x.name} on {MESH_SYMBOL} {dialect.axes_attr} = "
+           f"{axes_list(mesh, mesh_axes)} shift_axis = {mesh.axis_index(axis)} offset = {offset} rotate "
+           f": {x.type} -> {out.type}")
+    return Operand(name, out)
 
 
 def emit_all_reduce(b: Body, dialect: Dialect, mesh: Mesh, mesh_axes: Sequence[str], x: Operand, kind: str,

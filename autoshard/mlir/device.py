@@ -60,6 +60,13 @@ class DeviceIndex:
         start = self._arith("muli", self.in_group(axes), self.const(step), "start")
         return self._arith("minui", start, self.const(extent), "start")
 
+    def ring_block_start(self, axis: str, step: int, block: int) -> str:
+        """First index of the block a device holds at `step` of a ring over `axis` (blocks of
+        `block` indices passed one place along the axis per step): block (c - step) mod n."""
+        n = self.mesh.axis_size(axis)
+        held = self._arith("addi", self.coordinate(axis), self.const(n - step), "ring")
+        return self._arith("muli", self._arith("remui", held, self.const(n), "ring"), self.const(block), "ring_start")
+
     def block_size(self, axes: Sequence[str], extent: int) -> str:
         step = ceildiv(extent, self.mesh.group_size(axes))
         start = self.block_start(axes, extent)

@@ -134,6 +134,11 @@ def _elementwise(b: Body, inputs: Sequence[Operand], out: Spec, fn: Callable[[Bo
                    lambda b, args, acc: fn(b, args), hint=hint)
 
 
+def elementwise_like(b: Body, inputs: Sequence[Operand], fn: Callable[[Body, list[str]], str], hint: str) -> Operand:
+    """A parallel linalg.generic over values of one shape, writing that shape."""
+    return _elementwise(b, inputs, inputs[0].spec, fn, hint)
+
+
 def _reduce_mean(b: Body, ctx: LoweringContext) -> list[Operand]:
     (total,) = _payload_nest(b, ctx)
     count = math.prod(ctx.op.nest.extents[l] for l in ctx.op.nest.reduction_loops)  # global: partial means add up
@@ -204,7 +209,25 @@ def _attention(b: Body, ctx: LoweringContext) -> list[Operand]:
     keys, then weights v (generic). Loops of the op: b0 h1 s2 e3 t4 d5. With the key loop split
     (`ctx.all_reduce` given), the block's online-softmax state combined over the key axes
     (`_combined_attention`)."""
-    q, k, v = ctx.inputs[:3]
+    logits, v = attention_logits(b, ctx), ctx.inputs[2]
+    if ctx.all_reduce is not None:
+        return [_combined_attention(b, ctx, logits, v, ctx.all_reduce)]
+    weights = Operand(b.name("weights"), logits.spec)
+    out = empty(b, logits.spec)
+    b.emit(f"{weights.name} = linalg.softmax dimension(3) {ins_outs([logits], [out])} -> {out.type}")
+    return [generic(b, [_loops(5, 0, 1, 2, 4), _loops(5, 0, 1, 4, 3), _loops(5, 0, 1, 2, 3)],
+                    ["parallel"] * 4 + ["reduction"], [weights, v], reduction_init(b, ctx.out, "sum"), _dot(v.dtype),
+                    hint=ctx.op.outputs[0])]
+
+
+def _dot(dtype: str) -> Callable[[Body, list[str], str], str]:
+    return lambda b, args, acc: payload(b, "add", [acc, payload(b, "mul", args, dtype, "")], dtype, "")
+
+
+def attention_logits(b: Body, ctx: LoweringContext) -> Operand:
+    """The block's scores [B, H, S, T]: q k^T * scale, the mask applied, -inf where the causal
+    mask drops a pair (at the global positions `ctx.offset` gives the query and key blocks)."""
+    q, k = ctx.inputs[:2]
     mask = ctx.inputs[3] if len(ctx.inputs) == 4 else None
     dtype = q.dtype
     scale = ctx.op.attrs.get("scale", 1.0 / math.sqrt(ctx.op.nest.extents[5]))
@@ -214,12 +237,9 @@ def _attention(b: Body, ctx: LoweringContext) -> list[Operand]:
     key_offset = ctx.offset(KEY_LOOP) if causal else None
     balanced = ctx.op.attrs.get(BALANCED)  # positions of the stored indices (`ops.nn.layout_order`)
     scores_spec = Spec(q.shape[:3] + (k.shape[2],), dtype, q.sizes[:3] + (k.sizes[2],))
-
-    def dot(b: Body, args: list[str], acc: str) -> str:
-        return payload(b, "add", [acc, payload(b, "mul", args, dtype, "")], dtype, "")
     contraction = ["parallel"] * 4 + ["reduction"]
     scores = generic(b, [_loops(5, 0, 1, 2, 4), _loops(5, 0, 1, 3, 4), _loops(5, 0, 1, 2, 3)], contraction, [q, k],
-                     reduction_init(b, scores_spec, "sum"), dot, hint="scores")
+                     reduction_init(b, scores_spec, "sum"), _dot(dtype), hint="scores")
 
     def scaled(b: Body, args: list[str]) -> str:
         value = payload(b, "mul", [args[0], constant(b, scale, dtype, "scale")], dtype, "")
@@ -234,23 +254,30 @@ def _attention(b: Body, ctx: LoweringContext) -> list[Operand]:
         return _keep_or_ninf(b, seen, value, dtype)
     identity = AffineMap.identity(4)
     masks = [] if mask is None else [_scores_map(ctx.op.nest.maps[3])]
-    logits = _elementwise(b, [scores] + ([mask] if mask is not None else []), scores_spec, scaled, "logits",
-                          maps=[identity] + masks)
-    if ctx.all_reduce is not None:
-        return [_combined_attention(b, ctx, logits, v, ctx.all_reduce)]
-    weights = Operand(b.name("weights"), scores_spec)
-    out = empty(b, scores_spec)
-    b.emit(f"{weights.name} = linalg.softmax dimension(3) {ins_outs([logits], [out])} -> {out.type}")
-    return [generic(b, [_loops(5, 0, 1, 2, 4), _loops(5, 0, 1, 4, 3), _loops(5, 0, 1, 2, 3)], contraction, [weights, v],
-                    reduction_init(b, ctx.out, "sum"), dot, hint=ctx.op.outputs[0])]
+    return _elementwise(b, [scores] + ([mask] if mask is not None else []), scores_spec, scaled, "logits",
+                        maps=[identity] + masks)
 
 
-def _combined_attention(b: Body, ctx: LoweringContext, logits: Operand, v: Operand,
-                        all_reduce: Callable[[Body, Operand, str, str], Operand]) -> Operand:
-    """The key block's row maximum m, exponent sums l and weighted values o against m; then
-    all_reduce max of m to M, l and o rescaled by exp(m - M), all_reduce sum of both, o / l (as
-    `ops.nn.attention_block_state` and `sim.attention`). A row all masked in this block has
-    m = -inf: it exponentiates against 0 and its factor exp(-inf - M) is 0."""
+def finite_shift(b: Body, m: str, dtype: str) -> str:
+    """A row maximum to take exponents against: -inf (a row all masked so far) as 0."""
+    ninf = constant(b, float("-inf"), dtype, "ninf")
+    masked = b.name("masked")
+    b.emit(f"{masked} = arith.cmpf oeq, {m}, {ninf} : {elem_type(dtype)}")
+    kept = b.name("shift")
+    b.emit(f"{kept} = arith.select {masked}, {constant(b, 0.0, dtype, 'zero')}, {m} : {elem_type(dtype)}")
+    return kept
+
+
+def exp_against(b: Body, value: str, row_max: str, dtype: str) -> str:
+    """exp(value - row_max), a row maximum of -inf taken as 0."""
+    return payload(b, "exp", [payload(b, "sub", [value, finite_shift(b, row_max, dtype)], dtype, "")], dtype, "")
+
+
+def attention_block_state(b: Body, ctx: LoweringContext, logits: Operand,
+                          v: Operand) -> tuple[Operand, Operand, Operand]:
+    """The key block's row maximum m [B, H, S], exponent sums l and weighted values o
+    [B, H, S, E], both against m (as `ops.nn.attention_block_state`). A row all masked in this
+    block has m = -inf: it exponentiates against 0."""
     dtype = logits.dtype
     rows_spec = logits.spec.take((0, 1, 2))
     rows, scores_rows = _loops(4, 0, 1, 2), AffineMap.identity(4)
@@ -260,40 +287,46 @@ def _combined_attention(b: Body, ctx: LoweringContext, logits: Operand, v: Opera
         return lambda b, args, acc: combine(b, kind, acc, args[0], dtype, ctx.where)
     row_max = generic(b, [scores_rows, rows], reduce_keys, [logits], reduction_init(b, rows_spec, "max"), fold("max"),
                       hint="row_max")
-
-    def finite(b: Body, m: str) -> str:  # -inf (a row all masked here) as 0
-        ninf = constant(b, float("-inf"), dtype, "ninf")
-        masked = b.name("masked")
-        b.emit(f"{masked} = arith.cmpf oeq, {m}, {ninf} : {elem_type(dtype)}")
-        kept = b.name("shift")
-        b.emit(f"{kept} = arith.select {masked}, {constant(b, 0.0, dtype, 'zero')}, {m} : {elem_type(dtype)}")
-        return kept
-
-    def exponent(b: Body, args: list[str]) -> str:
-        return payload(b, "exp", [payload(b, "sub", [args[0], finite(b, args[1])], dtype, "")], dtype, "")
-    weights = _elementwise(b, [logits, row_max], logits.spec, exponent, "block_weights", maps=[scores_rows, rows])
+    weights = _elementwise(b, [logits, row_max], logits.spec, lambda b, a: exp_against(b, a[0], a[1], dtype),
+                           "block_weights", maps=[scores_rows, rows])
     exp_sum = generic(b, [scores_rows, rows], reduce_keys, [weights], reduction_init(b, rows_spec, "sum"), fold("sum"),
                       hint="exp_sum")
-
-    def dot(b: Body, args: list[str], acc: str) -> str:
-        return payload(b, "add", [acc, payload(b, "mul", args, dtype, "")], dtype, "")
     weighted = generic(b, [_loops(5, 0, 1, 2, 4), _loops(5, 0, 1, 4, 3), _loops(5, 0, 1, 2, 3)],
-                       ["parallel"] * 4 + ["reduction"], [weights, v], reduction_init(b, ctx.out, "sum"), dot,
+                       ["parallel"] * 4 + ["reduction"], [weights, v], reduction_init(b, ctx.out, "sum"), _dot(dtype),
                        hint="weighted")
-    global_max = all_reduce(b, row_max, "max", "global_max")
+    return row_max, exp_sum, weighted
 
-    def factor(b: Body, args: list[str]) -> str:
-        return payload(b, "exp", [payload(b, "sub", [args[0], finite(b, args[1])], dtype, "")], dtype, "")
-    factors = _elementwise(b, [row_max, global_max], rows_spec, factor, "rescale")
+
+def rescaled(b: Body, ctx: LoweringContext, row_max: Operand, exp_sum: Operand, weighted: Operand,
+             new_max: Operand) -> tuple[Operand, Operand]:
+    """A block's exponent sums and weighted values against a larger row maximum: times
+    exp(m - M) (0 for a block whose row is all masked: exp(-inf - M))."""
+    dtype, rows_spec = row_max.dtype, row_max.spec
+    factors = _elementwise(b, [row_max, new_max], rows_spec, lambda b, a: exp_against(b, a[0], a[1], dtype), "rescale")
     identity3, out_rows = AffineMap.identity(3), _loops(4, 0, 1, 2)
     scaled_sum = _elementwise(b, [exp_sum, factors], rows_spec,
                               lambda b, a: payload(b, "mul", a, dtype, ""), "scaled_sum", maps=[identity3, identity3])
     scaled = _elementwise(b, [weighted, factors], ctx.out, lambda b, a: payload(b, "mul", a, dtype, ""),
                           "scaled_weighted", maps=[AffineMap.identity(4), out_rows])
+    return scaled_sum, scaled
+
+
+def divided(b: Body, ctx: LoweringContext, total: Operand, total_sum: Operand) -> Operand:
+    """The attention result: the weighted values over the exponent sums."""
+    return _elementwise(b, [total, total_sum], ctx.out, lambda b, a: payload(b, "div", a, total.dtype, ""),
+                        ctx.op.outputs[0], maps=[AffineMap.identity(4), _loops(4, 0, 1, 2)])
+
+
+def _combined_attention(b: Body, ctx: LoweringContext, logits: Operand, v: Operand,
+                        all_reduce: Callable[[Body, Operand, str, str], Operand]) -> Operand:
+    """The key block's state (`attention_block_state`); then all_reduce max of m to M, l and o
+    rescaled by exp(m - M), all_reduce sum of both, o / l (as `sim.attention`)."""
+    row_max, exp_sum, weighted = attention_block_state(b, ctx, logits, v)
+    global_max = all_reduce(b, row_max, "max", "global_max")
+    scaled_sum, scaled = rescaled(b, ctx, row_max, exp_sum, weighted, global_max)
     total_sum = all_reduce(b, scaled_sum, "sum", "total_sum")
     total = all_reduce(b, scaled, "sum", "total")
-    return _elementwise(b, [total, total_sum], ctx.out, lambda b, a: payload(b, "div", a, dtype, ""),
-                        ctx.op.outputs[0], maps=[AffineMap.identity(4), out_rows])
+    return divided(b, ctx, total, total_sum)
 
 
 def _keep_or_ninf(b: Body, keep: str, value: str, dtype: str) -> str:

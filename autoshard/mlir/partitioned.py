@@ -23,6 +23,7 @@ from autoshard.mlir.device import DeviceIndex
 from autoshard.mlir.dialect import dialect as dialect_named
 from autoshard.mlir.linalg import Operand, Spec
 from autoshard.mlir.lower import LoweringContext, lower
+from autoshard.mlir.lower_ring import lower_ring
 from autoshard.mlir.module import MESH_SYMBOL, axes_list, function_name, mesh_comment, module_text
 from autoshard.mlir.text import Body
 from autoshard.ops.grads import attention_key_axes
@@ -150,8 +151,9 @@ def _emit_local_op(b: Body, device: DeviceIndex, instruction: LocalOp, values: d
 
     def all_reduce(b: Body, x: Operand, kind: str, hint: str) -> Operand:
         return emit_all_reduce(b, device.dialect, mesh, key_axes, x, kind, hint)
-    results = lower(b, LoweringContext(op, inputs, specs, local_extents(op.nest, option, mesh), offset, halos,
-                                       all_reduce if key_axes else None))
+    ctx = LoweringContext(op, inputs, specs, local_extents(op.nest, option, mesh), offset, halos,
+                          all_reduce if key_axes else None)
+    results = lower(b, ctx) if option.ring is None else lower_ring(b, device, ctx, option.ring)
     for value, result in zip(instruction.outputs, results):
         values[value.id] = result
 

@@ -6,7 +6,8 @@ the local bytes moved at HBM bandwidth, where a value fused between pointwise op
 moves none. Work is split over the split loops; loops left whole are computed redundantly on
 every device of those axes, which is exactly what the per-device local extents express. An
 attention (or its gradient) whose key loop is split adds its combine's all-reduces
-(`attention_combine_seconds`).
+(`attention_combine_seconds`); an attention realised as a ring is priced step by step
+(`ring_attention_seconds`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from autoshard.graph.model import Graph, Op
 from autoshard.mesh import Mesh
 from autoshard.ops.grads import attention_key_axes
 from autoshard.planning.options import ShardingOption, local_extents, operand_shardings, result_shardings
+from autoshard.planning.ring_attention import kv_fraction, ring_step_pairs
 from autoshard.sharding import Sharding
 
 
@@ -65,6 +67,9 @@ def op_cost(graph: Graph, op: Op, option: ShardingOption, mesh: Mesh, hw: Hardwa
     splits = tuple(mesh.group_size(axes) if axes else 1 for axes in option.loop_axes)
     compute_s = flops / flops_per_s(graph, op, hw, gemm_shape(op, splits)) if flops else 0.0
     memory_s = moved / hw.hbm_bytes_per_s
+    if option.ring is not None:
+        return OpCost(flops, moved, ring_attention_seconds(graph, op, option, mesh, hw),
+                      "compute" if compute_s >= memory_s else "memory")
     return OpCost(flops, moved, max(compute_s, memory_s) + attention_combine_seconds(graph, op, option, mesh, hw),
                   "compute" if compute_s >= memory_s else "memory")
 
@@ -83,6 +88,35 @@ def attention_combine_seconds(graph: Graph, op: Op, option: ShardingOption, mesh
     last = rows_bytes * e if op.kind == "attention" else rows_bytes
     return (hw.collective_seconds("all_reduce", axes, rows_bytes) * 2
             + hw.collective_seconds("all_reduce", axes, last))
+
+
+def ring_attention_seconds(graph: Graph, op: Op, option: ShardingOption, mesh: Mesh, hw: Hardware) -> float:
+    """An attention realised as a ring over `option.ring` (`planning.ring_attention`): n steps,
+    each computing the device's queries against one key/value block while the next block
+    travels (a `shift` of the key block and one of the value block, at kv heads where the keys
+    are repeated heads).
+
+        seconds = sum over steps j < n - 1 of max(compute_j, transfer) + compute_{n-1}
+
+    compute_j is the roofline of the busiest device's step j (its unmasked pairs under the
+    causal mask; every step reads a block of keys and values). The first step computes the
+    device's own block, so the first transfer hides behind it as every other does and nothing is
+    exposed before it; the last step receives nothing. A transfer longer than a step's compute
+    shows as the difference."""
+    b, h, s, e, t, d = local_extents(op.nest, option, mesh)
+    n = mesh.axis_size(option.ring)
+    itemsize = graph.tensors[op.inputs[0]].itemsize
+    block_bytes = b * h * (t // n) * (d + e) * itemsize  # one block of the keys and the values
+    q_out_bytes = b * h * s * (d + e) * itemsize
+    # the keys' and the values' blocks are two shifts, one after the other on the same links
+    share = kv_fraction(graph, op)
+    transfer = sum(hw.collective_seconds("shift", (option.ring,), b * h * (t // n) * width * itemsize * share)
+                   for width in (d, e))
+    rate = flops_per_s(graph, op, hw)
+    per_pair = b * h * (2.0 * d + 5.0 + 2.0 * e)
+    compute = [max(per_pair * pairs / rate, (block_bytes + q_out_bytes / n) / hw.hbm_bytes_per_s)
+               for pairs in ring_step_pairs(op, option, mesh)]
+    return sum(max(c, transfer) for c in compute[:-1]) + compute[-1]
 
 
 def flops_per_s(graph: Graph, op: Op, hw: Hardware, gemm: tuple[int, int, int, int] | None = None) -> float:

@@ -38,6 +38,7 @@ from autoshard.planning.costs import Hardware, op_cost, result_bytes, tensor_byt
 from autoshard.planning.options import ShardingOption, operand_shardings, result_shardings
 from autoshard.planning.options import dtensor_runs, enumerate_options, enumerate_storage
 from autoshard.planning.plan import Plan
+from autoshard.planning.ring_attention import ring_options
 from autoshard.planning.symmetry import interchangeable_axes, many_axes
 from autoshard.resharding import PricedMoves, resharding_cost
 from autoshard.sharding import Sharding
@@ -448,6 +449,7 @@ def _op_kind(graph: Graph, op: Op, mesh: Mesh, hw: Hardware, pins: dict[str, Sha
     # many-axis meshes offer fewer options (planning/symmetry.py); a pinned op is offered every one
     runs = many_axes(mesh) and not any(t in pins for t in op.outputs)
     options = enumerate_options(op.nest, mesh, mesh_order, runs)
+    options += ring_options(op, options, mesh)
     if mesh_order:
         options = [o for o in options if dtensor_runs(op.kind, op.nest, o)]
     for position, t in enumerate(op.outputs):

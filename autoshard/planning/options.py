@@ -24,15 +24,24 @@ from typing import Iterator, Mapping, Sequence
 from autoshard.errors import ShardingError
 from autoshard.mesh import Mesh
 from autoshard.ops.loops import INVALID, REDUCTION, LoopNest, loop_position
+from autoshard.ops.nn import KEY_LOOP
 from autoshard.planning.symmetry import consecutive
 from autoshard.sharding import Sharding
 
 
 @dataclass(frozen=True, slots=True)
 class ShardingOption:
-    """`loop_axes[l]` are the mesh axes loop `l` is split over (first axis major)."""
+    """`loop_axes[l]` are the mesh axes loop `l` is split over (first axis major).
+
+    `ring`: an attention realisation (`planning.ring_attention`). The mesh axis, one of those
+    splitting the queries, around which the key/value blocks travel: every tensor indexing the
+    key loop is held split over it along the keys (each device starts with its own block and
+    sees every block in turn), and a result indexing the keys (a gradient's dk, dv) comes back
+    to its owner complete, not partial over it. None: no ring.
+    """
 
     loop_axes: tuple[tuple[str, ...], ...]
+    ring: str | None = None
 
     @classmethod
     def replicated(cls, num_loops: int) -> "ShardingOption":
@@ -45,10 +54,12 @@ class ShardingOption:
         return tuple(l for l, axes in enumerate(self.loop_axes) if axes)
 
     def to_json(self) -> list[list[str]]:
+        """The loops' axes (a plan document writes `ring` beside them)."""
         return [list(a) for a in self.loop_axes]
 
     def __str__(self) -> str:
-        return "[" + ", ".join("[" + ", ".join(a) + "]" for a in self.loop_axes) + "]"
+        loops = "[" + ", ".join("[" + ", ".join(a) + "]" for a in self.loop_axes) + "]"
+        return loops if self.ring is None else f"{loops} ring {self.ring}"
 
 
 def check_option(nest: LoopNest, option: ShardingOption, mesh: Mesh, where: str = "") -> None:
@@ -91,6 +102,10 @@ def map_sharding(nest: LoopNest, map_index: int, option: ShardingOption) -> Shar
             dim, halos[window.dim] = window.dim, window.halo
         if dim >= 0:
             split[dim] = split[dim] + option.loop_axes[loop]
+    if option.ring is not None and not any(option.ring in axes for axes in split):
+        dim = loop_position(m, KEY_LOOP, nest.extents)
+        if dim is not None and dim >= 0:  # the device's own block of the keys, the others come round
+            split[dim] = split[dim] + (option.ring,)
     return Sharding(tuple(split), halo_sizes=tuple(halos))
 
 
@@ -99,7 +114,8 @@ def operand_shardings(nest: LoopNest, option: ShardingOption) -> tuple[Sharding,
 
 
 def result_shardings(nest: LoopNest, option: ShardingOption) -> tuple[Sharding, ...]:
-    partial = tuple(a for l in nest.reduction_loops for a in option.loop_axes[l])
+    # the ring's accumulators travel back to their owner whole: not partial over the ring axis
+    partial = tuple(a for l in nest.reduction_loops for a in option.loop_axes[l] if a != option.ring)
     n = len(nest.input_maps)
     return tuple(Sharding(map_sharding(nest, n + i, option).split_axes, partial, nest.reduction_kind)
                  for i in range(len(nest.output_maps)))

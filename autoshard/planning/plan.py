@@ -15,6 +15,7 @@ from autoshard.errors import InputError, Problem, ShardingError
 from autoshard.graph.model import Graph, Op
 from autoshard.mesh import Mesh
 from autoshard.planning.options import ShardingOption, check_option, operand_shardings, result_shardings
+from autoshard.planning.ring_attention import check_ring
 from autoshard.sharding import Sharding
 
 
@@ -72,6 +73,7 @@ def validate_plan(plan: Plan) -> None:
             continue
         try:
             check_option(op.nest, option, mesh, f"/ops/{op.name}")
+            check_ring(op, option, mesh, f"/ops/{op.name}")
         except ShardingError as error:
             problems.extend(error.problems)
     for name in plan.options:
@@ -102,9 +104,14 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
     return {
         "format": "autoshard.plan/v1",
         "mesh": {"axes": [{"name": n, "size": s} for n, s in zip(plan.mesh.axis_names, plan.mesh.shape)]},
-        "ops": {op.name: {"kind": op.kind, "option": plan.options[op.name].to_json()} for op in plan.graph.ops},
+        "ops": {op.name: option_entry(op.kind, plan.options[op.name]) for op in plan.graph.ops},
         "tensors": {name: plan.produced(name).to_json() for name in plan.graph.tensors},
     }
+
+
+def option_entry(kind: str, option: ShardingOption) -> dict[str, Any]:
+    """An op's entry in a plan document: its kind, its option, and its ring axis if any."""
+    return {"kind": kind, "option": option.to_json()} | ({"ring": option.ring} if option.ring is not None else {})
 
 
 MESH_DOCUMENT = '{"axes": [{"name": "dp", "size": 2}, ...]}'
@@ -191,7 +198,11 @@ def plan_from_json(document: Any, graph: Graph, mesh: Mesh) -> Plan:
             if not isinstance(loops, list) or not all(isinstance(a, list) and all(isinstance(x, str) for x in a) for a in loops):
                 problems.append(Problem(f"/ops/{op.name}/option", "expected a list of mesh axis name lists, one per loop"))
                 continue
-            options[op.name] = ShardingOption(tuple(tuple(a) for a in loops))
+            ring = entry.get("ring")
+            if ring is not None and not isinstance(ring, str):
+                problems.append(Problem(f"/ops/{op.name}/ring", f"expected a mesh axis name, got {ring!r}"))
+                continue
+            options[op.name] = ShardingOption(tuple(tuple(a) for a in loops), ring)
             continue
         known = {i: shardings[t] for i, t in enumerate(op.operands) if t in shardings and i >= len(op.inputs)}
         found = options_consistent_with(op.nest, mesh, known)

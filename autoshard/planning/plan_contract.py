@@ -45,7 +45,7 @@ DOCUMENT_KEYS = frozenset({
     "format", "mesh", "ops", "tensors", "reshardings", "microbatches", "autoshard_version", "graph", "topology",
     "topology_options", "totals", "roles", "solver", "partition_specs", "dtensor", "collective_optimizations",
     "verification", "phases", "search", "pipeline", "recompute"})
-OP_KEYS = frozenset({"kind", "option", "compute_s", "flops_per_device", "bytes_per_device", "bound",
+OP_KEYS = frozenset({"kind", "option", "ring", "compute_s", "flops_per_device", "bytes_per_device", "bound",
                      "communication_s", "communication_bytes", "runs", "module", "class", "axis_roles"})
 RESHARDING_KEYS = frozenset({"tensor", "consumer", "input", "from", "to", "steps", "seconds", "bytes_per_device",
                              "runs"})

@@ -7,7 +7,8 @@ taken from the device's own shard of that operand (its halos included); a device
 bug of the program, reported with the op, operand and device. Where a reduction loop is split
 the results are partial; a device whose block is empty contributes the reduction's identity.
 An attention op or gradient with its key loop split combines its blocks over those axes
-(`sim.attention`).
+(`sim.attention`); an attention realised as a ring passes its K/V blocks around
+(`sim.ring_attention`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from autoshard.reductions import REDUCTIONS
 from autoshard.sharding import Sharding, ceildiv
 from autoshard.sim.attention import combine_key_blocks, splits_keys
 from autoshard.sim.collectives import Shards
+from autoshard.sim.ring_attention import ring_attention
 
 
 class ProgramError(AutoshardError):
@@ -102,9 +104,14 @@ def run_local_op(mesh: Mesh, op: Op, option: ShardingOption, inputs: Sequence[Pl
     dtypes = [np.dtype(DTYPES[dtype].numpy) for _, _, dtype in outputs]
     results: list[Shards] = [{} for _ in outputs]
     blocks = {device: loop_block(mesh, nest, option, device) for device in mesh.devices()}
-    cuts = {device: [cut_operand(op, i, value, mesh, device, block) for i, value in enumerate(inputs)]
-            for device, block in blocks.items() if 0 not in block.sizes}
-    combined = combine_key_blocks(mesh, op, option, blocks, cuts, dtypes[0]) if splits_keys(op, option) else {}
+    if option.ring is not None:
+        cuts: dict[Device, list[np.ndarray]] = {}
+        combined = ring_attention(mesh, op, option, blocks, [inputs[1].shards, inputs[2].shards],
+                                  lambda i, device, block: cut_operand(op, i, inputs[i], mesh, device, block))
+    else:
+        cuts = {device: [cut_operand(op, i, value, mesh, device, block) for i, value in enumerate(inputs)]
+                for device, block in blocks.items() if 0 not in block.sizes}
+        combined = combine_key_blocks(mesh, op, option, blocks, cuts, dtypes[0]) if splits_keys(op, option) else {}
     for device, block in blocks.items():
         if device in combined:
             values = [combined[device]]

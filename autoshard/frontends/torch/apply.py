@@ -17,6 +17,7 @@ from typing import Any, Callable, Collection, Mapping
 from autoshard.errors import InputError, Problem
 from autoshard.frontends.torch.capacity import ExpertCapacity, planned_capacity
 from autoshard.frontends.torch.context_parallel import key_split_attention
+from autoshard.frontends.torch.ring_attention import ring_attention
 from autoshard.frontends.torch.importer import ImportedProgram, import_program
 from autoshard.frontends.torch.lowering import DTYPES
 from autoshard.delivery.dtensor_placements import placement_specs
@@ -24,9 +25,10 @@ from autoshard.frontends.pipelined import refuse_pipelined
 from autoshard.frontends.torch.runtime import require_torch
 from autoshard.graph.model import Graph
 from autoshard.mesh import Mesh
+from autoshard.ops.loops import loop_position
 from autoshard.ops.nn import KEY_LOOP, QUERY_LOOP
 from autoshard.planning.make_plan import PlanResult
-from autoshard.planning.plan import Plan, plan_from_json
+from autoshard.planning.plan import Plan, option_entry, plan_from_json
 from autoshard.planning.plan_contract import read_plan
 from autoshard.planning.report import plan_reshardings
 from autoshard.planning.sequence_layout import refuse_balanced
@@ -120,7 +122,7 @@ def _forward_plan(plan: Any, imported: ImportedProgram, mesh: Mesh) -> Plan:
     if isinstance(plan, Plan):
         if plan.graph is graph:
             return plan
-        document = {"ops": {op.name: {"option": plan.options[op.name].to_json()} for op in plan.graph.ops},
+        document = {"ops": {op.name: option_entry(op.kind, plan.options[op.name]) for op in plan.graph.ops},
                     "tensors": {t: plan.storage[t].to_json() for t in plan.storage}}
     else:
         document = dict(plan)
@@ -268,17 +270,21 @@ class ShardedProgram(torch.nn.Module):
         contraction or a convolution (a split reduction leaves the partial sum the plan says;
         the plans DTensor runs never split a convolution's windows: that needs halos), attention while its queries stay whole (the
         causal mask needs global query positions), and attention splitting its keys (its
-        combine, `context_parallel`). A broadcast goes by blocks too: DTensor keeps a broadcast
-        dim replicated where the plan may split it. A one-hot goes by blocks too (DTensor has
-        no rule for it; its class loop is never split, so a block's ids give the block's rows).
-        The other ops go through DTensor, which checks the plan.
+        combine, `context_parallel`) or passing them around a ring (`ring_attention`). A
+        broadcast goes by blocks too: DTensor keeps a broadcast dim replicated where the plan
+        may split it. A one-hot goes by blocks too (DTensor has no rule for it; its class loop
+        is never split, so a block's ids give the block's rows). The other ops go through
+        DTensor, which checks the plan.
         """
         if op.kind in BLOCKWISE:
             return True
         return op.kind == "attention" and not self.plan.options[op.name].loop_axes[QUERY_LOOP] or self._splits_keys(op)
 
     def _splits_keys(self, op: Any) -> bool:
-        return op.kind == "attention" and bool(self.plan.options[op.name].loop_axes[KEY_LOOP])
+        """Whether the op is an attention that splits its key loop or passes its keys around a
+        ring (either way each rank holds a block of the keys)."""
+        option = self.plan.options[op.name]
+        return op.kind == "attention" and (bool(option.loop_axes[KEY_LOOP]) or option.ring is not None)
 
     def _uneven_key_split(self, tensor: str) -> InputError:
         op = self.plan.graph.producers[tensor]
@@ -291,10 +297,7 @@ class ShardedProgram(torch.nn.Module):
         op = self.plan.graph.producers[tensor]
         blocks = [x.to_local(grad_placements=self._block_grad_placements(op, i, x.placements)) for i, x in enumerate(inputs)]
         if self._splits_keys(op):
-            option = self.plan.options[op.name]
-            lengths = (op.nest.extents[QUERY_LOOP], op.nest.extents[KEY_LOOP])
-            block = key_split_attention(op.name, blocks, op.attrs, option.loop_axes[QUERY_LOOP],
-                                        option.loop_axes[KEY_LOOP], lengths, self.device_mesh)
+            block = self._context_parallel(op, blocks)
         else:
             block = call_at_shape(step, op.kind, blocks, local)
         shape = self.plan.graph.tensors[tensor].shape
@@ -303,6 +306,17 @@ class ShardedProgram(torch.nn.Module):
             strides[d] = strides[d + 1] * shape[d + 1]
         return DTensor.from_local(block, self.device_mesh, self._placements[tensor],
                                   run_check=False, shape=torch.Size(shape), stride=tuple(strides))
+
+    def _context_parallel(self, op: Any, blocks: list[Any]) -> Any:
+        """The rank's block of an attention holding a block of the keys: ringed or combined."""
+        option = self.plan.options[op.name]
+        lengths = (op.nest.extents[QUERY_LOOP], op.nest.extents[KEY_LOOP])
+        if option.ring is None:
+            return key_split_attention(op.name, blocks, op.attrs, option.loop_axes[QUERY_LOOP],
+                                       option.loop_axes[KEY_LOOP], lengths, self.device_mesh)
+        keys_dim = loop_position(op.nest.maps[3], KEY_LOOP, op.nest.extents) if len(op.inputs) == 4 else None
+        return ring_attention(op.name, blocks, op.attrs, option.loop_axes[QUERY_LOOP], option.ring, lengths,
+                              keys_dim if isinstance(keys_dim, int) and keys_dim >= 0 else None, self.device_mesh)
 
     def _block_grad_placements(self, op: Any, index: int, placements: tuple[Any, ...]) -> tuple[Any, ...]:
         """The placements of the gradient of a block input: as the input, except over a mesh axis

@@ -45,7 +45,7 @@ def _all_reduce(x: Any, kind: str, groups: Groups) -> Any:
     return x
 
 
-def _scores(q: Any, k: Any, mask: Any, rows: Any, cols: Any, causal: bool, scale: float) -> Any:
+def attention_scores(q: Any, k: Any, mask: Any, rows: Any, cols: Any, causal: bool, scale: float) -> Any:
     """q k^T * scale of the rank's blocks, -inf where the causal mask (at global positions) or a
     bool mask drops a pair; a float mask is added."""
     scores = torch.einsum("bhsd,bhtd->bhst", q, k) * scale
@@ -57,7 +57,7 @@ def _scores(q: Any, k: Any, mask: Any, rows: Any, cols: Any, causal: bool, scale
     return scores if keep is None else scores.masked_fill(~keep, float("-inf"))
 
 
-def _finite_shift(row_max: Any) -> Any:
+def finite_shift(row_max: Any) -> Any:
     """The row maximum to take exponents against: 0 where a row is masked everywhere (its
     exponents are then all 0, and it stays 0 / 0 as unsplit)."""
     return torch.where(torch.isneginf(row_max), torch.zeros_like(row_max), row_max)
@@ -69,8 +69,8 @@ class KeySplitAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, q: Any, k: Any, v: Any, mask: Any, rows: Any, cols: Any, causal: bool, scale: float,
                 groups: Groups) -> Any:
-        scores = _scores(q, k, mask, rows, cols, causal, scale)
-        shift = _finite_shift(_all_reduce(scores.amax(-1), "max", groups))
+        scores = attention_scores(q, k, mask, rows, cols, causal, scale)
+        shift = finite_shift(_all_reduce(scores.amax(-1), "max", groups))
         weights = torch.exp(scores - shift[..., None])
         exp_sum = _all_reduce(weights.sum(-1), "sum", groups)
         out = _all_reduce(torch.einsum("bhst,bhte->bhse", weights, v), "sum", groups) / exp_sum[..., None]
@@ -81,7 +81,7 @@ class KeySplitAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, d_out: Any) -> tuple[Any, ...]:
         q, k, v, mask, rows, cols, out, shift, exp_sum = ctx.saved_tensors
-        scores = _scores(q, k, mask, rows, cols, ctx.causal, ctx.scale)
+        scores = attention_scores(q, k, mask, rows, cols, ctx.causal, ctx.scale)
         p = torch.exp(scores - shift[..., None]) / exp_sum[..., None]
         dv = torch.einsum("bhst,bhse->bhte", p, d_out)
         dp = torch.einsum("bhse,bhte->bhst", d_out, v)
