@@ -20,7 +20,7 @@ JobStatus = Literal["queued", "solving", "done", "failed", "cancelled", "interru
 Stage = Literal["annotated", "partitioned"]
 Dialect = Literal["mesh", "shard"]
 VerifyPolicy = Literal["auto", "always", "never"]
-Recompute = Literal["none", "selective", "full"]
+Recompute = Literal["none", "selective", "full", "routed"]
 
 
 # Read as plain JSON: `graph_from_json` reports every problem with the CLI's own pointers.

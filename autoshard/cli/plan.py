@@ -108,7 +108,8 @@ def add_recompute_arg(parser: argparse.ArgumentParser, auto: str) -> None:
     """`--recompute`; `auto` says what its auto mode does (the mode is offered when it says something)."""
     parser.add_argument("--recompute", default="none", choices=(*MODES, "auto") if auto else MODES, metavar="MODE",
                         help="activations computed again in the backward instead of kept: none (default), selective "
-                             "(the attention core: scores, softmax, dropout), full (every layer keeps its input only)"
+                             "(the attention core: scores, softmax, dropout), full (every layer keeps its input only), "
+                             "routed (as full, keeping the routed experts' dispatched tokens and outputs)"
                              + (f" or auto ({auto})" if auto else "") + "; needs a training step with layers")
 
 

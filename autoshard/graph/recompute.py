@@ -9,6 +9,14 @@ computed again from what the forward kept, instead of values held from the forwa
   between a contraction of two activations (Q·Kᵀ) and the contraction of two activations that
   reads them (the probabilities times V): scores, masking, softmax, dropout. Layers whose
   attention is one fused `attention` op have none (its backward already recomputes the scores).
+- `routed`: in layers with routed experts, as `full` but the experts' inputs and outputs are kept:
+  the tokens dispatched to the experts and what the experts give back to the combine, the values
+  between the experts' contractions (an activation times a stack of weights, one per expert,
+  sharing a parallel loop with it) and the contractions routing tokens to and from them. The
+  recomputed forward reads them instead of dispatching and combining again, so under expert
+  parallelism its experts run again without the all-to-alls that move their tokens (as
+  DeepSeek-V3 keeps them); only the ops the backward's values need are copied. Layers without
+  routed experts have none.
 - `none`: the step as it is.
 
 A mode may also be given per layer (`{layer: mode}`, layers not named keep everything): a plan
@@ -31,8 +39,9 @@ from autoshard.errors import InputError, Problem
 from autoshard.graph.model import Graph, Op
 from autoshard.graph.schema import graph_from_json, graph_to_json
 from autoshard.mesh import Mesh
+from autoshard.ops.loops import PARALLEL
 
-MODES = ("none", "selective", "full")
+MODES = ("none", "selective", "full", "routed")
 PREFIX = "recompute."
 CONTRACTIONS = ("matmul", "batch_matmul", "dot_general")
 
@@ -114,8 +123,14 @@ def _recomputed(forward: list[Op], backward: list[Op], parameters: set[str], mod
         return list(forward)  # the layer's forward runs again whole, as a checkpointed layer does
     own = {t for op in forward for t in op.outputs}
     read = {t for op in backward for t in op.inputs if t in own}
+    kept: set[str] = set()
     if mode == "selective":
         read &= _attention_core(forward, parameters)
+    elif mode == "routed":
+        kept = _experts_boundary(forward, parameters)
+        if not kept:
+            return []
+        read -= kept
     needed: set[str] = set()
     pending = list(read)
     producer = {t: op for op in forward for t in op.outputs}
@@ -126,8 +141,36 @@ def _recomputed(forward: list[Op], backward: list[Op], parameters: set[str], mod
         needed.add(op.name)
         if mode == "selective" and op.kind in CONTRACTIONS:
             continue  # the core starts at its first contraction, whose operands stay kept
-        pending.extend(t for t in op.inputs if t in producer)
+        pending.extend(t for t in op.inputs if t in producer and t not in kept)
     return [op for op in forward if op.name in needed]
+
+
+def _experts_boundary(forward: list[Op], parameters: set[str]) -> set[str]:
+    """The routed experts' inputs made by another contraction (the dispatched tokens) and their
+    outputs read by another contraction (the combine's): the values an expert-parallel plan moves
+    between devices around the experts."""
+    experts = [op for op in forward if _is_expert_contraction(op, parameters)]
+    names = {op.name for op in experts}
+    producer = {t: op for op in forward for t in op.outputs}
+    readers: dict[str, list[Op]] = {}
+    for op in forward:
+        for t in op.inputs:
+            readers.setdefault(t, []).append(op)
+    inputs = {t for op in experts for t in op.inputs
+              if t in producer and producer[t].kind in CONTRACTIONS and producer[t].name not in names}
+    outputs = {t for op in experts for t in op.outputs
+               if any(r.kind in CONTRACTIONS and r.name not in names for r in readers.get(t, ()))}
+    return inputs | outputs
+
+
+def _is_expert_contraction(op: Op, parameters: set[str]) -> bool:
+    """An activation times a stack of weights sharing a parallel loop with it: each expert's
+    weights applied to its own tokens (a dense layer's weights share only the contracted loop)."""
+    if op.kind not in CONTRACTIONS or len(op.inputs) != 2 or sum(t in parameters for t in op.inputs) != 1:
+        return False
+    weights = 0 if op.inputs[0] in parameters else 1
+    loops = [{loop for expr in m.results for loop in expr.loops} for m in op.nest.input_maps]
+    return any(op.nest.iterator_types[loop] == PARALLEL for loop in loops[weights] & loops[1 - weights])
 
 
 def _attention_core(forward: list[Op], parameters: set[str]) -> set[str]:
