@@ -112,6 +112,23 @@ def test_the_published_mixtral_layout_places_ep_on_a_nodes_gpus():
     assert pins["layer1.mlp.dispatch"] == [["dp", "ep"], [], [], []] and pins["ids"] == [["dp", "ep"], []]
 
 
+def test_with_tp_the_experts_features_split_as_megatrons_expert_tensor_parallelism():
+    # tp 2 x ep 2 x dp/ep 2 on a node's GPUs: the experts' features over tp as the dense MLP's, columns then rows
+    config = replace(MOE, hidden=64, seq=32, batch=16, moe_group_size=16)
+    task, _, _, pinned = compared(config, "tp=2,pp=2,dp=4,ep=2", 16)
+    assert task.candidate.mesh_text == "dp=2,ep=2,tp=2"
+    assert task.candidate.placement_text == "dp:gpu ep:gpu tp:gpu"
+    pins = {c["tensor"]: c["split_axes"] for c in pinned["constraints"]}
+    assert pins["layer1.mlp.experts.gate.w"] == [["ep"], [], ["tp"]]
+    assert pins["layer1.mlp.experts.down.w"] == [["ep"], ["tp"], []]
+    assert pins["layer1.mlp.experts.glu"] == [["ep"], ["dp"], [], ["tp"]]
+    assert pins["layer1.mlp.experts.down"] == [["ep"], ["dp"], [], []]  # partial over tp or reduced: solver's
+    assert pins["layer1.attn.q.w"] == [[], ["tp"]] and pins["layer1.attn.out.w"] == [["tp"], []]
+    # sequence parallelism by default with tp: norms on the sequence; the router sees whole groups
+    assert pins["layer1.mlp_norm"] == [["dp", "ep"], ["tp"], []]
+    assert pins["layer1.mlp.groups"] == [["dp", "ep"], [], []]
+
+
 def test_a_dense_llama_layer_is_pinned_as_megatrons_tensor_parallelism():
     task, _, _, pinned = compared(DENSE, "tp=2,pp=1,dp=2", 4)
     assert task.candidate.mesh_text == "dp=2,tp=2"
