@@ -17,13 +17,13 @@ from autoshard.mesh import Mesh
 from autoshard.mlir import emit_partitioned, verify
 from autoshard.models import GraphBuilder
 from autoshard.ops.nn import KEY_LOOP, QUERY_LOOP
-from autoshard.planning.costs import op_cost
+from autoshard.planning.costs import device_flops, op_cost
 from autoshard.planning.hardware import bind_hardware
 from autoshard.planning.make_plan import make_plan
 from autoshard.planning.options import ShardingOption as O
 from autoshard.planning.plan import Plan, plan_from_json, plan_to_json, validate_plan
 from autoshard.planning.report import estimate
-from autoshard.planning.ring_attention import ring_step_pairs
+from autoshard.planning.ring_attention import ring_pairs, ring_step_pairs
 from autoshard.sharding import Sharding as S
 from autoshard.sim.program import simulate_program, verify_plan
 from autoshard.spmd.program import partition
@@ -123,6 +123,64 @@ def test_a_grouped_query_ring_simulates_to_the_reference():
     assert not partition(plan).communicates()  # every block where it is stored: the ring moves the rest
 
 
+def gradient_graph(causal: bool, mask: str | None = None):
+    b = GraphBuilder("ring_grad", "f32")
+    q, k, v = (b.input(n, s) for n, s in zip("qkv", (Q, K, V)))
+    inputs = [q, k, v]
+    if mask is not None:
+        inputs.append(b.input("mask", (Q[1], Q[2], K[2]), mask))
+    dy = b.input("dy", (2, 4, 16, 6))
+    wrts = (0, 1, 2, 3) if mask == "f32" else (0, 1, 2)
+    b.mark_outputs(*(b.op("grad", [*inputs, dy], f"d{'qkvm'[w]}", of="attention", wrt=w, forward={"causal": causal})
+                     for w in wrts))
+    return graph_from_json(b.document())
+
+
+@pytest.mark.parametrize("causal, mask", [(False, None), (True, None), (True, "bool"), (True, "f32")])
+def test_ring_gradients_equal_unsharded_gradients_and_bring_dk_dv_home(causal, mask):
+    graph = gradient_graph(causal, mask)
+    found = inputs(graph)
+    found["dy"] = np.random.default_rng(1).standard_normal((2, 4, 16, 6))
+    for option, partial in ((queries_over("cp"), ()), (queries_over("dp", "cp"), ("dp",))):
+        plan = Plan(graph, MESH, {op.name: option for op in graph.ops}, stored_whole(graph))
+        program = partition(plan)
+        verdict = simulate_program(program, found)
+        assert verdict.passed and verdict.max_error < 1e-12, (option, verdict.summary())
+        produced = {op.op.name: op.outputs[0].sharding for op in program.local_ops()}
+        # dq whole on the device's queries; dk, dv its own keys' rows, whole over the ring (partial
+        # only over another axis splitting the queries)
+        assert produced["dq"] == S(((), (), option.loop_axes[QUERY_LOOP]))
+        assert produced["dk"] == produced["dv"] == S(((), (), ("cp",)), partial)
+        reduced = sorted(c.input.tensor for c in program.communicates() if c.step.kind == "all_reduce")
+        assert reduced == (["dk", "dv"] if partial else [])
+        assert not [c for c in program.communicates() if c.step.kind == "all_gather"]
+
+
+def test_a_ring_gradient_is_priced_as_two_passes_with_its_accumulator_travelling_home():
+    """One head at 16k tokens: the shifts outlast every step, so each pass is n - 1 transfers and
+    the last step's compute; dk's pass also shifts its accumulator, then takes it home."""
+    mesh = Mesh.parse("cp=8")
+    hw = bind_hardware("dgx-h100", mesh)
+    b = GraphBuilder("ring_grad_price", "bf16")
+    q, k, v = (b.input(n, (1, 1, 16384, 128)) for n in "qkv")
+    dy = b.input("dy", (1, 1, 16384, 128))
+    b.mark_outputs(*(b.op("grad", [q, k, v, dy], f"d{n}", of="attention", wrt=w, forward={"causal": True})
+                     for w, n in enumerate("qkv")))
+    graph = graph_from_json(b.document(), mesh)
+    shift = hw.collective_seconds("shift", ("cp",), 2048 * 128 * 2)  # a block of K, V or an accumulator
+    rate = hw.peak_flops("bf16") * hw.matmul_efficiency("bf16")
+    read_s = (2048 + 2048) * 256 * 2 / hw.hbm_bytes_per_s
+    last = 2048 * 2048  # the last step: some device's full block below the diagonal
+    ring = queries_over("cp")
+    for name, travelling in (("dq", 0), ("dk", 1), ("dv", 1)):
+        op = graph.op_by_name[name]
+        per_pair = device_flops(op, ring, mesh) / sum(pairs for pairs in ring_pairs(op, ring, mesh)[-1])
+        statistics = 7 * 2 * shift + max((2 * 256 + 5) * last / rate, read_s)
+        gradient = 7 * (2 + travelling) * shift + max(per_pair * last / rate, read_s)
+        assert op_cost(graph, op, ring, mesh, hw).seconds == pytest.approx(statistics + gradient + travelling * shift,
+                                                                           rel=1e-6), name
+
+
 def test_a_ring_that_does_not_fit_is_refused_naming_the_field():
     graph = attention_graph()
     bad = {"an axis the queries are not split over": (queries_over("dp", ring="cp"), "must split the queries"),
@@ -158,6 +216,23 @@ def test_the_partitioned_ir_of_a_ring_verifies_with_its_shifts(dialect):
     assert f"{dialect}.all_reduce" not in text and f"{dialect}.all_gather" not in text
     # each step's mask columns and causal positions from the key block the device holds: (c - j) mod 4
     assert text.count("tensor.extract_slice %mask_1[0, 0, %ring_start") == 4
+
+
+def test_the_partitioned_ir_of_ring_gradients_verifies_and_brings_dk_dv_home():
+    graph = gradient_graph(causal=True)
+    plan = Plan(graph, MESH, {op.name: queries_over("dp", "cp") for op in graph.ops}, stored_whole(graph))
+    for dialect in ("mesh", "shard"):
+        text = emit_partitioned(plan, dialect)
+        verify(text, dialect)
+    shifted = [line.split(" = ")[0].strip().lstrip("%").rstrip("_0123456789") for line in text.splitlines()
+               if "shard.shift" in line]
+    # each gradient: two passes of 3 steps shifting K and V; dk's and dv's accumulators 4 times (home)
+    assert shifted.count("k_ring") == shifted.count("v_ring") == 3 * 2 * 3
+    assert shifted.count("dk_ring") == shifted.count("dv_ring") == 4 and "dq_ring" not in shifted
+    reduced = [line.strip() for line in text.splitlines() if "shard.all_reduce" in line]
+    # only dk's and dv's partial sums over dp (mesh axis 0), the other axis splitting the queries
+    assert [r.split(" = ")[0].lstrip("%").rstrip("_0123456789") for r in reduced] == ["dk", "dv"]
+    assert all("grid_axes = [0]" in r for r in reduced)
 
 
 @pytest.mark.parametrize("seq, heads, kv_heads, hidden", [(131072, 32, 8, True), (16384, 1, 1, False)])

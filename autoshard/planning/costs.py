@@ -20,7 +20,7 @@ from autoshard.graph.model import Graph, Op
 from autoshard.mesh import Mesh
 from autoshard.ops.grads import attention_key_axes
 from autoshard.planning.options import ShardingOption, local_extents, operand_shardings, result_shardings
-from autoshard.planning.ring_attention import kv_fraction, ring_step_pairs
+from autoshard.planning.ring_attention import kv_fraction, ring_pairs
 from autoshard.sharding import Sharding
 
 
@@ -96,27 +96,38 @@ def ring_attention_seconds(graph: Graph, op: Op, option: ShardingOption, mesh: M
     travels (a `shift` of the key block and one of the value block, at kv heads where the keys
     are repeated heads).
 
-        seconds = sum over steps j < n - 1 of max(compute_j, transfer) + compute_{n-1}
+        pass = sum over steps j < n - 1 of max(compute_j, transfer) + compute_{n-1}
 
     compute_j is the roofline of the busiest device's step j (its unmasked pairs under the
-    causal mask; every step reads a block of keys and values). The first step computes the
-    device's own block, so the first transfer hides behind it as every other does and nothing is
-    exposed before it; the last step receives nothing. A transfer longer than a step's compute
-    shows as the difference."""
+    causal mask at the op's work per pair; every step reads a block of keys and values). The
+    first step computes the device's own block, so the first transfer hides behind it as every
+    other does and nothing is exposed before it; the last step receives nothing. A transfer
+    longer than a step's compute shows as the difference. The forward is one pass. A gradient
+    is two (`sim.ring_attention`): the row statistics (scores, exponents, dy v^T: the forward's
+    work per pair), then the gradient, where dk's or dv's accumulator block travels with its
+    keys and takes one more, exposed, step home."""
     b, h, s, e, t, d = local_extents(op.nest, option, mesh)
     n = mesh.axis_size(option.ring)
     itemsize = graph.tensors[op.inputs[0]].itemsize
-    block_bytes = b * h * (t // n) * (d + e) * itemsize  # one block of the keys and the values
-    q_out_bytes = b * h * s * (d + e) * itemsize
-    # the keys' and the values' blocks are two shifts, one after the other on the same links
     share = kv_fraction(graph, op)
-    transfer = sum(hw.collective_seconds("shift", (option.ring,), b * h * (t // n) * width * itemsize * share)
-                   for width in (d, e))
+
+    def shifts(*widths: int) -> float:  # blocks shifted one after the other on the same links
+        return sum(hw.collective_seconds("shift", (option.ring,), b * h * (t // n) * w * itemsize * share)
+                   for w in widths)
+    pairs = ring_pairs(op, option, mesh)
+    steps = [max(step) for step in zip(*pairs)]
     rate = flops_per_s(graph, op, hw)
-    per_pair = b * h * (2.0 * d + 5.0 + 2.0 * e)
-    compute = [max(per_pair * pairs / rate, (block_bytes + q_out_bytes / n) / hw.hbm_bytes_per_s)
-               for pairs in ring_step_pairs(op, option, mesh)]
-    return sum(max(c, transfer) for c in compute[:-1]) + compute[-1]
+    read_s = b * h * (t // n + s // n) * (d + e) * itemsize / hw.hbm_bytes_per_s  # a K/V block, 1/n of q and out
+
+    def ring_pass(flops_per_pair: float, transfer: float) -> float:
+        compute = [max(flops_per_pair * p / rate, read_s) for p in steps]
+        return sum(max(c, transfer) for c in compute[:-1]) + compute[-1]
+    per_pair = device_flops(op, option, mesh) / max(map(sum, pairs))
+    if op.kind == "attention":
+        return ring_pass(per_pair, shifts(d, e))
+    travelling = {1: (d,), 2: (e,)}.get(op.attrs.get("wrt"), ())
+    statistics = ring_pass(b * h * (2.0 * (d + e) + 5.0), shifts(d, e))
+    return statistics + ring_pass(per_pair, shifts(d, e, *travelling)) + shifts(*travelling)
 
 
 def flops_per_s(graph: Graph, op: Op, hw: Hardware, gemm: tuple[int, int, int, int] | None = None) -> float:

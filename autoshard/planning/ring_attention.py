@@ -26,7 +26,9 @@ from autoshard.mesh import Mesh
 from autoshard.ops.nn import BALANCED, KEY_LOOP, QUERY_LOOP, block_causal_pairs
 from autoshard.planning.options import ShardingOption
 
-RING_KINDS = ("attention",)
+def takes_ring(op: Op) -> bool:
+    """Attention and its gradients (which walk the same ring: `sim.ring_attention`)."""
+    return op.kind == "attention" or (op.kind == "grad" and op.attrs.get("of") == "attention")
 
 
 def check_ring(op: Op, option: ShardingOption, mesh: Mesh, where: str) -> None:
@@ -34,8 +36,8 @@ def check_ring(op: Op, option: ShardingOption, mesh: Mesh, where: str) -> None:
     if option.ring is None:
         return
     at = f"{where}/ring"
-    if op.kind not in RING_KINDS:
-        raise ShardingError(f"op {op.name!r} ({op.kind}) cannot take a ring; only {list(RING_KINDS)} ops do", at)
+    if not takes_ring(op):
+        raise ShardingError(f"op {op.name!r} ({op.kind}) cannot take a ring; only attention and its gradients do", at)
     if option.ring not in mesh.axis_names:
         raise ShardingError(f"unknown ring axis {option.ring!r}; the mesh has {list(mesh.axis_names)}", at)
     if option.ring not in option.loop_axes[QUERY_LOOP]:
@@ -52,7 +54,7 @@ def check_ring(op: Op, option: ShardingOption, mesh: Mesh, where: str) -> None:
 def ring_options(op: Op, options: Sequence[ShardingOption], mesh: Mesh) -> list[ShardingOption]:
     """The ring variants of an op's options: one per mesh axis splitting the queries, with the
     keys whole and dividing into the axis' blocks."""
-    if op.kind not in RING_KINDS:
+    if not takes_ring(op):
         return []
     found = []
     for option in options:
@@ -64,26 +66,30 @@ def ring_options(op: Op, options: Sequence[ShardingOption], mesh: Mesh) -> list[
     return found
 
 
-def ring_step_pairs(op: Op, option: ShardingOption, mesh: Mesh) -> list[int]:
-    """(query, key) pairs the busiest device computes at each of the ring's n steps, per batch
-    and head: at step j the device at ring coordinate c holds key block (c - j) mod n. Under the
+def ring_pairs(op: Op, option: ShardingOption, mesh: Mesh) -> list[list[int]]:
+    """(query, key) pairs each query block computes at each of the ring's n steps, per batch and
+    head: at step j the device at ring coordinate c holds key block (c - j) mod n. Under the
     causal mask a block above the diagonal costs nothing (a kernel skips it), so the steps differ."""
     s, t = op.nest.extents[QUERY_LOOP], op.nest.extents[KEY_LOOP]
     axes = option.loop_axes[QUERY_LOOP]
     parts, n = mesh.group_size(axes), mesh.axis_size(option.ring)
     rows, cols = -(-s // parts), t // n
     minor = mesh.group_size(axes[axes.index(option.ring) + 1:])  # the ring coordinate's stride in the query index
-    causal, balanced = op.attrs.get("causal", False), op.attrs.get(BALANCED)
-    steps = []
-    for j in range(n):
-        busiest = 0
-        for index in range(parts):
-            first, count = index * rows, min(rows, s - index * rows)
-            key = ((index // minor) % n - j) % n
-            pairs = block_causal_pairs(first, count, key * cols, cols, s, t, balanced) if causal else count * cols
-            busiest = max(busiest, pairs)
-        steps.append(busiest)
-    return steps
+    # a gradient's attributes hold its forward's
+    attrs = op.attrs.get("forward", {}) if op.kind == "grad" else op.attrs
+    causal, balanced = attrs.get("causal", False), attrs.get(BALANCED)
+    found = []
+    for index in range(parts):
+        first, count = index * rows, min(rows, s - index * rows)
+        keys = [((index // minor) % n - j) % n for j in range(n)]
+        found.append([block_causal_pairs(first, count, key * cols, cols, s, t, balanced) if causal else count * cols
+                      for key in keys])
+    return found
+
+
+def ring_step_pairs(op: Op, option: ShardingOption, mesh: Mesh) -> list[int]:
+    """The busiest device's pairs at each step (the ring waits for it)."""
+    return [max(step) for step in zip(*ring_pairs(op, option, mesh))]
 
 
 def kv_fraction(graph: Graph, op: Op) -> float:

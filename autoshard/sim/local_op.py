@@ -30,7 +30,7 @@ from autoshard.reductions import REDUCTIONS
 from autoshard.sharding import Sharding, ceildiv
 from autoshard.sim.attention import combine_key_blocks, splits_keys
 from autoshard.sim.collectives import Shards
-from autoshard.sim.ring_attention import ring_attention
+from autoshard.sim.ring_attention import result_block, ring_attention
 
 
 class ProgramError(AutoshardError):
@@ -124,7 +124,8 @@ def run_local_op(mesh: Mesh, op: Op, option: ShardingOption, inputs: Sequence[Pl
             values = evaluate_block(op.op_kind, nest, op.attrs, cuts[device], block)
         for k, (value, (sharding, shape, _), dt) in enumerate(zip(values, outputs, dtypes)):
             value = np.asarray(value).astype(dt, copy=False)
-            _check_result(op, k, value, nest, block, sharding, shape, mesh, device)
+            checked = result_block(mesh, op, option, block, device, k, sharding)
+            _check_result(op, k, value, nest, checked, sharding, shape, mesh, device)
             results[k][device] = value
     return results
 
