@@ -8,7 +8,10 @@ it holds while passing that block to the next device (a `shift` by one, rotating
 the previous device's, accumulating the online-softmax state (row maximum, exponent sums,
 weighted values) on the device. No K/V is gathered whole and nothing is all-reduced; the price is
 n - 1 point-to-point transfers of a K/V block, overlapped with the blocks' compute
-(`planning.costs.ring_attention_seconds`).
+(`planning.costs.ring_attention_seconds`). Attention's gradients take the same ring: a pass for
+the row statistics, a pass for the gradient, dk's and dv's accumulators travelling with their
+blocks and taken home after the last step (so a ring gradient's dk, dv are whole over the ring
+axis, `ShardingOption.ring`).
 
 This module says which options are rings and which steps each device computes; the simulator
 (`sim.ring_attention`), the partitioned IR (`mlir.lower_ring`) and the DTensor run
