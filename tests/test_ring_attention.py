@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import re
+
 import numpy as np
 import pytest
 
 from autoshard.errors import InputError
+from autoshard.graph.evaluate import evaluate_graph
 from autoshard.graph.schema import graph_from_json
 from autoshard.mesh import Mesh
 from autoshard.mlir import emit_partitioned, verify
@@ -27,6 +30,7 @@ from autoshard.planning.ring_attention import ring_pairs, ring_step_pairs
 from autoshard.sharding import Sharding as S
 from autoshard.sim.program import simulate_program, verify_plan
 from autoshard.spmd.program import partition
+from support.mlir_run import run_module
 
 MESH = Mesh.parse("dp=2,cp=4")
 Q, K, V = (2, 4, 16, 8), (2, 4, 16, 8), (2, 4, 16, 6)
@@ -216,6 +220,41 @@ def test_the_partitioned_ir_of_a_ring_verifies_with_its_shifts(dialect):
     assert f"{dialect}.all_reduce" not in text and f"{dialect}.all_gather" not in text
     # each step's mask columns and causal positions from the key block the device holds: (c - j) mod 4
     assert text.count("tensor.extract_slice %mask_1[0, 0, %ring_start") == 4
+
+
+def test_each_devices_ring_run_by_mlir_runner_gives_its_rows_of_the_reference():
+    """The partitioned module of a causal ring over cp=2, run once per device by mlir-runner (its
+    index a constant; the one shift of K and of V reading the other device's block, which the
+    shift delivers there): each device's result is its queries' rows of the reference."""
+    mesh = Mesh.parse("cp=2")
+    b = GraphBuilder("ring_run", "f32")
+    q, k, v = (b.input(n, s) for n, s in zip("qkv", ((1, 2, 6, 4), (1, 2, 8, 4), (1, 2, 8, 3))))
+    b.mark_outputs(b.op("attention", [q, k, v], "sdpa", causal=True))
+    graph = graph_from_json(b.document())
+    storage = {n: S(((), (), ("cp",))) for n in "qkv"}
+    module = emit_partitioned(Plan(graph, mesh, {"sdpa": queries_over("cp")}, storage), "shard")
+    shift = re.compile(r"^(\s*)%(k|v)_ring = shard\.shift %[\w.]+ on @mesh .* : (tensor<[^>]*>) -> tensor<[^>]*>$")
+    rng = np.random.default_rng(7)
+    values = {n: rng.standard_normal(graph.tensors[n].shape).astype(np.float32) for n in "qkv"}
+    expected = evaluate_graph(graph, values)["sdpa"]
+    block = {"q": 3, "k": 4, "v": 4}
+    own = lambda name, device: values[name][:, :, block[name] * device:block[name] * (device + 1)]  # noqa: E731
+    for device in (0, 1):
+        lines, types = [], {}
+        for line in module.splitlines():
+            found = shift.match(line)
+            if "shard.process_multi_index" in line:
+                line = line.split(" = ")[0] + f" = arith.constant {device} : index"
+            elif found:
+                indent, name, type_ = found.groups()
+                types[name] = type_
+                line = f"{indent}%{name}_ring = tensor.cast %{name}_next : {type_} to {type_}"
+            lines.append(line)
+        assert sorted(types) == ["k", "v"]
+        text = "\n".join(lines).replace(") -> tensor", f", %k_next: {types['k']}, %v_next: {types['v']}) -> tensor", 1)
+        (got,) = run_module(text, graph.name, [own("q", device), own("k", device), own("v", device),
+                                               own("k", 1 - device), own("v", 1 - device)])
+        np.testing.assert_allclose(got, expected[:, :, 3 * device:3 * device + 3], rtol=2e-5, atol=2e-5)
 
 
 def test_the_partitioned_ir_of_ring_gradients_verifies_and_brings_dk_dv_home():
