@@ -185,9 +185,10 @@ def test_per_op_breakdown_and_reshardings_match_the_reference(case):
             communication[r["consumer"]][1] += r["bytes_per_device"]
     expected = []
     for op in topological_order(graph):
-        cost = op_cost(graph, op, plan.options[op.name], plan.mesh, hw)
-        expected.append({"op": op.name, "kind": op.kind, "option": plan.options[op.name].to_json(),
-                         "compute_s": cost.seconds, "flops_per_device": cost.flops, "bytes_per_device": cost.bytes,
+        option = plan.options[op.name]
+        cost = op_cost(graph, op, option, plan.mesh, hw)
+        expected.append({"op": op.name, "kind": op.kind, "option": option.to_json(),
+                         **({"ring": option.ring} if option.ring is not None else {}), "compute_s": cost.seconds, "flops_per_device": cost.flops, "bytes_per_device": cost.bytes,
                          "bound": cost.bound, "communication_s": communication[op.name][0],
                          "communication_bytes": communication[op.name][1]})
     assert report.ops == expected

@@ -330,3 +330,18 @@ def test_the_solver_chooses_the_ring_where_it_pays_and_the_all_gather_where_that
     # them only inside the op
     whole = {c.input.tensor for c in partition(result.plan, hw.collective_seconds).communicates() if c.step.after == S()}
     assert whole == ({"k", "v"} if chosen == "all_gather" else set())
+
+
+def test_the_cli_writes_the_ring_in_the_plan_and_estimate_reads_it_back(tmp_path, capsys):
+    import json
+
+    from autoshard.cli.main import main
+    (tmp_path / "g.json").write_text(json.dumps(grouped_graph(131072, heads=1, kv_heads=1)))
+    assert main(["plan", str(tmp_path / "g.json"), "--mesh", "cp=8", "--topology", "dgx-h100", "--workers", "1",
+                 "--verify", "never", "-o", str(tmp_path / "out")]) == 0
+    document = json.loads((tmp_path / "out" / "plan.json").read_text())
+    assert (document["ops"]["sdpa"]["option"], document["ops"]["sdpa"]["ring"]) == ([[], [], ["cp"], [], [], []], "cp")
+    capsys.readouterr()
+    assert main(["estimate", str(tmp_path / "g.json"), "--mesh", "cp=8", "--topology", "dgx-h100",
+                 "--plan", str(tmp_path / "out" / "plan.json")]) == 0
+    assert "[[], [], [cp], [], [], []] ring cp  1314 us" in capsys.readouterr().out

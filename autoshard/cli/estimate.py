@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     rows = [("op", "kind", "option", "compute", "bound", "communication")]
     for entry in report.ops:
         option = "[" + ", ".join("[" + ",".join(a) + "]" for a in entry["option"]) + "]"
+        option += f" ring {entry['ring']}" if "ring" in entry else ""
         rows.append((entry["op"], entry["kind"], option, f"{entry['compute_s'] * 1e6:.4g} us", entry["bound"],
                      f"{entry['communication_s'] * 1e6:.4g} us"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

@@ -208,7 +208,8 @@ def estimate(plan: Plan, hw: Hardware, microbatching: Microbatching | None = Non
         report.compute_s += cost.seconds * times
         if phases[op.name] == "backward":
             tally.last_backward_s += cost.seconds * times / count
-        report.ops.append({"op": op.name, "kind": op.kind, "option": option.to_json(), "compute_s": cost.seconds * times,
+        report.ops.append({"op": op.name, "kind": op.kind, "option": option.to_json(),
+                           **({"ring": option.ring} if option.ring is not None else {}), "compute_s": cost.seconds * times,
                            "flops_per_device": cost.flops * times, "bytes_per_device": cost.bytes * times,
                            "bound": cost.bound, "communication_s": 0.0, "communication_bytes": 0.0,
                            **({"runs": times} if microbatching is not None else {})})
