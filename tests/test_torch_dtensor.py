@@ -171,7 +171,8 @@ def test_a_mesh_that_is_not_the_plans_is_refused_naming_the_axis():
 
 
 class MaskedGroupedAttention(torch.nn.Module):
-    """Grouped-query attention (8 heads, 2 kv heads) under an additive float mask (a buffer)."""
+    """Grouped-query attention (8 heads, 2 kv heads) under a learned additive float mask (a
+    position bias, as T5's: its gradient flows through attention's mask input)."""
 
     def __init__(self, hidden: int = 32, heads: int = 8, kv_heads: int = 2, seq: int = 8):
         super().__init__()
@@ -179,7 +180,7 @@ class MaskedGroupedAttention(torch.nn.Module):
         self.wq = torch.nn.Linear(hidden, hidden, bias=False)
         self.wkv = torch.nn.Linear(hidden, 2 * kv_heads * self.head_dim, bias=False)
         self.wo = torch.nn.Linear(hidden, hidden, bias=False)
-        self.register_buffer("bias", torch.randn(seq, seq))
+        self.bias = torch.nn.Parameter(torch.randn(seq, seq))
 
     def forward(self, x):
         b, s, h = x.shape

@@ -57,6 +57,15 @@ def attention_scores(q: Any, k: Any, mask: Any, rows: Any, cols: Any, causal: bo
     return scores if keep is None else scores.masked_fill(~keep, float("-inf"))
 
 
+def summed_to(ds: Any, shape: Sequence[int]) -> Any:
+    """The scores' gradient [B, H, S, T] as an added mask's of `shape` (right-aligned to the
+    scores, as it broadcast): summed over the dims it lacks and those where it has size 1."""
+    lead = ds.dim() - len(shape)
+    summed = ds.sum(dim=list(range(lead))) if lead else ds
+    wide = [d for d, size in enumerate(shape) if size == 1 and summed.shape[d] != 1]
+    return summed.sum(dim=wide, keepdim=True) if wide else summed
+
+
 def finite_shift(row_max: Any) -> Any:
     """The row maximum to take exponents against: 0 where a row is masked everywhere (its
     exponents are then all 0, and it stays 0 / 0 as unsplit)."""
@@ -89,7 +98,7 @@ class KeySplitAttention(torch.autograd.Function):
         ds = p * (dp - (d_out * out).sum(-1, keepdim=True))
         dq = torch.einsum("bhst,bhtd->bhsd", ds, k) * ctx.scale  # partial over the key axes
         dk = torch.einsum("bhst,bhsd->bhtd", ds, q) * ctx.scale
-        d_mask = ds if mask is not None and ctx.needs_input_grad[3] else None
+        d_mask = summed_to(ds, mask.shape) if mask is not None and ctx.needs_input_grad[3] else None
         return dq, dk, dv, d_mask, None, None, None, None, None
 
 

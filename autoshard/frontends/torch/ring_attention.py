@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from autoshard.errors import InputError
-from autoshard.frontends.torch.context_parallel import attention_scores, block_positions, finite_shift
+from autoshard.frontends.torch.context_parallel import attention_scores, block_positions, finite_shift, summed_to
 from autoshard.frontends.torch.runtime import require_torch
 
 torch = require_torch()
@@ -56,9 +56,9 @@ class Ring:
 
 
 class RingAttention(torch.autograd.Function):
-    """The rank's attention output [B, H, S, E]; see the module docstring. `key_positions` are
-    the global positions of the rank's own key block; at step j the block held is its own
-    shifted j blocks back, so its positions are (own - j * block) mod T."""
+    """The rank's attention output [B, H, S, E]; see the module docstring. `own_keys` are the
+    global positions of the rank's own key block; at step j the block held is its own shifted j
+    blocks back, so its positions are (own_keys - j * block) mod T."""
 
     @staticmethod
     def forward(ctx: Any, q: Any, k: Any, v: Any, mask: Any, rows: Any, own_keys: Any, causal: bool, scale: float,
@@ -122,12 +122,10 @@ def _ring_mask(mask: Any, block: int, index: Any, n: int, keys_dim: int | None) 
 
 
 def _add_columns(d_mask: Any, ds: Any, block: int, index: Any, n: int, keys_dim: int) -> Any:
-    """`d_mask` with the scores' gradient of key block `index` added to its columns (summed
-    over the dims the mask broadcasts)."""
+    """`d_mask` with the scores' gradient of key block `index` added to its columns."""
     columns = (index % n) * block + torch.arange(block)
-    summed = ds.sum(dim=list(range(4 - d_mask.dim())))  # dims the mask lacks
-    wide = [d for d in range(d_mask.dim()) if d_mask.shape[d] == 1 and summed.shape[d] != 1]
-    return d_mask.index_add(keys_dim, columns, summed.sum(dim=wide, keepdim=True) if wide else summed)
+    shape = d_mask.shape[:keys_dim] + (block,) + d_mask.shape[keys_dim + 1:]
+    return d_mask.index_add(keys_dim, columns, summed_to(ds, shape))
 
 
 def _fold(running: tuple[Any, Any, Any] | None, scores: Any, v: Any) -> tuple[Any, Any, Any]:
