@@ -22,7 +22,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import autoshard
 from autoshard.planning.make_plan import PlanResult
-from autoshard.planning.options import ShardingOption
+from autoshard.ops.nn import KEY_LOOP
+from autoshard.planning.options import ShardingOption, local_extents
 from autoshard.planning.plan import Plan
 from autoshard.sharding import Sharding
 
@@ -111,6 +112,28 @@ def planned_collectives(result: PlanResult | Mapping[str, Any]) -> list[Collecti
                 n = mesh.axis_size(axis)
                 out.append(Collective(step["kind"], n, int(size)))
                 size = size * n if step["kind"] == "all_gather" else size / n if step["kind"] == "reduce_scatter" else size
+    return out
+
+
+def attention_collectives(plan: Plan) -> list[Collective]:
+    """The collectives attention ops run themselves, beside the plan's reshardings: a key split's
+    combine (all_reduce max, sum, sum over each key axis, at the local rows [B, H, S] and values
+    [B, H, S, E]); a ring's rotations (the K and the V block at each of its n - 1 steps, sent as
+    an all_to_all_single with one peer)."""
+    out = []
+    for op in plan.graph.ops:
+        if op.kind != "attention":
+            continue
+        option = plan.options[op.name]
+        b, h, s, e, t, d = local_extents(op.nest, option, plan.mesh)
+        itemsize = plan.graph.tensors[op.inputs[0]].itemsize
+        if option.ring is not None:
+            n = plan.mesh.axis_size(option.ring)
+            out += [Collective("all_to_all", n, b * h * (t // n) * width * itemsize)
+                    for _ in range(n - 1) for width in (d, e)]
+        for axis in option.loop_axes[KEY_LOOP]:
+            rows = b * h * s * itemsize
+            out += [Collective("all_reduce", plan.mesh.axis_size(axis), size) for size in (rows, rows, rows * e)]
     return out
 
 
