@@ -31,3 +31,21 @@ def test_every_collective_is_read_with_its_group_and_bytes_per_device():
         ("all-to-all", 4, 4 * (4 * 8 * 4)),  # four tuple parts
         ("collective-permute", 2, 4 * 64 * 2),  # bf16
     ]
+
+
+COMBINED = """\
+ENTRY %main.2 (p.1: f32[1,2,32,16], p.2: f32[1,2,16,32]) -> (f32[1,2,8,16], f32[1,2,16,32]) {
+  %all-reduce.2 = (f32[1,2,32,16]{3,2,1,0}, f32[1,2,16,32]{3,2,1,0}) all-reduce(%p.1, %p.2), replica_groups=[2,4]<=[8]
+  %get-tuple-element.3 = f32[1,2,32,16]{3,2,1,0} get-tuple-element(%all-reduce.2), index=0
+  %get-tuple-element.4 = f32[1,2,16,32]{3,2,1,0} get-tuple-element(%all-reduce.2), index=1
+  %dynamic-slice_transpose_fusion.1 = f32[1,8,2,16]{3,1,2,0} fusion(%get-tuple-element.3, %partition-id)
+  ROOT %tuple = (f32[1,8,2,16], f32[1,2,16,32]) tuple(%dynamic-slice_transpose_fusion.1, %get-tuple-element.4)
+}
+"""
+
+
+def test_a_combined_all_reduce_is_read_as_the_collectives_it_merged():
+    """XLA's combiner merges independent all-reduces into one of a tuple: each part is the
+    collective it was, a reduce-scatter where only a device's part of it is kept."""
+    found = [(c.kind, c.group_size, c.bytes_per_device) for c in compiled_collectives(COMBINED)]
+    assert found == [("reduce-scatter", 4, 2 * 32 * 16 * 4), ("all-reduce", 4, 2 * 16 * 32 * 4)]

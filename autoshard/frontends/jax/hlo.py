@@ -9,7 +9,10 @@ groups come in the three spellings XLA prints: explicit `{{0,1},{2,3}}`, iota `[
 Shardy's `mesh['axis_0'=2,'axis_1'=4] {'axis_1'}`.
 
 XLA:CPU writes a reduce-scatter as an all-reduce whose only users slice out each device's part;
-such an all-reduce is reported as the reduce-scatter it stands for (same input buffer).
+such an all-reduce is reported as the reduce-scatter it stands for (same input buffer). XLA's
+combiner may merge independent all-reduces into one of a tuple (the key and value gradients of
+context-parallel attention, reduced over the context axis together); each part is reported as the
+all-reduce (or reduce-scatter) it was, so the counts stay those of the program's collectives.
 """
 
 from __future__ import annotations
@@ -79,14 +82,23 @@ def compiled_collectives(hlo_text: str) -> list[Collective]:
             bytes_in = result_bytes * group
         else:
             bytes_in = result_bytes
-        if kind == "all-reduce" and group > 1 and _only_sliced(lines, index, m["name"], result_bytes // group):
+        users = _users(lines, index, m["name"]) if kind == "all-reduce" else []
+        parts = [p.group(0) for p in _ARRAY.finditer(m["type"])]
+        if kind == "all-reduce" and m["type"].startswith("(") and len(parts) > 1:
+            for position, part in enumerate(parts):
+                part_users = [u for g in users if _tuple_index(g) == position for u in _users(lines, index, g["name"])]
+                sliced = group > 1 and _only_sliced(part_users, _type_bytes(part) // group)
+                found.append(Collective("reduce-scatter" if sliced else kind, group, _type_bytes(part), part,
+                                        f"{m['name']}[{position}]"))
+            continue
+        if kind == "all-reduce" and group > 1 and _only_sliced(users, result_bytes // group):
             kind = "reduce-scatter"
         found.append(Collective(kind, group, bytes_in, m["type"], m["name"]))
     return found
 
 
-def _only_sliced(lines: list[str], at: int, name: str, part_bytes: int) -> bool:
-    """Whether every user of `name` (in its computation, after it) keeps only a 1/group part."""
+def _users(lines: list[str], at: int, name: str) -> list[re.Match[str]]:
+    """The instructions reading `name` in its computation, after it (line `at`)."""
     token = re.compile(rf"%{re.escape(name)}(?![\w.\-])")
     users = []
     for line in lines[at + 1:]:
@@ -95,5 +107,16 @@ def _only_sliced(lines: list[str], at: int, name: str, part_bytes: int) -> bool:
         m = _INSTRUCTION.match(line)
         if m and token.search(m["operands"]):
             users.append(m)
-    return bool(users) and all("slice" in (u["opcode"] + u["name"] + u["attrs"]) and _type_bytes(u["type"]) == part_bytes
-                               for u in users)
+    return users
+
+
+def _tuple_index(instruction: re.Match[str]) -> int | None:
+    """The part a get-tuple-element takes; None for any other instruction."""
+    found = re.search(r"\bindex=(\d+)", instruction["attrs"])
+    return int(found[1]) if instruction["opcode"] == "get-tuple-element" and found else None
+
+
+def _only_sliced(users: list[re.Match[str]], part_bytes: int) -> bool:
+    """Whether every one of `users` keeps only a 1/group part (`part_bytes`)."""
+    return bool(users) and all("slice" in (u["opcode"] + u["name"] + u["attrs"])
+                               and _type_bytes(u["type"]) == part_bytes for u in users)
