@@ -17,7 +17,8 @@ from autoshard.models.training import training_precision
 from autoshard.planning.layer_sample import layer_sample
 from autoshard.planning.make_plan import SolveSettings
 from autoshard.graph.schema import load_graph
-from autoshard.search.layered import Queue, _keys, price_key, search_layered
+from autoshard.search.compare import compared_key, parse_layout
+from autoshard.search.layered import KeyOutcome, Queue, _keys, price_key, search_layered
 from autoshard.search.pipelined import stage_counts
 from autoshard.search.run import SearchOptions
 from autoshard.search.sample_tasks import solve_sample_task
@@ -217,3 +218,28 @@ def test_keys_running_when_the_budget_ends_are_stopped_and_left_unsolved(monkeyp
     assert found.counts["solved"] == 0 and found.best is None
     assert {key.outcome for key in found.keys} <= {"unsolved", "infeasible"}
     assert found.certified_bound_s == min(key.analytic_bound_s for key in found.keys if key.outcome != "infeasible")
+
+
+def test_a_keys_solves_start_from_megatrons_layout_and_are_never_slower_than_it():
+    """A key of a Megatron-style step is solved from Megatron-LM's layout on its sub-mesh (tensor
+    parallelism over the axes inside a node, the batch over those between nodes), which stays one of
+    its plans: however short the solves, the key is never slower than that layout pinned."""
+    sample = layer_sample(_model(4, hidden=256, seq=64, batch=8))
+    layout = parse_layout("tp=8,pp=2,dp=2,interleave=1,micro=1,recompute=none")
+    task, _, _, pinned = compared_key(layout, sample, "dgx-a100", 32, 8)
+    assert dict(task.candidate.mapping) == {"dp": ("node",), "tp": ("gpu",)}
+    # deterministic: the start and the pinned layout are the same solve, and reach the same plan
+    inputs = SearchInputs(sample.document, "dgx-a100", SolveSettings(time_limit_s=0.5, workers=1, deterministic=True))
+    free = solve_sample_task(inputs, task, 0.5)
+    theirs = solve_sample_task(inputs, dataclasses.replace(task, graph_document=pinned), 0.5)
+    placement = bind_stages("dgx-a100", 32, task.stages, task.candidate)
+
+    def step_s(answer: dict, variants: list) -> float:
+        key = KeyOutcome(task, 0.0, outcome="solved", bound_s=0.0, solved=answer)
+        return price_key(key, variants, sample, placement, None, math.inf, only=("1f1b", 1))[0].step_s
+
+    assert step_s(free, free["prices"]) <= step_s(theirs, theirs["prices"]) * (1 + 1e-9)
+    assert step_s(free, free["prices"][-1:]) == pytest.approx(step_s(theirs, theirs["prices"][:1]), rel=1e-9)
+    start = free["roles"][-1]
+    assert "dense" in start["tp"]["tensor"] and "dense" in start["dp"]["data"]
+    assert free["solver"]["formulations"] == 2 and free["solver"]["solves"] == len(free["prices"])

@@ -195,7 +195,7 @@ def _compared_row(compared: tuple[Layout, SampleTask, str, int], found: LayeredS
     placement = bind_stages(options.topology, options.devices, task.stages, task.candidate)
     priced = price_key(key, answer["prices"], sample, placement, options.settings.memory_budget_bytes, math.inf,
                        only=(schedule, chunks))[0]
-    row = {"layout": layout.words, **configuration_json(None, priced, answer.get("roles"), rates)}
+    row = {"layout": layout.words, **configuration_json(None, priced, answer["roles"][priced.variant], rates)}
     if not priced.fits:
         return row
     row["rank"] = 1 + sum(1 for p in found.priced if p.fits and p.step_s < priced.step_s)

@@ -41,28 +41,31 @@ MEGATRON_SEQUENCE = ("attn_norm", "mlp_norm", "attn_residual", "mlp_residual", "
 MEGATRON_COLUMN, MEGATRON_ROW = ("attn.q.w", "attn.k.w", "attn.v.w", "mlp.fc1.w"), ("attn.out.w", "mlp.fc2.w")
 
 
-def megatron_constraints(document: dict[str, Any], sequence_parallel: bool,
-                         data_parallel: bool = False) -> list[dict[str, Any]]:
-    """Required shardings of a Megatron-style step's layer values and matrices over `tp` (the
+def megatron_constraints(document: dict[str, Any], sequence_parallel: bool, data_parallel: bool = False, *,
+                         tensor_axes: tuple[str, ...] = ("tp",), data_axes: tuple[str, ...] = ("dp",),
+                         required: bool = True) -> list[dict[str, Any]]:
+    """Shardings of a Megatron-style step's layer values and matrices over `tensor_axes` (the
     embedding's output with the norms, as layer 0's input); with `data_parallel`, the batch dim
-    of those values and of the step's batch inputs over `dp` too."""
-    batch = [["dp"]] if data_parallel else [[]]
+    of those values and of the step's batch inputs over `data_axes` too. `required`: pins, or
+    hints the solver starts from."""
+    batch = [list(data_axes)] if data_parallel else [[]]
+    tensor = list(tensor_axes)
     constraints = []
-    for name, tensor in document["tensors"].items():
-        local, rank = name.split(".", 1)[-1], len(tensor["shape"])
+    for name, tensor_json in document["tensors"].items():
+        local, rank = name.split(".", 1)[-1], len(tensor_json["shape"])
         if local.endswith(MEGATRON_HEAD_SPLIT):
-            axes = batch + [["tp"]] + [[]] * (rank - 2)
+            axes = batch + [tensor] + [[]] * (rank - 2)
         elif local.endswith(MEGATRON_FEATURE_SPLIT):
-            axes = batch + [[]] * (rank - 2) + [["tp"]]
+            axes = batch + [[]] * (rank - 2) + [tensor]
         elif local.endswith(MEGATRON_COLUMN):
-            axes = [[], ["tp"]]
+            axes = [[], tensor]
         elif local.endswith(MEGATRON_ROW):
-            axes = [["tp"], []]
+            axes = [tensor, []]
         elif (local.endswith(MEGATRON_SEQUENCE) and name.startswith("layer")) or name == "embed.position_add":
-            axes = batch + ([["tp"], []] if sequence_parallel else [[]] * (rank - 1))
-        elif data_parallel and tensor.get("role") == "input" and tensor.get("batch_dim") == 0:
+            axes = batch + ([tensor, []] if sequence_parallel else [[]] * (rank - 1))
+        elif data_parallel and tensor_json.get("role") == "input" and tensor_json.get("batch_dim") == 0:
             axes = batch + [[]] * (rank - 1)
         else:
             continue
-        constraints.append({"tensor": name, "split_axes": axes, "required": True})
+        constraints.append({"tensor": name, "split_axes": axes, "required": required})
     return constraints

@@ -135,14 +135,18 @@ def make_plan(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = 
               progress: Callable[[str, float, float, float], None] | None = None,
               phases: PhaseTimes | None = None, best_so_far: BestSoFar | None = None,
               prices: ReshardingPrices | None = None,
-              memory: Callable[[Formulation], Formulation] | None = None, step_lists: bool = True) -> PlanResult:
+              memory: Callable[[Formulation], Formulation] | None = None, step_lists: bool = True,
+              start: Plan | None = None, formulated_before: list[Formulation] | None = None) -> PlanResult:
     """`progress(phase, incumbent_ps, bound_ps, elapsed_s)` is called as the solver improves;
     `phases` (a new one if None) records the time and memory of formulating, solving and pricing;
     `best_so_far` is kept up to date with the best plan found while solving; `prices`: resharding
     prices already found on this mesh and hardware (`resharding_prices`), to be reused;
     `memory`: the formulation with its memory rows made otherwise (a pipeline's stages,
     `stage_memory`), its usage limit then the budget the solve holds to; `step_lists`: as
-    `estimate`'s."""
+    `estimate`'s; `start`: a plan of the same graph (other pins allowed) the solve starts from and
+    returns unless it finds better (where it fits the budget); `formulated_before`: what an earlier
+    call on the same graph, mesh, hardware and settings formulated (as `memory` saw it, the shared
+    formulation first), solved again under this call's budget without formulating anew."""
     phases = PhaseTimes() if phases is None else phases
     # numba compiles the solver's kernels once per install (about 25 s; then from its cache on
     # disk, once per process): a phase of its own, announced when long, not the plan's solve_s
@@ -161,9 +165,13 @@ def make_plan(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = 
             found = repeat_formulation(found, microbatching) if microbatching is not None else found
             return memory(found) if memory is not None else found
 
-        formulation = formulated(True)
-        shared = any(kind == "delivered" for kind, _ in formulation.nodes)
-        per_use = formulated(False) if shared else None
+        if formulated_before:  # a budget enters a formulation as its usage limit only
+            formulation, *rest = (_under_budget(f, budget_bytes) for f in formulated_before)
+            per_use = rest[0] if rest else None
+        else:
+            formulation = formulated(True)
+            shared = any(kind == "delivered" for kind, _ in formulation.nodes)
+            per_use = formulated(False) if shared else None
     built = time.perf_counter()
     incumbent = None
     if best_so_far is not None:
@@ -171,14 +179,17 @@ def make_plan(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = 
         incumbent = best_so_far.offer
         progress = _recording_bound(best_so_far, progress)
     with phases.phase("solve", reports_itself=True):
-        time_limit_s, hint = settings.time_limit_s, _whole_hint(formulation.problem, formulation.hint)
+        started_from = _plan_hint(formulation, start)
+        time_limit_s = settings.time_limit_s
+        hint = started_from if started_from is not None else _whole_hint(formulation.problem, formulation.hint)
         if per_use is not None:
             # Shared reshardings' nodes slow the solver's search on deep graphs (a 24-layer 3-D step
             # ended 39% above its optimum where pricing each use alone reached 2%): the problem priced
             # use by use is solved first, and its plan, each value delivered as produced (the same
             # cost), starts the solve of the shared one
             first = solve(per_use.problem, time_limit_s=time_limit_s * PER_USE_SHARE, workers=settings.workers,
-                          seed=settings.seed, hint=_whole_hint(per_use.problem, per_use.hint),
+                          seed=settings.seed,
+                          hint=_plan_hint(per_use, start, _whole_hint(per_use.problem, per_use.hint)),
                           progress=_without_bound(progress), deterministic=settings.deterministic,
                           gap_limit=settings.gap_limit, incumbent=_as_shared(per_use, formulation, best_so_far))
             if first.feasible:
@@ -187,8 +198,9 @@ def make_plan(graph: Graph, mesh: Mesh, hw: Hardware, settings: SolveSettings = 
         result = solve(formulation.problem, time_limit_s=time_limit_s, workers=settings.workers,
                        seed=settings.seed, hint=hint, progress=progress, deterministic=settings.deterministic,
                        gap_limit=settings.gap_limit, incumbent=incumbent)
-        if per_use is not None and hint is not None:
-            result = _no_worse_than(formulation.problem, result, hint)
+        for kept in (hint if per_use is not None else None, started_from):
+            if kept is not None:
+                result = _no_worse_than(formulation.problem, result, kept)
     if not result.feasible:
         raise InfeasibleError(explain_infeasible(formulation, budget_bytes))
     with phases.phase("pricing"):  # decoding the solution into a plan and pricing it
@@ -278,6 +290,23 @@ def _solver_summary(problem: Problem, status: str, cost_ps: int, lower_bound_ps:
                     "strategies": int(np.sum(problem.num_strategies()))},
         "memory_budget_bytes": budget_bytes,
     }
+
+
+def _under_budget(formulation: Formulation, budget_bytes: float) -> Formulation:
+    return replace(formulation, problem=replace(formulation.problem, usage_limit=int(budget_bytes)))
+
+
+def _plan_hint(formulation: Formulation, plan: Plan | None,
+               otherwise: np.ndarray | None = None) -> np.ndarray | None:
+    """`plan` as a solution of `formulation` (each value as produced), or `otherwise` where there is
+    no plan or one of its choices is not among the formulation's (a pin of the plan's own graph
+    may allow one this graph's options leave out)."""
+    if plan is None:
+        return otherwise
+    try:
+        return np.array(formulation.solution(plan, {}), dtype=np.int64)
+    except (KeyError, ValueError):
+        return otherwise
 
 
 def _whole_hint(problem: Problem, hinted: list[int]) -> np.ndarray | None:

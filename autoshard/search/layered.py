@@ -191,7 +191,7 @@ def search_layered(sample: LayerSample, options: SearchOptions, modes: tuple[str
     floors = [k.bound_s if k.outcome == "solved" else k.analytic_bound_s for k in keys if k.outcome != "infeasible"]
     tally = {outcome: sum(1 for k in keys if k.outcome == outcome)
              for outcome in ("solved", "pruned", "infeasible", "unsolved")}
-    formulations = sum(k.solved["solver"]["solves"] for k in keys if k.solved)
+    formulations = sum(k.solved["solver"]["formulations"] for k in keys if k.solved)
     configurations = {outcome: sum(1 for p in priced if p.outcome == outcome)
                       for outcome in ("priced", "over budget", "dominated")}
     if theirs is not None and theirs.solved is None:
@@ -225,7 +225,7 @@ def _keys(sample: LayerSample, options: SearchOptions, modes: tuple[str, ...], c
             replicas = math.prod(size for name, size in zip(candidate.axis_names, candidate.axis_sizes) if name in slow)
             for microbatches in microbatch_counts(stages, batches, candidate.axis_sizes):
                 for mode in modes:
-                    estimate = analytic[mode].memory_estimate_bytes(options.devices, stages, microbatches)
+                    estimate = analytic[mode].memory_estimate_bytes(options.devices, stages, microbatches, replicas)
                     keys.append(KeyOutcome(SampleTask(stages, candidate, microbatches, mode, sample.represented_by),
                                            analytic[mode].bound_s(), may_fit=estimate <= limit * ESTIMATE_SHARE,
                                            replica_micro=bool(batches) and (stages > 1 or replicas > 1)
@@ -240,13 +240,14 @@ class Queue:
     """The keys in the order they are solved, so a time budget is spent where the winner likely is.
 
     Two kinds of pops alternate while both have keys. Exploring: one key of each (stage count,
-    sub-mesh) pair not tried yet, its most promising (`_promise`), the stage counts taking turns
-    (each one's best pair, then each one's second, ...), so every depth of pipeline and every
-    sub-mesh is tried once. Refining: another key of the most promising pair tried (`learn`: the
-    least of a pair's steps found so far, or for a schedule whose plans did not fit, the busy
-    seconds of its busiest stage: another recomputation or microbatch count may make it fit),
-    each pair's keys by promise. Refining from the start matters on large machines, where trying
-    every pair once takes most of a time budget."""
+    sub-mesh) pair not tried yet, its most promising (`_promise`), those whose memory estimate
+    fits first, the stage counts taking turns (each one's best pair, then each one's second,
+    ...), so every depth of pipeline and every sub-mesh is tried once. Refining: another key of
+    the most promising pair tried (`learn`: the least of a pair's steps found so far, or for a
+    schedule whose plans did not fit, the busy seconds of its busiest stage: another
+    recomputation or microbatch count may make it fit), each pair's keys by promise. Refining
+    from the start matters on large machines, where trying every pair once takes most of a time
+    budget."""
 
     def __init__(self, keys: list[KeyOutcome]):
         self.pending = sorted(keys, key=_promise)
@@ -267,7 +268,7 @@ class Queue:
         untried = [key for key in self.pending if _pair(key) not in self.tried]
         learnt = [key for key in self.pending if _pair(key) in self.best]
         if untried and not (self.refine and learnt):
-            key = min(untried, key=lambda k: (self.turn[_pair(k)], _promise(k)))
+            key = min(untried, key=lambda k: (not k.may_fit, self.turn[_pair(k)], _promise(k)))
         else:
             key = min(learnt or self.pending, key=lambda k: (self.best.get(_pair(k), math.inf), _promise(k)))
         self.refine = not self.refine
@@ -312,7 +313,8 @@ class Analytic:
     for the backward, each summed over the whole stack from the sample."""
 
     least_compute_s: float
-    stored_bytes: float
+    weight_bytes: float  # parameters and their gradients
+    state_bytes: float  # the optimizer's (master weights and moments)
     saved_bytes: float
 
     def bound_s(self) -> float:
@@ -320,12 +322,15 @@ class Analytic:
         and the busiest of S stages holds at least 1/S of them: the same bound for every S."""
         return self.least_compute_s
 
-    def memory_estimate_bytes(self, devices: int, stages: int, microbatches: int) -> float:
-        """Not a bound, an order: everything stored split over every device, and 1F1B's first
-        stage holding min(S, M) microbatches of its 1/S of the saved values, split over its
-        N / S devices (which no layout quite reaches: `_keys` wants it under `ESTIMATE_SHARE` of
-        the budget)."""
-        return (self.stored_bytes + self.saved_bytes / microbatches * min(stages, microbatches)) / devices
+    def memory_estimate_bytes(self, devices: int, stages: int, microbatches: int, replicas: int = 1) -> float:
+        """Not a bound, an order: weights and gradients whole on each of the `replicas` data
+        replicas between nodes (as the layouts that keep slow links for the gradient reduction
+        hold them: Megatron-LM's distributed optimizer, 6 + 12/d bytes a parameter), everything
+        else stored split over every device, and 1F1B's first stage holding min(S, M)
+        microbatches of its 1/S of the saved values, split over its N / S devices (which no
+        layout quite reaches: `_keys` wants it under `ESTIMATE_SHARE` of the budget)."""
+        saved = self.saved_bytes / microbatches * min(stages, microbatches)
+        return (self.weight_bytes * replicas + self.state_bytes + saved) / devices
 
 
 def _analytic(graph: Graph, sample: LayerSample, options: SearchOptions, modes: tuple[str, ...],
@@ -349,17 +354,19 @@ def _analytic(graph: Graph, sample: LayerSample, options: SearchOptions, modes: 
         weight = {op.name: sample.counts[positions[op.name]] for op in step.ops}
         seconds = sum(weight[op.name] * least_compute_s(step, op, options.devices, hardware) for op in step.ops)
         roles, phases = tensor_roles(step), step.phases
-        stored = saved = 0.0
+        weights = state = saved = 0.0
         for tensor in step.tensors.values():
             maker = step.producers.get(tensor.name)
             readers = step.consumers[tensor.name]
             times = weight[maker.name] if maker is not None else max((weight[r.name] for r in readers), default=1)
-            if roles[tensor.name] in ("parameter", "optimizer_state", "gradient") and tensor.updates is None:
-                stored += times * tensor.bytes
+            if roles[tensor.name] in ("parameter", "gradient") and tensor.updates is None:
+                weights += times * tensor.bytes
+            elif roles[tensor.name] == "optimizer_state" and tensor.updates is None:
+                state += times * tensor.bytes
             elif maker is not None and phases[maker.name] == "forward" and any(
                     phases[r.name] == "backward" for r in readers):
                 saved += times * tensor.bytes
-        out[mode] = Analytic(seconds, stored, saved)
+        out[mode] = Analytic(seconds, weights, state, saved)
     return out
 
 

@@ -62,14 +62,15 @@ def behind(row: dict[str, Any], above: dict[str, Any]) -> dict[str, float]:
 def layered_section(found: LayeredSearch, rates: Throughput) -> dict[str, Any]:
     """The chosen configuration, the certified bound over every configuration of the space, the
     counts (keys, formulations) and every configuration priced, ranked."""
-    roles = {(k.task.stages, k.task.candidate, k.task.microbatches, k.task.recompute): k.solved.get("roles")
+    roles = {(k.task.stages, k.task.candidate, k.task.microbatches, k.task.recompute): k.solved["roles"]
              for k in found.keys if k.solved}
     rows, rank = [], 0
     for priced in found.priced:
         task = priced.configuration.task
         rank += priced.fits
+        variants = roles.get((task.stages, task.candidate, task.microbatches, task.recompute))
         row = configuration_json(rank if priced.fits else None, priced,
-                                 roles.get((task.stages, task.candidate, task.microbatches, task.recompute)), rates)
+                                 variants[priced.variant] if variants else None, rates)
         if priced.fits and rows:
             row["behind_previous"] = behind(row, rows[-1])
         rows.append(row)

@@ -2,16 +2,19 @@
 stage count, microbatch count and recomputation, read as per-layer prices (`layer_prices`) with
 a certified bound per sample position. Run by the search's workers like its other tasks.
 
-Each task is first solved for speed alone (no memory limit: the stages' memory is checked when
-each schedule is priced). When that plan's fewest-microbatches pipeline (1F1B, V = 1) holds more
-than a stage's budget, the sample is solved again under a whole-sample budget shrunk by the
-worst stage's excess, as `stage_plan` refits a whole graph (`FIT_MARGIN`; at most two refits,
-fewer than `stage_plan`'s rounds: the search has other keys, other recomputations and microbatch
-counts, to fit with; a refit that misses by a little is common, as peaks do not scale with the
-budget exactly); every plan found is priced, so a schedule can take whichever fits. A plan
-solved under a memory limit is no faster than the fastest plan, so there is no refit when the fastest plan's step, less its
-solver gap, over S (the busiest stage's share of the serial seconds), cannot beat the best step
-the search had found when the task was sent (`beat_s`).
+Where the graph is Megatron-style, the sample is first planned with Megatron-LM's layout pinned
+on the task's sub-mesh (`_megatron_start`); the free solves start from that plan, and it stays
+one of the task's plans. Each task is then solved for speed alone (no memory limit: the stages'
+memory is checked when each schedule is priced). When that plan's fewest-microbatches pipeline
+(1F1B, V = 1) holds more than a stage's budget, the same formulation is solved again under a
+whole-sample budget shrunk by the worst stage's excess, as `stage_plan` refits a whole graph
+(`FIT_MARGIN`; at most two refits, fewer than `stage_plan`'s rounds: the search has other keys,
+other recomputations and microbatch counts, to fit with; a refit that misses by a little is
+common, as peaks do not scale with the budget exactly); every plan found is priced, so a
+schedule can take whichever fits. A plan solved under a memory limit is no faster than the
+fastest plan, so there is no refit when the fastest plan's step, less its solver gap, over S
+(the busiest stage's share of the serial seconds), cannot beat the best step the search had
+found when the task was sent (`beat_s`).
 
 The bound. Charging every edge of the formulation to its reader, each node of the problem
 contributes its cheapest strategy with its in-edges' cheapest costs (`consumer_bound_ps`), and
@@ -35,13 +38,16 @@ from autoshard.errors import InfeasibleError, InputError, OutOfTime
 from autoshard.graph.recompute import with_recomputation
 from autoshard.graph.schema import load_graph
 from autoshard.pipeline.step import step_orders
-from autoshard.planning.formulation import PICOSECONDS, TIE_BREAK_PS_PER_BYTE, Formulation
+from autoshard.planning.formulation import (PICOSECONDS, TIE_BREAK_PS_PER_BYTE, Formulation, ReshardingPrices,
+                                            resharding_prices)
 from autoshard.planning.layer_prices import LayerPrices, layer_prices, price_layers
-from autoshard.planning.make_plan import MAX_MEMORY_BUDGET_BYTES, make_plan
+from autoshard.models.layouts import megatron_constraints
+from autoshard.planning.costs import Hardware
+from autoshard.planning.make_plan import MAX_MEMORY_BUDGET_BYTES, PlanResult, SolveSettings, make_plan
 from autoshard.planning.pipeline_plan import FIT_MARGIN
 from autoshard.planning.pipeline_stages import op_positions
 from autoshard.planning.roles import plan_roles
-from autoshard.search.candidates import Candidate
+from autoshard.search.candidates import Candidate, slow_axes
 from autoshard.search.stage_tasks import STAGE_AXIS, bind_stages
 
 SOLVES = 3  # the fastest plan, and up to two refitted to the stages' memory
@@ -87,13 +93,19 @@ def solve_sample_task(inputs: SearchInputs, task: SampleTask, time_limit_s: floa
         captured.append(formulation)
         return formulation
 
+    unlimited = dataclasses.replace(settings, memory_budget_bytes=MAX_MEMORY_BUDGET_BYTES)
+    prices = resharding_prices(mesh, hw)  # shared by the start's formulation and the free one
+    start = (None if task.graph_document is not None
+             else _megatron_start(document, task, inputs.topology, hw, unlimited, prices))
     found: list[LayerPrices] = []
+    plans = []
     first = None
     whole = MAX_MEMORY_BUDGET_BYTES
     for _ in range(SOLVES):
         try:
             result = make_plan(graph, mesh, hw, dataclasses.replace(settings, memory_budget_bytes=whole),
-                               memory=keep if first is None else None, step_lists=False)
+                               prices=prices, memory=keep if first is None else None, step_lists=False,
+                               start=start.plan if start is not None else None, formulated_before=captured or None)
         except InfeasibleError as error:
             if first is None:
                 return {"infeasible": str(error)}
@@ -103,18 +115,46 @@ def solve_sample_task(inputs: SearchInputs, task: SampleTask, time_limit_s: floa
                 return {"unsolved": str(error)}
             break
         first = first or result
-        prices = layer_prices(result)
-        found.append(prices)
-        fitted = price_layers(prices, task.represented_by, fit, hw if task.stages > 1 else None)
-        least_s = prices.serial_s(task.represented_by, task.microbatches) / task.stages
+        per_layer = layer_prices(result)
+        found.append(per_layer)
+        plans.append(result.plan)
+        fitted = price_layers(per_layer, task.represented_by, fit, hw if task.stages > 1 else None)
+        least_s = per_layer.serial_s(task.represented_by, task.microbatches) / task.stages
         if fitted.peak_bytes <= budget or least_s * (1 - (first.solver.get("gap") or 0.0)) >= task.beat_s:
             break
         whole = result.report.peak_memory_bytes * budget / fitted.peak_bytes * FIT_MARGIN
     assert first is not None
+    if start is not None:  # a variant of its own: the refits' budgets need not leave it room
+        found.append(layer_prices(start))
+        plans.append(start.plan)
     return {"prices": found, "bound_s": _bound_s(captured[0], task, inputs), "solver": {
         "status": first.solver["status"], "gap": first.solver.get("gap"), "solves": len(found),
+        "formulations": 1 + (start is not None),  # the refits solve the first formulation under other budgets
         "formulate_s": first.solver.get("formulate_s"), "solve_s": first.solver.get("solve_s")},
-        "roles": plan_roles(first.plan).axes(mesh.axis_names)}
+        "roles": [plan_roles(plan).axes(mesh.axis_names) for plan in plans]}
+
+
+def _megatron_start(document: dict[str, Any], task: SampleTask, topology: str, hw: Hardware,
+                    settings: SolveSettings, prices: ReshardingPrices) -> PlanResult | None:
+    """The sample planned with Megatron-LM's layout pinned on this sub-mesh, where the graph has
+    its value names (`generate gpt --style megatron`): tensor parallelism (with sequence-parallel
+    norms) over the axes inside a node or slice, the batch over those between them, the rest (the
+    optimizer state among it) solved. The free solves start from it and a schedule may take it:
+    a layout real runs use bounds what the key's short solves return, which under the memory
+    refits of a deep pipeline can otherwise be far from it. None where the layout does not
+    exist on this sub-mesh (heads or features not divisible) or finds no plan."""
+    mesh, slow = task.candidate.mesh, slow_axes(topology, task.candidate)
+    tensor = tuple(a for a in mesh.axis_names if a not in slow)
+    data = tuple(a for a in mesh.axis_names if a in slow)
+    hints = megatron_constraints(document, bool(tensor), bool(data), tensor_axes=tensor, data_axes=data)
+    if not any(c["tensor"].startswith("layer") for c in hints):
+        return None
+    pinned = dict(document, constraints=list(document.get("constraints", [])) + hints)
+    try:
+        graph = with_recomputation(load_graph(pinned, mesh), task.recompute, mesh)
+        return make_plan(graph, mesh, hw, settings, prices=prices, step_lists=False)
+    except (InputError, InfeasibleError, OutOfTime):
+        return None
 
 
 def _bound_s(formulation: Formulation, task: SampleTask, inputs: SearchInputs) -> float:
