@@ -30,6 +30,7 @@ from autoshard.sharding import Sharding as S
 from autoshard.sim.local_op import loop_block
 from autoshard.sim.program import simulate_program, verify_plan
 from autoshard.spmd.program import Communicate, LocalOp, partition
+from support.attention import attention_gradient_graph, attention_inputs, stored_whole
 from support.mlir_run import run_module, signature
 
 MESH = Mesh.parse("dp=2,cp=4")
@@ -48,29 +49,13 @@ def attention_graph(causal: bool = False, mask: str | None = None, shapes=(Q, K,
     return graph_from_json(b.document())
 
 
-def inputs(graph, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random q, k, v and mask, the mask keeping key 0 for every query so no row is all masked."""
-    rng = np.random.default_rng(seed)
-    found = {n: rng.standard_normal(graph.tensors[n].shape) for n in "qkv"}
-    if "mask" in graph.tensors:
-        mask = graph.tensors["mask"]
-        found["mask"] = rng.random(mask.shape) < 0.6 if mask.dtype == "bool" else rng.standard_normal(mask.shape)
-        if mask.dtype == "bool":
-            found["mask"][..., 0] = True
-    return found
-
-
-def stored_whole(graph) -> dict:
-    return {t.name: S() for t in graph.tensors.values() if t.role != "intermediate"}
-
-
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("mask", [None, "bool", "f32"])
 def test_key_split_attention_equals_unsharded_attention(causal, mask):
     graph = attention_graph(causal, mask)
     plan = Plan(graph, MESH, {"sdpa": KEYS_OVER_CP}, stored_whole(graph))
     program = partition(plan)
-    verdict = simulate_program(program, inputs(graph))
+    verdict = simulate_program(program, attention_inputs(graph))
     assert verdict.passed, verdict.summary()
     assert verdict.max_error < 1e-12
     (local,) = program.local_ops()
@@ -141,17 +126,7 @@ def test_the_gradient_sums_dq_over_the_key_blocks_and_writes_dk_dv_block_by_bloc
 
 
 def gradient_graph(causal: bool, mask: str | None = None):
-    b = GraphBuilder("cp_grad", "f32")
-    q, k, v = (b.input(n, s) for n, s in zip("qkv", (Q, K, V)))
-    inputs = [q, k, v]
-    if mask is not None:
-        inputs.append(b.input("mask", (Q[1], Q[2], K[2]), mask))
-    dy = b.input("dy", (2, 4, 16, 6))
-    forward = {"causal": causal}
-    wrts = (0, 1, 2, 3) if mask == "f32" else (0, 1, 2)
-    b.mark_outputs(*(b.op("grad", [*inputs, dy], f"d{'qkvm'[w]}", of="attention", wrt=w, forward=forward)
-                     for w in wrts))
-    return graph_from_json(b.document())
+    return attention_gradient_graph("cp_grad", (Q, K, V), causal, mask)
 
 
 @pytest.mark.parametrize("causal, mask", [(False, None), (True, None), (True, "bool"), (False, "f32")])
@@ -159,7 +134,7 @@ def test_key_split_gradients_equal_unsharded_gradients(causal, mask):
     graph = gradient_graph(causal, mask)
     plan = Plan(graph, MESH, {op.name: KEYS_OVER_CP for op in graph.ops}, stored_whole(graph))
     program = partition(plan)
-    found = inputs(graph)
+    found = attention_inputs(graph)
     found["dy"] = np.random.default_rng(1).standard_normal((2, 4, 16, 6))
     verdict = simulate_program(program, found)
     assert verdict.passed, verdict.summary()

@@ -30,6 +30,7 @@ from autoshard.planning.ring_attention import ring_pairs, ring_step_pairs
 from autoshard.sharding import Sharding as S
 from autoshard.sim.program import simulate_program, verify_plan
 from autoshard.spmd.program import partition
+from support.attention import attention_gradient_graph, attention_inputs, stored_whole
 from support.mlir_run import run_module
 
 MESH = Mesh.parse("dp=2,cp=4")
@@ -74,21 +75,6 @@ def grouped_graph(seq: int, heads: int, kv_heads: int, causal: bool = True, dtyp
     return doc
 
 
-def inputs(graph, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    found = {n: rng.standard_normal(graph.tensors[n].shape) for n in "qkv"}
-    if "mask" in graph.tensors:
-        mask = graph.tensors["mask"]
-        found["mask"] = rng.random(mask.shape) < 0.6 if mask.dtype == "bool" else rng.standard_normal(mask.shape)
-        if mask.dtype == "bool":
-            found["mask"][..., 0] = True  # no row all masked
-    return found
-
-
-def stored_whole(graph) -> dict:
-    return {t.name: S() for t in graph.tensors.values() if t.role != "intermediate"}
-
-
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("mask", [None, "bool", "f32"])
 def test_the_ring_equals_unsharded_attention_and_moves_kv_only_by_shifts(causal, mask):
@@ -97,7 +83,7 @@ def test_the_ring_equals_unsharded_attention_and_moves_kv_only_by_shifts(causal,
                    queries_over("cp", batch=("dp",))):
         plan = Plan(graph, MESH, {"sdpa": option}, stored_whole(graph))
         program = partition(plan)
-        verdict = simulate_program(program, inputs(graph))
+        verdict = simulate_program(program, attention_inputs(graph))
         assert verdict.passed and verdict.max_error < 1e-12, (option, verdict.summary())
         (local,) = program.local_ops()
         # K and V read as each device's own block along the keys; the queries as split
@@ -128,22 +114,13 @@ def test_a_grouped_query_ring_simulates_to_the_reference():
 
 
 def gradient_graph(causal: bool, mask: str | None = None):
-    b = GraphBuilder("ring_grad", "f32")
-    q, k, v = (b.input(n, s) for n, s in zip("qkv", (Q, K, V)))
-    inputs = [q, k, v]
-    if mask is not None:
-        inputs.append(b.input("mask", (Q[1], Q[2], K[2]), mask))
-    dy = b.input("dy", (2, 4, 16, 6))
-    wrts = (0, 1, 2, 3) if mask == "f32" else (0, 1, 2)
-    b.mark_outputs(*(b.op("grad", [*inputs, dy], f"d{'qkvm'[w]}", of="attention", wrt=w, forward={"causal": causal})
-                     for w in wrts))
-    return graph_from_json(b.document())
+    return attention_gradient_graph("ring_grad", (Q, K, V), causal, mask)
 
 
 @pytest.mark.parametrize("causal, mask", [(False, None), (True, None), (True, "bool"), (True, "f32")])
 def test_ring_gradients_equal_unsharded_gradients_and_bring_dk_dv_home(causal, mask):
     graph = gradient_graph(causal, mask)
-    found = inputs(graph)
+    found = attention_inputs(graph)
     found["dy"] = np.random.default_rng(1).standard_normal((2, 4, 16, 6))
     for option, partial in ((queries_over("cp"), ()), (queries_over("dp", "cp"), ("dp",))):
         plan = Plan(graph, MESH, {op.name: option for op in graph.ops}, stored_whole(graph))
@@ -215,7 +192,8 @@ def test_the_partitioned_ir_of_a_ring_verifies_with_its_shifts(dialect):
     verify(text, dialect)
     shifts = [line.strip() for line in text.splitlines() if f"{dialect}.shift" in line]
     # n - 1 = 3 steps, each passing K and V one place along cp (mesh axis 1), rotating
-    assert [s.split(" = ")[0] for s in shifts] == ["%k_ring", "%v_ring", "%k_ring_1", "%v_ring_1", "%k_ring_2", "%v_ring_2"]
+    assert [s.split(" = ")[0] for s in shifts] == ["%k_ring", "%v_ring", "%k_ring_1", "%v_ring_1", "%k_ring_2",
+                                                    "%v_ring_2"]
     assert all("shift_axis = 1 offset = 1 rotate" in s for s in shifts)
     assert f"{dialect}.all_reduce" not in text and f"{dialect}.all_gather" not in text
     # each step's mask columns and causal positions from the key block the device holds: (c - j) mod 4
@@ -328,7 +306,8 @@ def test_the_solver_chooses_the_ring_where_it_pays_and_the_all_gather_where_that
     assert result.report.step_s == pytest.approx(steps[chosen], rel=1e-9)
     # gathered: K and V made whole on every device (by the cheapest resharding); the ring moves
     # them only inside the op
-    whole = {c.input.tensor for c in partition(result.plan, hw.collective_seconds).communicates() if c.step.after == S()}
+    whole = {c.input.tensor for c in partition(result.plan, hw.collective_seconds).communicates()
+             if c.step.after == S()}
     assert whole == ({"k", "v"} if chosen == "all_gather" else set())
 
 

@@ -86,6 +86,15 @@ def test_dtensor_runs_the_plan_and_matches_the_unsharded_module(name, mesh_text,
         assert issued[kind][1] == pytest.approx(received, rel=0.1), kind
 
 
+def unsharded_gradients(module, args) -> tuple:
+    """Random labels, the loss sum(module(args) * labels) and every parameter's gradient of it, unsharded."""
+    labels = torch.randn_like(module(*args))
+    module.zero_grad()
+    loss = (module(*args) * labels).sum()
+    loss.backward()
+    return labels, loss, {n: p.grad for n, p in module.named_parameters()}
+
+
 @pytest.mark.parametrize("name, mesh_text", [("mlp", "tp=4"), ("llama_block", "dp=2,tp=2")])
 def test_a_training_step_gives_the_unsharded_loss_and_gradients(name, mesh_text, record_property):
     """The forward runs as planned; autograd chooses the backward's collectives (recorded beside
@@ -94,11 +103,7 @@ def test_a_training_step_gives_the_unsharded_loss_and_gradients(name, mesh_text,
     program = exported(module, args)
     result = sharded_plan(import_program(program).document, mesh_text, memory_s_per_byte=1e-9)
     torch.manual_seed(1)
-    labels = torch.randn_like(module(*args))
-    module.zero_grad()
-    loss = (module(*args) * labels).sum()
-    loss.backward()
-    expected = {n: p.grad for n, p in module.named_parameters()}
+    labels, loss, expected = unsharded_gradients(module, args)
 
     with simulated_ranks(mesh_text) as mesh:
         program_on_mesh = parallelize(program, result, mesh)
@@ -230,11 +235,7 @@ def test_context_parallel_attention_gives_the_unsharded_outputs_and_gradients(na
         module, args = MaskedGroupedAttention().eval(), (torch.randn(2, 8, 32),)
     program = exported(module, args)
     plan = key_split(sharded_plan(import_program(program).document, mesh_text).plan, keys, queries, ring)
-    labels = torch.randn_like(module(*args))
-    module.zero_grad()
-    loss = (module(*args) * labels).sum()
-    loss.backward()
-    expected = {n: p.grad for n, p in module.named_parameters()}
+    labels, _, expected = unsharded_gradients(module, args)
 
     with simulated_ranks(mesh_text) as mesh:
         program_on_mesh = parallelize(program, plan, mesh)
