@@ -13,8 +13,7 @@ from autoshard.ops import evaluate
 
 
 def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random values for every input and parameter, of the declared shapes and dtypes; an input
-    whose contents the graph carries (an imported program's constant) gets them instead.
+    """Random values for every input and parameter, of the declared shapes and dtypes.
 
     Floats are drawn in [-1, 1); integers in [0, n) where n is the smallest table an embedding
     looks them up in (so every id is valid), else [0, 8).
@@ -30,9 +29,7 @@ def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
         if tensor.role == "intermediate":
             continue
         dt = DTYPES[tensor.dtype]
-        if tensor.value is not None:
-            values[tensor.name] = np.asarray(tensor.value, dt.numpy).reshape(tensor.shape)
-        elif dt.is_float:
+        if dt.is_float:
             values[tensor.name] = rng.uniform(-1.0, 1.0, tensor.shape).astype(dt.numpy)
         elif tensor.dtype == "bool":
             values[tensor.name] = rng.integers(0, 2, tensor.shape).astype(bool)
