@@ -5,6 +5,7 @@ them and back by all-to-alls; every misuse named."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -25,8 +26,9 @@ DENSE = GPTConfig(layers=2, hidden=64, heads=4, kv_heads=2, seq=32, batch=4, voc
 
 
 def declared_batch(document: dict) -> int:
-    """The batch `search --by-layer` hands `compared_key`: the largest declared (here the token groups)."""
-    return max(t["shape"][t["batch_dim"]] for t in document["tensors"].values() if t.get("batch_dim") is not None)
+    """The batch `search --by-layer` hands `compared_key`: the sequences, the gcd of those declared."""
+    return math.gcd(*(t["shape"][t["batch_dim"]] for t in document["tensors"].values()
+                      if t.get("batch_dim") is not None))
 
 
 def compared(config: GPTConfig, text: str, devices: int, topology: str = "dgx-h100"):

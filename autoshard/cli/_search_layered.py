@@ -174,7 +174,7 @@ def _compared_task(text: str, sample: LayerSample, sample_graph: Graph, options:
     """The user's layout as a key of the search whose sample has Megatron's shardings pinned, and
     the schedule and V it runs."""
     layout = parse_layout(text)
-    batch = max(batch_sizes(sample_graph), default=1)
+    batch = math.gcd(*batch_sizes(sample_graph)) or 1  # the sequences: a routed MoE's token groups are a batch too
     task, schedule, chunks, pinned = compared_key(layout, sample, options.topology, options.devices, batch)
     print(f"comparing {layout.words}: its sample is solved with Megatron-LM's shardings pinned, beside the search's",
           file=sys.stderr, flush=True)

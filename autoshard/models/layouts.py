@@ -42,12 +42,11 @@ MEGATRON_COLUMN, MEGATRON_ROW = ("attn.q.w", "attn.k.w", "attn.v.w", "mlp.fc1.w"
 
 
 def megatron_constraints(document: dict[str, Any], sequence_parallel: bool, data_parallel: bool = False, *,
-                         tensor_axes: tuple[str, ...] = ("tp",), data_axes: tuple[str, ...] = ("dp",),
-                         required: bool = True) -> list[dict[str, Any]]:
-    """Shardings of a Megatron-style step's layer values and matrices over `tensor_axes` (the
+                         tensor_axes: tuple[str, ...] = ("tp",), data_axes: tuple[str, ...] = ("dp",)
+                         ) -> list[dict[str, Any]]:
+    """Required shardings of a Megatron-style step's layer values and matrices over `tensor_axes` (the
     embedding's output with the norms, as layer 0's input); with `data_parallel`, the batch dim
-    of those values and of the step's batch inputs over `data_axes` too. `required`: pins, or
-    hints the solver starts from."""
+    of those values and of the step's batch inputs over `data_axes` too."""
     batch = [list(data_axes)] if data_parallel else [[]]
     tensor = list(tensor_axes)
     constraints = []
@@ -67,5 +66,5 @@ def megatron_constraints(document: dict[str, Any], sequence_parallel: bool, data
             axes = batch + [[]] * (rank - 1)
         else:
             continue
-        constraints.append({"tensor": name, "split_axes": axes, "required": required})
+        constraints.append({"tensor": name, "split_axes": axes, "required": True})
     return constraints

@@ -17,7 +17,6 @@ schedule is 1F1B, or interleaved with `interleave` chunks.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,10 +98,9 @@ def compared_key(layout: Layout, sample: LayerSample, topology: str, devices: in
                  ) -> tuple[SampleTask, str, int, dict[str, Any]]:
     """The layout as a key of the search (its task, schedule and chunks) and the sample with
     Megatron's shardings pinned; every way it does not fit the model, devices or machine named.
-    `batch` is a batch the sample declares; the sequences are the greatest common divisor of all
-    it declares (a routed MoE declares its token groups as a batch too)."""
+    `batch`: the sequences a step takes (the greatest common divisor of the batches the sample
+    declares: a routed MoE declares its token groups as a batch too)."""
     layers = len(sample.layers)
-    batch = math.gcd(batch, *_batch_sizes(sample.document))
     problems = []
     if layout.tensor * layout.pipeline * layout.data != devices:
         problems.append(f"tp x pp x dp = {layout.tensor * layout.pipeline * layout.data}, but the search has "
@@ -155,10 +153,6 @@ def _constraints(layout: Layout, document: dict[str, Any], problems: list[str]) 
     if not any(c["tensor"].startswith("layer") for c in constraints):
         problems.append(f"{named}; this graph has none of them")
     return constraints
-
-
-def _batch_sizes(document: dict[str, Any]) -> list[int]:
-    return [t["shape"][t["batch_dim"]] for t in document["tensors"].values() if t.get("batch_dim") is not None]
 
 
 def _candidate(topology: str, layout: Layout) -> Candidate | None:
