@@ -7,6 +7,7 @@ the routed experts of the MoE models are planned as a dense dispatch."""
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 
@@ -23,7 +24,7 @@ from torch.distributed.tensor import Shard  # noqa: E402
 
 from autoshard.errors import InputError  # noqa: E402
 from autoshard.frontends.torch import import_program, parallelize  # noqa: E402
-from autoshard.graph.evaluate import evaluate_graph  # noqa: E402
+from autoshard.graph.evaluate import evaluate_graph, random_inputs  # noqa: E402
 from autoshard.sim.program import verify_plan  # noqa: E402
 
 # architecture -> its experts' weights, which the plan must shard (a replicated MoE proves little)
@@ -46,6 +47,22 @@ def test_the_readme_row_of_an_architecture_is_what_it_measures(name):
 
 def test_the_readme_table_lists_every_architecture_tried():
     assert sorted(readme_rows(README.read_text())) == sorted(ARCHITECTURES)
+
+
+@pytest.mark.parametrize("name", ["BERT", "ViT"])
+def test_an_opaque_attention_mask_is_drawn_valid_so_the_simulator_compares_finite_values(name):
+    """Their mask of the query rows [1, 1, S, 1] is an opaque op's value, a graph input: drawn as
+    any bool, half its rows were masked everywhere and the reference NaN, matched by every
+    device's same NaN."""
+    model, args, kwargs = build(name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the mask is opaque
+        imported = import_program(torch.export.export(model, args, kwargs).run_decompositions({}), name=name)
+    assert any(op.kind == "attention" and len(op.inputs) == 4 for op in imported.graph.ops)
+    reference = evaluate_graph(imported.graph, random_inputs(imported.graph))
+    assert all(np.isfinite(v).all() for v in reference.values() if v.dtype.kind == "f")
+    verdict = verify_plan(sharded_plan(imported.document, "dp=2,tp=2", memory_s_per_byte=1e-9).plan)
+    assert verdict.passed and verdict.values_checked > 0 and math.isfinite(verdict.max_error), verdict.summary()
 
 
 def moe_block():
