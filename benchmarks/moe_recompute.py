@@ -34,7 +34,7 @@ def main() -> None:
     with training_precision("bf16-mixed"):
         document = gpt(MIXTRAL, training=True)
     mesh = Mesh.of(dp=2, ep=8)
-    document["constraints"] = llama_constraints(document, False, ("dp", "ep"), False, True)
+    document["constraints"] = llama_constraints(document, False, ("dp", "ep"), expert_axes=("ep",))
     hardware = bind_hardware("dgx-h100", mesh, nodes=2, mapping={"dp": ["node"], "ep": ["gpu"]})
     print("| recompute | step ms | compute ms | communication ms (GB a device) | layer 1 keeps MiB | layer 1's "
           "all-to-alls | solver gap |")

@@ -17,6 +17,10 @@ from autoshard.planning.hardware import bind_hardware
 from autoshard.planning.layer_sample import layer_sample
 from autoshard.planning.make_plan import SolveSettings, make_plan
 from autoshard.search.compare import compared_key, parse_layout
+from autoshard.search.layered import KeyOutcome, price_key
+from autoshard.search.sample_tasks import solve_sample_task
+from autoshard.search.stage_tasks import bind_stages
+from autoshard.search.tasks import SearchInputs
 from autoshard.sharding import Sharding
 
 # dispatched tokens of MiBs a device, where an all-to-all beats gathering them (small ones are gathered)
@@ -172,3 +176,29 @@ def test_the_layout_reads_its_expert_degree():
     assert (layout.expert, layout.data, layout.interleave) == (8, 16, 8)
     assert layout.words == "tp 1 x pp 4 x dp 16 (ep 8), V 8, micro 1, none"
     assert parse_layout("tp=2,pp=1,dp=2").expert == 1
+
+
+def test_a_keys_solves_of_a_routed_step_start_from_expert_parallelism():
+    """A key of a step with routed experts is solved from the layout Mixtral's and DeepSeek-V3's runs
+    use on its sub-mesh (no tensor parallelism, the batch over every axis, the experts over the axes
+    of the widest degree that divides them), which stays one of its plans: the key is never slower."""
+    document = gpt(MOE, training=True)
+    sample = layer_sample(document)
+    task, _, _, pinned = compared(MOE, "tp=1,pp=2,dp=8,ep=4", 16)
+    inputs = SearchInputs(sample.document, "dgx-h100", SolveSettings(time_limit_s=2, workers=1, deterministic=True))
+    free = solve_sample_task(inputs, task, 2)
+    theirs = solve_sample_task(inputs, replace(task, graph_document=pinned), 2)
+    placement = bind_stages("dgx-h100", 16, task.stages, task.candidate)
+
+    def step_s(answer: dict, variants: list) -> float:
+        key = KeyOutcome(task, 0.0, outcome="solved", bound_s=0.0, solved=answer)
+        return price_key(key, variants, sample, placement, None, math.inf, only=("1f1b", 1))[0].step_s
+
+    # of dp=2 and ep=4 (4 experts), ep alone divides them widest; it is the published layout here
+    start = free["roles"][-1]
+    assert "experts" in start["ep"]["expert"] and "experts" in start["dp"]["data"]
+    assert "attention" in start["ep"]["data"] and "attention" in start["dp"]["data"]
+    assert not any("tensor" in roles for roles in start.values())
+    assert free["solver"]["formulations"] == 2
+    assert step_s(free, free["prices"]) <= step_s(free, free["prices"][-1:]) * (1 + 1e-9)
+    assert step_s(free, free["prices"][-1:]) == pytest.approx(step_s(theirs, theirs["prices"][:1]), rel=1e-3)

@@ -87,7 +87,7 @@ def token_moves(mode: str) -> dict[tuple[str, str], tuple[list[str], float]]:
     kinds and seconds."""
     document = gpt(LARGE, training=True)
     mesh = Mesh.of(ep=4)
-    document["constraints"] = llama_constraints(document, False, ("ep",), False, True)
+    document["constraints"] = llama_constraints(document, False, ("ep",), expert_axes=("ep",))
     graph = with_recomputation(graph_from_json(document, mesh), mode, mesh)
     result = make_plan(graph, mesh, bind_hardware("dgx-h100", mesh),
                        SolveSettings(time_limit_s=30, deterministic=True, workers=1))

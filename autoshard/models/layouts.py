@@ -30,6 +30,15 @@ def layout_constraints(document: dict[str, Any], batch: int, layout: str) -> lis
     return constraints
 
 
+def layer_style(document: dict[str, Any]) -> str:
+    """Which generator's layer a step has, by its value names: "megatron" (Megatron-LM's own
+    layer, attention unfused), "gpt" (fused attention with biases and layer norms) or "llama"."""
+    names = document["tensors"]
+    if not any(name.endswith(".attn.sdpa") for name in names):
+        return "megatron"
+    return "gpt" if any(name.endswith(".attn.q.b") for name in names) else "llama"
+
+
 # Megatron-LM's tensor parallelism of its GPT layer (`generate gpt --style megatron`): heads and the
 # MLP's features split over tp, by the layer's value names; norms, residuals and the masks beside
 # them whole, or split on the sequence with sequence parallelism.

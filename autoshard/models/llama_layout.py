@@ -1,19 +1,21 @@
 """Megatron-LM's layout of a llama-style step (`generate gpt --style llama`, dense or with routed
-experts), as required shardings by the layer's value names, for `search --compare`.
+experts), as required shardings by the layer's value names, for `search --compare` (axes `tp`, `ep`,
+`dp`) and the layouts the search's keys start from (any axis names).
 
-Tensor parallelism over `tp` as in Megatron's own layer (`layouts.megatron_constraints`): the
+Tensor parallelism over the tensor axes as in Megatron's own layer (`layouts.megatron_constraints`): the
 query, key and value projections column-parallel (heads split), the output projection and the
 MLP's down projection row-parallel, the SwiGLU's features split; with sequence parallelism the
 norms and residuals (and the embedding, layer 0's input) split on the sequence.
 
-Expert parallelism as Megatron-LM and NeMo set `expert_model_parallel_size`: the `ep` devices
+Expert parallelism as Megatron-LM and NeMo set `expert_model_parallel_size`: the expert devices
 are carved out of the data-parallel ones. The batch of attention, the router and every dense part
-is split over all data replicas (`dp` then `ep`, with dp here the data replicas left per expert
-group: the layout's dp / ep); the routed experts' weights split on their expert dim over `ep`
-(with their features over `tp`, expert tensor parallelism equal to tp), replicated over `dp`
-(expert data parallelism). The dispatched tokens leave the dispatch split on their groups over
-every data axis and enter the experts split on the expert dim over `ep` and on the groups over
-`dp` only: the all-to-all over ep, and again on the way back to the combine."""
+is split over all data axes (for `--compare`, `dp` then `ep`, with dp the data replicas left per
+expert group: the layout's dp / ep); the routed experts' weights split on their expert dim over
+the expert axes (with their features over the tensor axes, expert tensor parallelism equal to
+tp), replicated over the other data axes (expert data parallelism). The dispatched tokens leave
+the dispatch split on their groups over every data axis and enter the experts split on the
+expert dim over the expert axes and on the groups over the other data axes only: the all-to-all
+over the expert axes, and again on the way back to the combine."""
 
 from __future__ import annotations
 
@@ -39,13 +41,15 @@ def routed_experts(document: dict[str, Any]) -> int:
     return shapes[0][0] if shapes else 0
 
 
-def llama_constraints(document: dict[str, Any], sequence_parallel: bool, data_axes: tuple[str, ...],
-                      tensor_parallel: bool, expert_parallel: bool) -> list[dict[str, Any]]:
+def llama_constraints(document: dict[str, Any], sequence_parallel: bool, data_axes: tuple[str, ...], *,
+                      tensor_axes: tuple[str, ...] = (), expert_axes: tuple[str, ...] = ()
+                      ) -> list[dict[str, Any]]:
     """Required shardings of a llama-style step's layer values, matrices and batch inputs: the
-    batch over `data_axes` (those of `dp` and `ep` the mesh has), heads and features over `tp`
-    when `tensor_parallel`, the routed experts over `ep` when `expert_parallel`."""
-    batch, tp = [list(data_axes)], ["tp"] if tensor_parallel else []
-    ep, replicas = (["ep"], [a for a in data_axes if a != "ep"]) if expert_parallel else ([], list(data_axes))
+    batch over `data_axes` (the expert axes among them: expert parallelism takes its devices from
+    the data replicas), heads and features over `tensor_axes`, the routed experts over
+    `expert_axes` and their groups over the data axes left."""
+    batch, tp = [list(data_axes)], list(tensor_axes)
+    ep, replicas = list(expert_axes), [a for a in data_axes if a not in expert_axes]
     constraints = []
     for name, tensor in document["tensors"].items():
         local, rank = name.split(".", 1)[-1], len(tensor["shape"])

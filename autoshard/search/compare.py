@@ -24,7 +24,7 @@ from cost_models import load_profile
 
 from autoshard.errors import InputError, Problem
 from autoshard.graph.recompute import MODES
-from autoshard.models.layouts import megatron_constraints
+from autoshard.models.layouts import layer_style, megatron_constraints
 from autoshard.models.llama_layout import llama_constraints, routed_experts
 from autoshard.planning.layer_sample import LayerSample
 from autoshard.search.candidates import Candidate
@@ -140,16 +140,17 @@ def _constraints(layout: Layout, document: dict[str, Any], problems: list[str]) 
     elif experts % layout.expert:
         problems.append(f"ep={layout.expert} must divide the {experts} routed experts of a layer")
     named = "pins Megatron-LM's layout by the value names of `generate gpt --style megatron` or `--style llama`"
-    names = document["tensors"]
-    if not any(name.endswith(".attn.sdpa") for name in names):  # Megatron's own layer: attention unfused
+    style = layer_style(document)
+    if style == "megatron":
         constraints = megatron_constraints(document, layout.sequence_parallel, data_parallel=layout.data > 1)
-    elif any(name.endswith(".attn.q.b") for name in names):
+    elif style == "gpt":
         problems.append(f"{named}; this graph is of `--style gpt` (biases, layer norms)")
         return []
     else:
         axes = tuple(axis for axis, size in (("dp", layout.data // layout.expert), ("ep", layout.expert)) if size > 1)
-        constraints = llama_constraints(document, layout.sequence_parallel, axes, layout.tensor > 1,
-                                        layout.expert > 1)
+        constraints = llama_constraints(document, layout.sequence_parallel, axes,
+                                        tensor_axes=("tp",) if layout.tensor > 1 else (),
+                                        expert_axes=("ep",) if layout.expert > 1 else ())
     if not any(c["tensor"].startswith("layer") for c in constraints):
         problems.append(f"{named}; this graph has none of them")
     return constraints

@@ -2,9 +2,9 @@
 stage count, microbatch count and recomputation, read as per-layer prices (`layer_prices`) with
 a certified bound per sample position. Run by the search's workers like its other tasks.
 
-Where the graph is Megatron-style, the sample is first planned with Megatron-LM's layout pinned
-on the task's sub-mesh (`_megatron_start`); the free solves start from that plan, and it stays
-one of the task's plans. Each task is then solved for speed alone (no memory limit: the stages'
+Where the graph has the value names of `generate gpt --style megatron` or `--style llama`, the
+sample is first planned with the layout published runs use pinned on the task's sub-mesh
+(`_published_start`); the free solves start from that plan, and it stays one of the task's plans. Each task is then solved for speed alone (no memory limit: the stages'
 memory is checked when each schedule is priced). When that plan's fewest-microbatches pipeline
 (1F1B, V = 1) holds more than a stage's budget, the same formulation is solved again under a
 whole-sample budget shrunk by the worst stage's excess, as `stage_plan` refits a whole graph
@@ -28,6 +28,7 @@ limit and so for every plan. Its serial seconds over S bound the step of every s
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -41,7 +42,8 @@ from autoshard.pipeline.step import step_orders
 from autoshard.planning.formulation import (PICOSECONDS, TIE_BREAK_PS_PER_BYTE, Formulation, ReshardingPrices,
                                             resharding_prices)
 from autoshard.planning.layer_prices import LayerPrices, layer_prices, price_layers
-from autoshard.models.layouts import megatron_constraints
+from autoshard.models.layouts import layer_style, megatron_constraints
+from autoshard.models.llama_layout import llama_constraints, routed_experts
 from autoshard.planning.costs import Hardware
 from autoshard.planning.make_plan import MAX_MEMORY_BUDGET_BYTES, PlanResult, SolveSettings, make_plan
 from autoshard.planning.pipeline_plan import FIT_MARGIN
@@ -96,7 +98,7 @@ def solve_sample_task(inputs: SearchInputs, task: SampleTask, time_limit_s: floa
     unlimited = dataclasses.replace(settings, memory_budget_bytes=MAX_MEMORY_BUDGET_BYTES)
     prices = resharding_prices(mesh, hw)  # shared by the start's formulation and the free one
     start = (None if task.graph_document is not None
-             else _megatron_start(document, task, inputs.topology, hw, unlimited, prices))
+             else _published_start(document, task, inputs.topology, hw, unlimited, prices))
     found: list[LayerPrices] = []
     plans = []
     first = None
@@ -134,19 +136,17 @@ def solve_sample_task(inputs: SearchInputs, task: SampleTask, time_limit_s: floa
         "roles": [plan_roles(plan).axes(mesh.axis_names) for plan in plans]}
 
 
-def _megatron_start(document: dict[str, Any], task: SampleTask, topology: str, hw: Hardware,
-                    settings: SolveSettings, prices: ReshardingPrices) -> PlanResult | None:
-    """The sample planned with Megatron-LM's layout pinned on this sub-mesh, where the graph has
-    its value names (`generate gpt --style megatron`): tensor parallelism (with sequence-parallel
-    norms) over the axes inside a node or slice, the batch over those between them, the rest (the
-    optimizer state among it) solved. The free solves start from it and a schedule may take it:
-    a layout real runs use bounds what the key's short solves return, which under the memory
-    refits of a deep pipeline can otherwise be far from it. None where the layout does not
-    exist on this sub-mesh (heads or features not divisible) or finds no plan."""
-    mesh, slow = task.candidate.mesh, slow_axes(topology, task.candidate)
-    tensor = tuple(a for a in mesh.axis_names if a not in slow)
-    data = tuple(a for a in mesh.axis_names if a in slow)
-    hints = megatron_constraints(document, bool(tensor), bool(data), tensor_axes=tensor, data_axes=data)
+def _published_start(document: dict[str, Any], task: SampleTask, topology: str, hw: Hardware,
+                     settings: SolveSettings, prices: ReshardingPrices) -> PlanResult | None:
+    """The sample planned with the layout published runs use pinned on this sub-mesh
+    (`_published_layout`), the rest (the optimizer state among it) solved. The free solves start
+    from it and a schedule may take it: a layout real runs use bounds what the key's short solves
+    return, which under the memory refits of a deep pipeline can otherwise be far from it. None
+    where the layout does not exist on this sub-mesh (heads, features or experts not divisible)
+    or finds no plan."""
+    mesh = task.candidate.mesh
+    hints = _published_layout(document, mesh.axis_names, task.candidate.axis_sizes,
+                              slow_axes(topology, task.candidate))
     if not any(c["tensor"].startswith("layer") for c in hints):
         return None
     pinned = dict(document, constraints=list(document.get("constraints", [])) + hints)
@@ -155,6 +155,31 @@ def _megatron_start(document: dict[str, Any], task: SampleTask, topology: str, h
         return make_plan(graph, mesh, hw, settings, prices=prices, step_lists=False)
     except (InputError, InfeasibleError, OutOfTime):
         return None
+
+
+def _published_layout(document: dict[str, Any], axes: tuple[str, ...], sizes: tuple[int, ...],
+                      slow: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Megatron-LM's layout of a dense step, by the value names of `generate gpt --style megatron`
+    or `--style llama`: tensor parallelism (with sequence-parallel norms) over the axes inside a
+    node or slice, the batch over those between them. A step with routed experts is laid out as
+    Mixtral's and DeepSeek-V3's runs are: no tensor parallelism, the batch over every axis, and
+    the experts over the axes of the widest degree that divides them (the fewest slow axes among
+equals): the least expert weight a device holds."""
+    tensor = tuple(a for a in axes if a not in slow)
+    data = tuple(a for a in axes if a in slow)
+    style = layer_style(document)
+    if style == "megatron":
+        return megatron_constraints(document, bool(tensor), bool(data), tensor_axes=tensor, data_axes=data)
+    if style == "gpt":  # no published layout by its value names
+        return []
+    experts = routed_experts(document)
+    if not experts:
+        return llama_constraints(document, bool(tensor), data, tensor_axes=tensor)
+    subsets = [subset for count in range(len(axes) + 1) for subset in itertools.combinations(axes, count)]
+    size_of = dict(zip(axes, sizes))
+    widest = max((s for s in subsets if experts % math.prod(size_of[a] for a in s) == 0),
+                 key=lambda s: (math.prod(size_of[a] for a in s), -len(set(s) & set(slow))))
+    return llama_constraints(document, False, axes, expert_axes=widest)
 
 
 def _bound_s(formulation: Formulation, task: SampleTask, inputs: SearchInputs) -> float:
