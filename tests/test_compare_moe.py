@@ -11,13 +11,15 @@ from dataclasses import replace
 import pytest
 
 from autoshard.errors import InputError
-from autoshard.graph.schema import graph_from_json
+from autoshard.graph.schema import graph_from_json, load_graph
 from autoshard.models import GPTConfig, gpt
 from autoshard.planning.hardware import bind_hardware
 from autoshard.planning.layer_sample import layer_sample
 from autoshard.planning.make_plan import SolveSettings, make_plan
 from autoshard.search.compare import compared_key, parse_layout
-from autoshard.search.layered import KeyOutcome, price_key
+from autoshard.search.layered import KeyOutcome, Queue, _keys, price_key
+from autoshard.search.pipelined import stage_counts
+from autoshard.search.run import SearchOptions
 from autoshard.search.sample_tasks import solve_sample_task
 from autoshard.search.stage_tasks import bind_stages
 from autoshard.search.tasks import SearchInputs
@@ -202,3 +204,19 @@ def test_a_keys_solves_of_a_routed_step_start_from_expert_parallelism():
     assert free["solver"]["formulations"] == 2
     assert step_s(free, free["prices"]) <= step_s(free, free["prices"][-1:]) * (1 + 1e-9)
     assert step_s(free, free["prices"][-1:]) == pytest.approx(step_s(theirs, theirs["prices"][:1]), rel=1e-3)
+
+
+def test_a_routed_steps_first_key_of_a_pair_gives_each_device_one_sample():
+    """Runs with routed experts split the batch over every device of a stage (the experts carved
+    out of the data replicas), so the first key solved of a (stages, sub-mesh) pair of such a step
+    is one sample a device a microbatch, where a dense step's is one a replica between nodes."""
+    sample = layer_sample(gpt(MOE, training=True))
+    options = SearchOptions(devices=16, topology="dgx-h100", max_axes=2, jobs=1)
+    counts = [1] + stage_counts(16, len(sample.layers))
+    queue, first = Queue(_keys(sample, options, ("none",), counts, load_graph(sample.document))), {}
+    while queue:
+        key = queue.pop()
+        first.setdefault((key.task.stages, key.task.candidate), key)
+    assert {stages for stages, _ in first} == {1, 2, 4}
+    for (stages, candidate), key in first.items():
+        assert key.task.microbatches == MOE.batch // math.prod(candidate.axis_sizes), (stages, candidate.label)

@@ -42,7 +42,7 @@ from autoshard.search.candidates import Candidate, enumerate_candidates, slow_ax
 from autoshard.search.fanout import open_pool
 from autoshard.search.pipelined import batch_sizes, microbatch_counts, schedules, stage_counts
 from autoshard.search.run import POLL_S, SearchOptions
-from autoshard.search.sample_tasks import SampleTask
+from autoshard.search.sample_tasks import SampleTask, published_data_axes
 from autoshard.search.stage_tasks import StagePlacement, bind_stages
 from autoshard.search.tasks import SearchInputs
 
@@ -74,7 +74,7 @@ class KeyOutcome:
     task: SampleTask
     analytic_bound_s: float
     may_fit: bool = True  # by the memory estimate (`Analytic`), which orders the solves only
-    replica_micro: bool = False  # one sample a microbatch per replica along the slow links (`_keys`)
+    replica_micro: bool = False  # one sample a microbatch per data replica of the published layout (`_keys`)
     outcome: str = "waiting"
     reason: str = ""
     bound_s: float = 0.0  # certified, for every configuration of the key
@@ -223,13 +223,15 @@ def _keys(sample: LayerSample, options: SearchOptions, modes: tuple[str, ...], c
         for candidate in candidates:
             slow = slow_axes(options.topology, candidate)
             replicas = math.prod(size for name, size in zip(candidate.axis_names, candidate.axis_sizes) if name in slow)
+            data = published_data_axes(sample.document, candidate.axis_names, slow)
+            samples = math.prod(size for name, size in zip(candidate.axis_names, candidate.axis_sizes) if name in data)
             for microbatches in microbatch_counts(stages, batches, candidate.axis_sizes):
                 for mode in modes:
                     estimate = analytic[mode].memory_estimate_bytes(options.devices, stages, microbatches, replicas)
                     keys.append(KeyOutcome(SampleTask(stages, candidate, microbatches, mode, sample.represented_by),
                                            analytic[mode].bound_s(), may_fit=estimate <= limit * ESTIMATE_SHARE,
-                                           replica_micro=bool(batches) and (stages > 1 or replicas > 1)
-                                           and math.gcd(*batches) == microbatches * replicas))
+                                           replica_micro=bool(batches) and (stages > 1 or samples > 1)
+                                           and math.gcd(*batches) == microbatches * samples))
     if not keys:
         raise InputError(f"no stage count and sub-mesh of {options.devices} devices fits the fixed axes "
                          f"{options.fixed}", "fix")
@@ -292,11 +294,12 @@ def _pair(key: KeyOutcome) -> tuple[int, Candidate]:
 
 def _promise(key: KeyOutcome) -> tuple:
     """The order keys are solved in, so the keys likely to win come first and prune the rest
-    sooner. First the microbatch count giving each replica along the slow links (between nodes or
-    slices) one sample: data parallelism there and the rest of the batch split inside the node,
-    whose links carry the per-layer traffic of tensor parallelism an order of magnitude faster
-    (as published runs are laid out; a pipeline whose stages hold no slow link, one sample a
-    microbatch); then those whose memory estimate fits, then by their bound stretched by the
+    sooner. First the microbatch count giving each data replica of the published layout one
+    sample (`published_data_axes`): for a dense step, data parallelism along the slow links
+    (between nodes or slices) and the rest of the batch split inside the node, whose links carry
+    the per-layer traffic of tensor parallelism an order of magnitude faster (a pipeline whose
+    stages hold no slow link, one sample a microbatch); with routed experts, one sample a
+    device; then those whose memory estimate fits, then by their bound stretched by the
     least bubble of their best schedule, (S - 1) / (M V) of the busy time (V as large as the
     layers allow); fewer axes first at a tie."""
     task = key.task

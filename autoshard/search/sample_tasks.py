@@ -157,6 +157,13 @@ def _published_start(document: dict[str, Any], task: SampleTask, topology: str, 
         return None
 
 
+def published_data_axes(document: dict[str, Any], axes: tuple[str, ...], slow: tuple[str, ...]) -> tuple[str, ...]:
+    """The axes the published layout of a step on this sub-mesh splits its batch over
+    (`_published_layout`): every axis with routed experts, else those between nodes or slices."""
+    routed = layer_style(document) == "llama" and routed_experts(document) > 0
+    return axes if routed else tuple(a for a in axes if a in slow)
+
+
 def _published_layout(document: dict[str, Any], axes: tuple[str, ...], sizes: tuple[int, ...],
                       slow: tuple[str, ...]) -> list[dict[str, Any]]:
     """Megatron-LM's layout of a dense step, by the value names of `generate gpt --style megatron`
@@ -164,9 +171,9 @@ def _published_layout(document: dict[str, Any], axes: tuple[str, ...], sizes: tu
     node or slice, the batch over those between them. A step with routed experts is laid out as
     Mixtral's and DeepSeek-V3's runs are: no tensor parallelism, the batch over every axis, and
     the experts over the axes of the widest degree that divides them (the fewest slow axes among
-equals): the least expert weight a device holds."""
-    tensor = tuple(a for a in axes if a not in slow)
-    data = tuple(a for a in axes if a in slow)
+    equals): the least expert weight a device holds."""
+    data = published_data_axes(document, axes, slow)
+    tensor = tuple(a for a in axes if a not in data)
     style = layer_style(document)
     if style == "megatron":
         return megatron_constraints(document, bool(tensor), bool(data), tensor_axes=tensor, data_axes=data)
@@ -179,7 +186,7 @@ equals): the least expert weight a device holds."""
     size_of = dict(zip(axes, sizes))
     widest = max((s for s in subsets if experts % math.prod(size_of[a] for a in s) == 0),
                  key=lambda s: (math.prod(size_of[a] for a in s), -len(set(s) & set(slow))))
-    return llama_constraints(document, False, axes, expert_axes=widest)
+    return llama_constraints(document, False, data, expert_axes=widest)
 
 
 def _bound_s(formulation: Formulation, task: SampleTask, inputs: SearchInputs) -> float:
