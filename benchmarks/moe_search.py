@@ -78,7 +78,10 @@ CASES = (
     # hidden / heads = 56 features; its first 3 dense layers (ffn 18,432) by MoE layers of the same
     # activated width (8 routed + 1 shared expert of 2,048).
     Case("deepseek-v3-2048", 2048, 61, 7168, 128, 128, 4096, 129280, 15360, 256, 8, 2048, 1, 256,
-         "DeepSeek-V3 report: pp 16 (DualPipe), ep 64, tp 1, ZeRO-1 dp", 240.0),
+         "DeepSeek-V3 report: pp 16 (DualPipe), ep 64, tp 1, ZeRO-1 dp", 240.0,
+         # 1F1B for DualPipe; it recomputes norms and up-projections and keeps the all-to-alls' inputs:
+         # of our modes, `routed` (the routed experts' inputs kept, the rest of the layer recomputed)
+         "tp=1,pp=16,dp=128,ep=64,interleave=1,micro=1,recompute=routed"),
     # the same at 16,384 sequences: 15,360 = 15 x 1,024 leaves a microbatch of 15 x 1,024 / M sequences,
     # which a data degree above 1,024 / M does not divide (the search's microbatch counts are powers of 2)
     Case("deepseek-v3-2048-b16384", 2048, 61, 7168, 128, 128, 4096, 129280, 16384, 256, 8, 2048, 1, 256,
