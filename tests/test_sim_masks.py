@@ -14,6 +14,7 @@ import autoshard
 from autoshard.graph.evaluate import evaluate_graph, random_inputs
 from autoshard.graph.schema import graph_from_json
 from autoshard.mesh import Mesh
+from autoshard.planning.plan import Plan
 from autoshard.sim.program import verify_plan
 
 B, H, S, D = 2, 2, 8, 4
@@ -78,12 +79,28 @@ def test_the_other_inputs_are_drawn_as_before():
                                       rng.uniform(-1.0, 1.0, (B, H, S, D)).astype(np.float32))
 
 
+def plan_of(document: dict) -> Plan:
+    mesh = Mesh.parse("x=2")
+    hardware = autoshard.bind_hardware("dgx-h100", mesh)
+    settings = autoshard.SolveSettings(deterministic=True)
+    return autoshard.make_plan(graph_from_json(document), mesh, hardware, settings).plan
+
+
 @pytest.mark.parametrize("document", [query_mask(), padding_mask(causal=True)], ids=["query rows", "padding"])
 def test_a_plan_of_a_masked_attention_is_checked_against_finite_values(document: dict):
-    mesh = Mesh.parse("x=2")
-    graph = graph_from_json(document)
-    hardware = autoshard.bind_hardware("dgx-h100", mesh)
-    plan = autoshard.make_plan(graph, mesh, hardware, autoshard.SolveSettings(deterministic=True)).plan
+    plan = plan_of(document)
     with np.errstate(invalid="raise"):  # no 0 / 0 in any row's softmax
         verdict = verify_plan(plan)
     assert verdict.passed and verdict.values_checked > 0 and math.isfinite(verdict.max_error), verdict.summary()
+
+
+def test_a_mask_the_graph_carries_is_the_programs_own_and_a_row_it_masks_everywhere_fails_the_check():
+    document = query_mask()
+    carried = [True] * (S - 1) + [False]  # the program itself masks its last query row everywhere
+    document["tensors"]["mask"]["value"] = carried
+    plan = plan_of(document)
+    np.testing.assert_array_equal(random_inputs(plan.graph)["mask"].ravel(), carried)
+    with np.errstate(invalid="ignore"):
+        verdict = verify_plan(plan)
+    assert not verdict.passed and verdict.first_divergence is not None
+    assert "the reference is not finite (nan at" in verdict.first_divergence.message

@@ -134,13 +134,18 @@ def test_tolerance_follows_the_dtype_and_the_magnitude():
     assert tolerance("i32", big) == 0.0
 
 
-def test_nan_matches_nan_and_infinities_match_themselves_but_not_numbers():
-    reference = np.array([np.nan, np.inf, -np.inf, 1.0])
-    same = {d: reference.copy() for d in MESH.devices()}
-    assert compare_shards(same, MESH, Sharding(), reference, "f64", "t").mismatch is None
-    other = {d: np.array([np.nan, np.inf, -np.inf, np.nan]) for d in MESH.devices()}
+def test_a_non_finite_reference_is_refused_naming_the_tensor_and_the_element():
+    reference = np.array([1.0, np.nan, np.inf, 1.0])
+    same = {d: reference.copy() for d in MESH.devices()}  # the same NaN on every device is no evidence
+    with pytest.raises(ProgramError, match=r"value t: the reference is not finite \(nan at \[1\], 2 of 4 elements\)"):
+        compare_shards(same, MESH, Sharding(), reference, "f64", "value t")
+
+
+def test_a_nan_or_an_infinity_on_a_device_is_a_mismatch_against_a_finite_reference():
+    reference = np.array([1.0, 2.0, 3.0, 4.0])
+    other = {d: np.array([1.0, 2.0, np.inf, np.nan]) for d in MESH.devices()}
     result = compare_shards(other, MESH, Sharding(), reference, "f64", "t")
-    assert result.mismatch is not None and result.mismatch.index == (3,) and result.max_error == np.inf
+    assert result.mismatch is not None and result.mismatch.index == (2,) and result.max_error == np.inf
 
 
 def test_a_shard_of_the_wrong_shape_is_a_program_error_naming_the_device():

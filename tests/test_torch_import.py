@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 from support.torch_models import GPT, LlamaBlock, examples, exported  # noqa: E402
 from torch import nn  # noqa: E402
 
+import autoshard  # noqa: E402
 from autoshard.cli.main import main  # noqa: E402
 from autoshard.errors import InputError  # noqa: E402
 from autoshard.frontends.torch import import_program  # noqa: E402
@@ -115,6 +116,33 @@ def test_a_bias_is_added_once_after_a_split_reduction():
     plan = plan_from_json({"ops": {matmul.name: {"option": [[], [], ["x"]]}, add.name: {"option": [[], []]}}}, graph, mesh)
     assert plan.produced(matmul.outputs[0]).partial_axes == ("x",)
     assert verify_plan(plan).passed
+
+
+class Scaled(nn.Module):
+    """A constant tensor (a plain attribute, lifted by export) under sqrt, and a Python scalar."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.tensor([0.25, 1.0, 4.0, 9.0])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sqrt(self.scale) * 0.5
+
+
+def test_constants_and_scalars_carry_their_values_and_verify_with_finite_values():
+    module, args = Scaled().eval(), (torch.randn(8, 4),)
+    imported = import_program(exported(module, args))
+    graph = imported.graph
+    carried = {name: t.value for name, t in graph.tensors.items() if t.value is not None}
+    (scalar,) = imported.scalars
+    assert carried.pop(scalar) == (0.5,) and list(carried.values()) == [(0.25, 1.0, 4.0, 9.0)]
+    mesh = Mesh.parse("x=2")
+    hardware = autoshard.bind_hardware("dgx-h100", mesh)
+    plan = autoshard.make_plan(graph, mesh, hardware, autoshard.SolveSettings(deterministic=True)).plan
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no sqrt of a drawn negative number
+        verdict = verify_plan(plan)
+    assert verdict.passed and verdict.values_checked > 0, verdict.summary()
 
 
 def test_opaque_ops_are_replicated_inputs_with_a_warning_or_an_error_under_strict():

@@ -12,11 +12,26 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
+import numpy as np
+
 from autoshard.graph.schema import FORMAT
 from autoshard.ops import OP_KINDS, OpError
 from autoshard.ops.table import OpDecl
 
 Shape = tuple[int, ...]
+
+
+# Constants of at most this many elements carry their contents in the document: scalars and small
+# tables, not closed-over weights, which would bloat it.
+CONSTANT_VALUE_LIMIT = 256
+
+
+def constant_value(array: np.ndarray) -> list[float | int | bool] | None:
+    """The contents a graph input carries for a program's constant `array` (row-major), or None
+    when it is too large to carry or not finite (JSON holds no NaN or infinity)."""
+    if array.size > CONSTANT_VALUE_LIMIT or (array.dtype.kind in "fc" and not np.isfinite(array).all()):
+        return None
+    return array.ravel().tolist()
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +41,7 @@ class TensorDecl:
     dtype: str
     role: str  # input, parameter or intermediate
     batch_dim: int | None = None
+    value: tuple[float | int | bool, ...] | None = None  # known contents, row-major (a small constant)
 
 
 class GraphBuilder:
@@ -49,9 +65,14 @@ class GraphBuilder:
         self.grad_of: dict[str, str] = {}  # gradient -> its parameter
 
     # --- declarations --------------------------------------------------------------------
-    def input(self, name: str, shape: Sequence[int], dtype: str | None = None, batch_dim: int | None = None) -> str:
-        """`batch_dim`: the dim that carries the batch, which microbatches split."""
-        return self._declare(name, shape, dtype or self.dtype, "input", batch_dim)
+    def input(self, name: str, shape: Sequence[int], dtype: str | None = None, batch_dim: int | None = None,
+              value: Sequence[float | int | bool] | None = None) -> str:
+        """`batch_dim`: the dim that carries the batch, which microbatches split; `value`: the
+        input's contents, row-major, when they are known (a constant of the program)."""
+        name = self._declare(name, shape, dtype or self.dtype, "input", batch_dim)
+        if value is not None:
+            self.tensors[name] = replace(self.tensors[name], value=tuple(value))
+        return name
 
     def parameter(self, name: str, shape: Sequence[int], dtype: str | None = None) -> str:
         return self._declare(name, shape, dtype or self.dtype, "parameter")
@@ -161,7 +182,7 @@ class GraphBuilder:
         if t.role != "intermediate":
             entry["role"] = t.role
         for key, value in (("updates", self.updates.get(t.name)), ("grad_of", self.grad_of.get(t.name)),
-                           ("batch_dim", t.batch_dim)):
+                           ("batch_dim", t.batch_dim), ("value", list(t.value) if t.value is not None else None)):
             if value is not None:
                 entry[key] = value
         return entry

@@ -17,7 +17,8 @@ MASK_MOVES = frozenset({"reshape", "broadcast_in_dim", "transpose", "slice", "re
 
 
 def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random values for every input and parameter, of the declared shapes and dtypes.
+    """Random values for every input and parameter, of the declared shapes and dtypes; an input
+    whose contents the graph carries (an imported program's constant) gets them instead.
 
     Floats are drawn in [-1, 1); integers in [0, n) where n is the smallest table an embedding
     looks them up in (so every id is valid), else [0, 8). An input that an attention's bool mask
@@ -36,7 +37,9 @@ def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
         if tensor.role == "intermediate":
             continue
         dt = DTYPES[tensor.dtype]
-        if dt.is_float:
+        if tensor.value is not None:
+            values[tensor.name] = np.asarray(tensor.value, dt.numpy).reshape(tensor.shape)
+        elif dt.is_float:
             values[tensor.name] = rng.uniform(-1.0, 1.0, tensor.shape).astype(dt.numpy)
         elif tensor.dtype == "bool":
             values[tensor.name] = rng.integers(0, 2, tensor.shape).astype(bool)
@@ -48,9 +51,9 @@ def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def mask_sources(graph: Graph) -> list[tuple[str, list[Op], tuple[int, ...]]]:
-    """For each attention whose bool mask is moved from an input of the graph (through `MASK_MOVES`
-    only): the input, the ops from it to the mask in order, and the attention's scores shape
-    [B, H, S, T]."""
+    """For each attention whose bool mask is moved from a drawn input of the graph (through
+    `MASK_MOVES` only): the input, the ops from it to the mask in order, and the attention's scores
+    shape [B, H, S, T]. A mask whose contents the graph carries is the program's own, kept as it is."""
     producers = {t: op for op in graph.ops for t in op.outputs}
     sources = []
     for op in graph.ops:
@@ -60,7 +63,7 @@ def mask_sources(graph: Graph) -> list[tuple[str, list[Op], tuple[int, ...]]]:
         while tensor in producers and producers[tensor].kind in MASK_MOVES:
             moves.append(producers[tensor])
             tensor = producers[tensor].inputs[0]
-        if graph.tensors[tensor].role == "input":
+        if graph.tensors[tensor].role == "input" and graph.tensors[tensor].value is None:
             (b, h, s, _), t = graph.tensors[op.inputs[0]].shape, graph.tensors[op.inputs[1]].shape[2]
             sources.append((tensor, moves[::-1], (b, h, s, t)))
     return sources

@@ -30,6 +30,9 @@ class Tensor:
     updates: str | None = None  # the input or parameter whose storage this value overwrites (in place)
     grad_of: str | None = None  # the parameter this value is the gradient of
     batch_dim: int | None = None  # the dim of an input that carries the batch (split by microbatches)
+    # an input's known contents, row-major (a small constant of an imported program): evaluation uses them
+    # instead of drawing the input, so ops like sqrt see the program's own numbers
+    value: tuple[float | int | bool, ...] | None = None
 
     @property
     def itemsize(self) -> int:

@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError
 
 from autoshard.dtypes import DTYPES
 from autoshard.encodable import check_encodable, printable
@@ -38,6 +38,7 @@ class TensorModel(BaseModel):
     updates: str | None = None  # in place: the input or parameter whose storage this value overwrites
     grad_of: str | None = None  # the parameter this value is the gradient of
     batch_dim: StrictInt | None = None  # the dim of an input that carries the batch
+    value: list[StrictBool | StrictInt | StrictFloat] | None = None  # an input's known contents, row-major
 
 
 class OpModel(BaseModel):
@@ -238,7 +239,16 @@ def _build(model: GraphModel, mesh: Mesh | None) -> Graph:
             if held > MAX_TENSOR_BYTES:
                 problems.append(Problem(f"{where}/shape", f"tensor {name!r} holds {held:.3g} bytes, over the limit of "
                                                           f"2**50 (1 PiB) per tensor"))
-        tensors[name] = Tensor(name, tuple(t.shape), t.dtype, t.role, t.updates, t.grad_of, t.batch_dim)
+        if t.value is not None:
+            if t.role != "input":
+                problems.append(Problem(f"{where}/value", f"tensor {name!r}: only an input has known contents"))
+            if len(t.value) != math.prod(t.shape):
+                problems.append(Problem(f"{where}/value", f"tensor {name!r}: {len(t.value)} values for shape "
+                                                          f"{list(t.shape)}, which holds {math.prod(t.shape)}"))
+            if not all(math.isfinite(v) for v in t.value):
+                problems.append(Problem(f"{where}/value", f"tensor {name!r}: values must be finite"))
+        tensors[name] = Tensor(name, tuple(t.shape), t.dtype, t.role, t.updates, t.grad_of, t.batch_dim,
+                               tuple(t.value) if t.value is not None else None)
     if total_bytes > MAX_GRAPH_BYTES and not problems:
         problems.append(Problem("/tensors", f"the tensors hold {total_bytes:.3g} bytes together, over the limit of "
                                             f"2**56 (64 PiB)"))
@@ -447,7 +457,8 @@ def graph_to_json(graph: Graph) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "format": FORMAT, "name": graph.name,
         "tensors": {t.name: {"shape": list(t.shape), "dtype": t.dtype, **({"role": t.role} if t.role != "intermediate" else {}),
-                             **{key: getattr(t, key) for key in STATE_FIELDS if getattr(t, key) is not None}}
+                             **{key: getattr(t, key) for key in STATE_FIELDS if getattr(t, key) is not None},
+                             **({"value": list(t.value)} if t.value is not None else {})}
                     for t in graph.tensors.values()},
         "ops": [{"name": op.name, "kind": op.kind, "inputs": list(op.inputs), "outputs": list(op.outputs), **_plain(op.attrs),
                  **({"module": op.module} if op.module else {}), **({"layer": op.layer} if op.layer is not None else {})}

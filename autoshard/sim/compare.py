@@ -2,7 +2,8 @@
 
 Partial values are reduced over their groups first. Floats are compared within a tolerance
 scaled by the tensor's magnitude (sharded sums add in another order than the reference's);
-integers and booleans must match exactly; NaN matches NaN and infinities match themselves.
+integers and booleans must match exactly. A reference holding NaN or an infinity is refused: a
+device computing the same NaN would otherwise pass a check that checked nothing.
 """
 
 from __future__ import annotations
@@ -56,12 +57,10 @@ class Comparison:
 
 
 def errors(actual: np.ndarray, expected: np.ndarray) -> np.ndarray:
-    """Absolute differences; 0 where both are NaN or the same infinity, inf where only one is NaN."""
-    a, e = actual.astype(np.float64), expected.astype(np.float64)
+    """Absolute differences from a finite `expected`; inf where `actual` is NaN or infinite."""
     with np.errstate(invalid="ignore", over="ignore"):
-        diff = np.abs(a - e)
-    same = (a == e) | (np.isnan(a) & np.isnan(e))
-    return np.where(same, 0.0, np.where(np.isnan(diff), np.inf, diff))
+        diff = np.abs(actual.astype(np.float64) - expected.astype(np.float64))
+    return np.where(np.isnan(diff), np.inf, diff)
 
 
 def reduce_partial(shards: Shards, mesh: Mesh, sharding: Sharding, what: str) -> Shards:
@@ -87,6 +86,12 @@ def compare_shards(shards: Shards, mesh: Mesh, sharding: Sharding, reference: np
                    what: str) -> Comparison:
     """Each device's shard (partial groups reduced) against its slice of `reference`; a halo shard's
     halos too, but not its padding outside the tensor."""
+    bad = ~np.isfinite(reference) if reference.dtype.kind in "fc" else None
+    if bad is not None and bad.any():
+        index = [int(i) for i in np.unravel_index(int(np.argmax(bad)), reference.shape)]
+        raise ProgramError(f"{what}: the reference is not finite ({reference[tuple(index)]} at {index}, "
+                           f"{int(bad.sum())} of {reference.size} elements), so no device can be checked against it; "
+                           f"the inputs leave an op outside its domain")
     values = reduce_partial(shards, mesh, sharding, what)
     limit = tolerance(dtype, reference)
     worst, mismatch = 0.0, None

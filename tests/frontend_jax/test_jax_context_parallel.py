@@ -39,8 +39,6 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     """Causal grouped-query attention: q [B, S, H, D], k and v [B, S, KV, D] -> [B, S, H * D]."""
     b, s, _, d = q.shape
     q = q.reshape(b, s, KV_HEADS, HEADS // KV_HEADS, d)
-    # the scale is a literal, not jnp.sqrt of one: the simulator draws the graph's constants at
-    # random, and the square root of a negative draw would make every score NaN
     scores = jnp.einsum("bskgd,btkd->bkgst", q, k) * d ** -0.5
     causal = jnp.arange(s)[:, None] >= jnp.arange(s)[None, :]
     weights = jax.nn.softmax(jnp.where(causal, scores, -1e9), axis=-1)

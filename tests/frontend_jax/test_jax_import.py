@@ -13,13 +13,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax_models import CASES, mlp, mlp_args
+from proofs import pinned_plan
 
+import autoshard
 from autoshard.cli.main import main
 from autoshard.errors import InputError
 from autoshard.frontends.jax import from_function
 from autoshard.frontends.jax.importer import UnsupportedPrimitiveWarning, import_function
 from autoshard.frontends.user_code import UserCodeError
-from autoshard.graph.evaluate import evaluate_graph
+from autoshard.graph.evaluate import evaluate_graph, random_inputs
 from autoshard.graph.schema import graph_from_json
 
 
@@ -94,6 +96,25 @@ def test_nested_calls_and_closed_over_constants_are_inlined():
     np.testing.assert_array_equal(imported.constants[table_tensor], table)
     pins = {c.tensor: c for c in graph.constraints}
     assert set(pins) == set(imported.constants) and all(c.required and c.sharding.split_axes == () for c in pins.values())
+
+
+def test_a_constant_under_sqrt_carries_its_value_and_verifies_with_finite_values():
+    scale = np.array([0.25, 1.0, 4.0, 9.0], np.float32)
+    weights = np.ones((64, 8), np.float32)  # above CONSTANT_VALUE_LIMIT: drawn, not carried
+
+    def f(x):
+        return jnp.sum(x * jnp.sqrt(scale) * jax.lax.rsqrt(jnp.float32(2.0)), axis=1) + jnp.sum(weights)
+
+    x = jnp.linspace(-1, 1, 32).reshape(8, 4)
+    imported = import_function(f, (x,))
+    carried = {t: e["value"] for t, e in imported.document["tensors"].items() if "value" in e}
+    by_shape = {tuple(imported.constants[t].shape): t for t in imported.constants}
+    assert carried[by_shape[(4,)]] == scale.tolist() and carried[by_shape[()]] == [2.0]
+    assert by_shape[(64, 8)] not in carried
+    graph, hardware, result = pinned_plan(f, (x,), autoshard.Mesh.parse("dp=2"), {"x": [["dp"]]})
+    verdict = autoshard.verify_plan(result.plan, hardware.collective_seconds)
+    assert verdict.passed and verdict.values_checked > 0, verdict.summary()
+    np.testing.assert_array_equal(random_inputs(graph)[by_shape[(4,)]], scale)
 
 
 def test_values_no_result_depends_on_are_left_out():

@@ -5,7 +5,9 @@ turns each remaining equation into graph ops through its row of `primitives`. Ar
 tensors named by their pytree paths (`params['layers'][0]['wq']`), so shardings go back into the
 user's pytree; leaves of the arguments in `parameters` (default: the first of several, as in
 `loss(params, batch)`) are parameters, the others inputs. Literals and closed-over constants
-become inputs pinned replicated (XLA holds them whole on every device).
+become inputs pinned replicated (XLA holds them whole on every device); the document carries the
+contents of the small, finite ones, so evaluating the graph uses the program's numbers (a drawn
+scale under `rsqrt` would be NaN half the time).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from autoshard.frontends.jax.rows import Unsupported
 from autoshard.frontends.layering import graph_keeping_what_holds, tag_layers
 from autoshard.frontends.jax.trace import Atom, Const, FlatEqn, FlatProgram, trace
 from autoshard.frontends.user_code import SOURCE, call_factory, load_user_factory
-from autoshard.graph.builder import GraphBuilder
+from autoshard.graph.builder import GraphBuilder, constant_value
 from autoshard.ops import OpError
 
 
@@ -73,7 +75,7 @@ class _Emitter:
 
     def constant(self, value: Any, dtype: str) -> str:
         array = np.asarray(value, DTYPES[dtype].numpy)
-        tensor = self.b.input(f"const{len(self.values)}", array.shape, dtype)
+        tensor = self.b.input(f"const{len(self.values)}", array.shape, dtype, value=constant_value(array))
         self.values[tensor] = array
         return tensor
 

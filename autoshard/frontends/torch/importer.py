@@ -36,7 +36,7 @@ from autoshard.frontends.torch.routing import GROUPED_MM, RoutedExperts, find_ro
 from autoshard.frontends.torch.runtime import require_torch
 from autoshard.frontends.torch.values import (as_real, dtype_name, is_complex, is_empty, reads_or_makes_complex,
                                               value_dtype, value_shape)
-from autoshard.graph.builder import GraphBuilder
+from autoshard.graph.builder import GraphBuilder, constant_value
 from autoshard.graph.model import Graph
 from autoshard.models.training import add_training_step, weighted_sum_loss
 from autoshard.ops import OpError
@@ -188,8 +188,9 @@ def _add_placeholders(ep: Any, lw: Lowering, batch_dim: int | None) -> tuple[lis
                 continue
             lw.values[node.name] = tied[stored] = builder.parameter(graph_name, _shape(node), _dtype(node))
         else:  # buffers, frozen parameters and constants hold no batch
+            known = _constant_value(ep.constants[spec.target]) if kind == "CONSTANT_TENSOR" else None
             lw.values[node.name] = builder.input(graph_name, _shape(node), _dtype(node),
-                                                 batch_dim=batch_dim if kind == "USER_INPUT" else None)
+                                                 batch_dim=batch_dim if kind == "USER_INPUT" else None, value=known)
             if kind == "CONSTANT_TENSOR":
                 lw.constants[lw.values[node.name]] = ep.constants[spec.target]
         if kind == "USER_INPUT":
@@ -197,6 +198,15 @@ def _add_placeholders(ep: Any, lw: Lowering, batch_dim: int | None) -> tuple[lis
         else:
             parameters[graph_name] = spec.target
     return user_inputs, parameters
+
+
+def _constant_value(constant: Any) -> list[float | int | bool] | None:
+    """The contents the graph carries for a constant tensor of the program (small, real ones only:
+    a complex constant is imported as real pairs)."""
+    if not isinstance(constant, torch.Tensor) or constant.is_complex():
+        return None
+    wide = constant.detach().cpu()
+    return constant_value((wide.double() if wide.is_floating_point() else wide).numpy())
 
 
 def _lower_node(lw: Lowering, node: Any, opaque: list[OpaqueNode]) -> None:

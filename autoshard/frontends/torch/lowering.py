@@ -12,7 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from autoshard.graph.builder import GraphBuilder
+import numpy as np
+
+from autoshard.dtypes import DTYPES as GRAPH_DTYPES
+from autoshard.graph.builder import GraphBuilder, constant_value
 
 # torch dtype name -> ours
 DTYPES = {"float64": "f64", "float32": "f32", "bfloat16": "bf16", "float16": "f16", "float8_e4m3fn": "f8",
@@ -65,10 +68,11 @@ class Lowering:
         return out
 
     def scalar(self, value: Any, like: str, name: str, dtype: str | None = None) -> str:
-        """A Python number operand as a rank-0 input of the dtype of tensor `like` (or `dtype`:
-        the graph format has no constants; the runner feeds the number itself)."""
+        """A Python number operand as a rank-0 input of the dtype of tensor `like` (or `dtype`),
+        carrying the number (if finite) for evaluation; the runner feeds the number itself."""
         dtype = dtype or self.builder.dtype_of(like)
-        tensor = self.builder.input(name, (), dtype)
+        number = constant_value(np.asarray(value, GRAPH_DTYPES[dtype].numpy))
+        tensor = self.builder.input(name, (), dtype, value=number)
         self.scalars[tensor] = (value, dtype)
         return tensor
 
