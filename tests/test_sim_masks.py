@@ -103,4 +103,4 @@ def test_a_mask_the_graph_carries_is_the_programs_own_and_a_row_it_masks_everywh
     with np.errstate(invalid="ignore"):
         verdict = verify_plan(plan)
     assert not verdict.passed and verdict.first_divergence is not None
-    assert "the reference is not finite (nan at" in verdict.first_divergence.message
+    assert "the reference is NaN at" in verdict.first_divergence.message

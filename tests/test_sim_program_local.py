@@ -134,11 +134,22 @@ def test_tolerance_follows_the_dtype_and_the_magnitude():
     assert tolerance("i32", big) == 0.0
 
 
-def test_a_non_finite_reference_is_refused_naming_the_tensor_and_the_element():
-    reference = np.array([1.0, np.nan, np.inf, 1.0])
+def test_a_nan_reference_is_refused_naming_the_tensor_and_the_element():
+    reference = np.array([1.0, np.nan, np.inf, np.nan])
     same = {d: reference.copy() for d in MESH.devices()}  # the same NaN on every device is no evidence
-    with pytest.raises(ProgramError, match=r"value t: the reference is not finite \(nan at \[1\], 2 of 4 elements\)"):
+    with pytest.raises(ProgramError, match=r"value t: the reference is NaN at \[1\] \(2 of 4 elements\)"):
         compare_shards(same, MESH, Sharding(), reference, "f64", "value t")
+
+
+def test_an_infinity_of_the_reference_must_be_the_same_infinity_on_every_device():
+    reference = np.array([1.0, -np.inf, np.inf, 4.0])  # log(0) a later select discards, as in T5
+    same = {d: reference.copy() for d in MESH.devices()}
+    result = compare_shards(same, MESH, Sharding(), reference, "f64", "t")
+    assert result.mismatch is None and result.max_error == 0.0
+    for wrong in (np.inf, 7.0, np.nan):
+        other = {d: np.array([1.0, wrong, np.inf, 4.0]) for d in MESH.devices()}
+        result = compare_shards(other, MESH, Sharding(), reference, "f64", "t")
+        assert result.mismatch is not None and result.mismatch.index == (1,) and result.max_error == np.inf
 
 
 def test_a_nan_or_an_infinity_on_a_device_is_a_mismatch_against_a_finite_reference():
