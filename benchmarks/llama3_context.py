@@ -152,8 +152,9 @@ def table(rows: list[dict[str, Any]]) -> str:
         pinned = next((row for row in at if row["layout"] == row["measured_layout"]), None)
         found = next((row for row in at if row["layout"] == "search"), None)
         first = at[0]
-        cells = [f"{length:,}", first["measured_layout"].replace("fsdp ", "").replace(" x cp ", " x "),
-                 f"{first['measured_tokens_per_s_per_gpu']:,} ({first['measured_gib']})"]
+        measured = first["measured_tokens_per_s_per_gpu"]
+        cells = [f"{length:,}", (first["measured_layout"] or "-").replace("fsdp ", "").replace(" x cp ", " x "),
+                 f"{measured:,} ({first['measured_gib']})" if measured else "-"]
         for row, keys in ((pinned, ("step", "tok", "mem", "ratio")), (found, ("roles", "step", "tok", "mem", "ratio"))):
             if row is None or "step_s" not in row:
                 cells += ["-"] * len(keys)
@@ -161,7 +162,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             values = {"roles": f"{row['mesh']}: {row.get('attention', '')}", "step": f"{row['step_s']:.2f}",
                       "tok": f"{row['tokens_per_s_per_gpu']:,.0f}",
                       "mem": f"{row['peak_gib']:.1f} ({'fits' if row['fits_80gb'] else 'over'})",
-                      "ratio": f"{row['predicted_over_measured']:.2f}"}
+                      "ratio": f"{row['predicted_over_measured']:.2f}" if measured else "-"}
             cells += [values[key] for key in keys]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -215,8 +216,11 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     for length in args.lengths:
         batch = TOKENS // length
-        fsdp, cp, measured, measured_gib = MEASURED[length]
-        layouts = [(fsdp, cp)]
+        if TOKENS % length:
+            parser.error(f"--lengths: {length} does not divide the step's {TOKENS:,} tokens")
+        # a length torchtitan did not measure is searched only (its pinned layout is unknown)
+        fsdp, cp, measured, measured_gib = MEASURED.get(length, (0, 0, None, None))
+        layouts = [(fsdp, cp)] if measured else []
         if args.grid:
             layouts += [(f, 8 // f) for f in (8, 4, 2, 1) if f != fsdp and batch % f == 0]
         runs = [] if args.no_pinned else [(f, c, c) for f, c in layouts]  # (fsdp, cp, balanced over); 0: search
@@ -234,9 +238,10 @@ def main() -> None:
             limit = args.pinned_time_limit if fix else args.sample_time_limit
             ranking, seconds = search(graph, args.work / stem, fix, limit)
             row = {"length": length, "batch": batch, "layout": label, "balanced_over": balanced,
-                   "measured_layout": f"fsdp {fsdp} x cp {cp}", "measured_tokens_per_s_per_gpu": measured,
+                   "measured_layout": f"fsdp {fsdp} x cp {cp}" if measured else None,
+                   "measured_tokens_per_s_per_gpu": measured,
                    "measured_gib": measured_gib, "search_s": round(seconds, 1), **summary(ranking)}
-            if "tokens_per_s_per_gpu" in row:
+            if "tokens_per_s_per_gpu" in row and measured:
                 row["predicted_over_measured"] = row["tokens_per_s_per_gpu"] / measured
             with args.output.open("a") as out:
                 out.write(json.dumps(row) + "\n")
