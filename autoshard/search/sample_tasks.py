@@ -4,8 +4,9 @@ a certified bound per sample position. Run by the search's workers like its othe
 
 Where the graph has the value names of `generate gpt --style megatron` or `--style llama`, the
 sample is first planned with the layout published runs use pinned on the task's sub-mesh
-(`_published_start`); the free solves start from that plan, and it stays one of the task's plans. Each task is then solved for speed alone (no memory limit: the stages'
-memory is checked when each schedule is priced). When that plan's fewest-microbatches pipeline
+(`_published_start`); the free solves start from that plan, and it stays one of the task's
+plans. Each task is then solved for speed alone (no memory limit: the stages' memory is checked
+when each schedule is priced). When that plan's fewest-microbatches pipeline
 (1F1B, V = 1) holds more than a stage's budget, the same formulation is solved again under a
 whole-sample budget shrunk by the worst stage's excess, as `stage_plan` refits a whole graph
 (`FIT_MARGIN`; at most two refits, fewer than `stage_plan`'s rounds: the search has other keys,
