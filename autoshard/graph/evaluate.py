@@ -54,8 +54,7 @@ def mask_sources(graph: Graph) -> list[tuple[str, list[Op], tuple[int, ...]]]:
     """For each attention whose bool mask is moved from a drawn input of the graph (through
     `MASK_MOVES` only): the input, the ops from it to the mask in order, and the attention's scores
     shape [B, H, S, T]. A mask whose contents the graph carries is the program's own, kept as it is."""
-    producers = {t: op for op in graph.ops for t in op.outputs}
-    sources = []
+    producers, sources = graph.producers, []
     for op in graph.ops:
         if op.kind != "attention" or len(op.inputs) != 4 or graph.tensors[op.inputs[3]].dtype != "bool":
             continue

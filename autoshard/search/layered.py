@@ -42,7 +42,7 @@ from autoshard.search.candidates import Candidate, enumerate_candidates, slow_ax
 from autoshard.search.fanout import open_pool
 from autoshard.search.pipelined import batch_sizes, microbatch_counts, schedules, stage_counts
 from autoshard.search.run import POLL_S, SearchOptions
-from autoshard.search.sample_tasks import SampleTask, published_data_axes
+from autoshard.search.sample_tasks import SampleTask, published_data_axes, routed_step
 from autoshard.search.stage_tasks import StagePlacement, bind_stages
 from autoshard.search.tasks import SearchInputs
 
@@ -212,6 +212,7 @@ def _keys(sample: LayerSample, options: SearchOptions, modes: tuple[str, ...], c
     analytic = _analytic(graph, sample, options, modes, counts)
     budget = options.settings.memory_budget_bytes
     batches = batch_sizes(graph)
+    routed = routed_step(sample.document)
     keys = []
     for stages in counts:
         try:
@@ -222,9 +223,9 @@ def _keys(sample: LayerSample, options: SearchOptions, modes: tuple[str, ...], c
         limit = budget if budget is not None else _hbm_bytes(options.topology)
         for candidate in candidates:
             slow = slow_axes(options.topology, candidate)
-            replicas = math.prod(size for name, size in zip(candidate.axis_names, candidate.axis_sizes) if name in slow)
-            data = published_data_axes(sample.document, candidate.axis_names, slow)
-            samples = math.prod(size for name, size in zip(candidate.axis_names, candidate.axis_sizes) if name in data)
+            size_of = dict(zip(candidate.axis_names, candidate.axis_sizes))
+            replicas = math.prod(size_of[a] for a in slow)
+            samples = math.prod(size_of[a] for a in published_data_axes(routed, candidate.axis_names, slow))
             for microbatches in microbatch_counts(stages, batches, candidate.axis_sizes):
                 for mode in modes:
                     estimate = analytic[mode].memory_estimate_bytes(options.devices, stages, microbatches, replicas)

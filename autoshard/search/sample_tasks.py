@@ -158,10 +158,14 @@ def _published_start(document: dict[str, Any], task: SampleTask, topology: str, 
         return None
 
 
-def published_data_axes(document: dict[str, Any], axes: tuple[str, ...], slow: tuple[str, ...]) -> tuple[str, ...]:
+def routed_step(document: dict[str, Any]) -> bool:
+    """Whether a step's layers route to experts (`generate gpt --style llama --moe-experts N`)."""
+    return layer_style(document) == "llama" and routed_experts(document) > 0
+
+
+def published_data_axes(routed: bool, axes: tuple[str, ...], slow: tuple[str, ...]) -> tuple[str, ...]:
     """The axes the published layout of a step on this sub-mesh splits its batch over
     (`_published_layout`): every axis with routed experts, else those between nodes or slices."""
-    routed = layer_style(document) == "llama" and routed_experts(document) > 0
     return axes if routed else tuple(a for a in axes if a in slow)
 
 
@@ -173,18 +177,18 @@ def _published_layout(document: dict[str, Any], axes: tuple[str, ...], sizes: tu
     Mixtral's and DeepSeek-V3's runs are: no tensor parallelism, the batch over every axis, and
     the experts over the axes of the widest degree that divides them (the fewest slow axes among
     equals): the least expert weight a device holds."""
-    data = published_data_axes(document, axes, slow)
-    tensor = tuple(a for a in axes if a not in data)
     style = layer_style(document)
+    experts = routed_experts(document) if style == "llama" else 0
+    data = published_data_axes(experts > 0, axes, slow)
+    tensor = tuple(a for a in axes if a not in data)
     if style == "megatron":
         return megatron_constraints(document, bool(tensor), bool(data), tensor_axes=tensor, data_axes=data)
     if style == "gpt":  # no published layout by its value names
         return []
-    experts = routed_experts(document)
     if not experts:
         return llama_constraints(document, bool(tensor), data, tensor_axes=tensor)
-    subsets = [subset for count in range(len(axes) + 1) for subset in itertools.combinations(axes, count)]
     size_of = dict(zip(axes, sizes))
+    subsets = [subset for count in range(len(axes) + 1) for subset in itertools.combinations(axes, count)]
     widest = max((s for s in subsets if experts % math.prod(size_of[a] for a in s) == 0),
                  key=lambda s: (math.prod(size_of[a] for a in s), -len(set(s) & set(slow))))
     return llama_constraints(document, False, data, expert_axes=widest)

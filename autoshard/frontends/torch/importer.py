@@ -36,7 +36,7 @@ from autoshard.frontends.torch.routing import GROUPED_MM, RoutedExperts, find_ro
 from autoshard.frontends.torch.runtime import require_torch
 from autoshard.frontends.torch.values import (as_real, dtype_name, is_complex, is_empty, reads_or_makes_complex,
                                               value_dtype, value_shape)
-from autoshard.graph.builder import GraphBuilder, constant_value
+from autoshard.graph.builder import CONSTANT_VALUE_LIMIT, GraphBuilder, constant_value
 from autoshard.graph.model import Graph
 from autoshard.models.training import add_training_step, weighted_sum_loss
 from autoshard.ops import OpError
@@ -203,8 +203,8 @@ def _add_placeholders(ep: Any, lw: Lowering, batch_dim: int | None) -> tuple[lis
 def _constant_value(constant: Any) -> list[float | int | bool] | None:
     """The contents the graph carries for a constant tensor of the program (small, real ones only:
     a complex constant is imported as real pairs)."""
-    if not isinstance(constant, torch.Tensor) or constant.is_complex():
-        return None
+    if not isinstance(constant, torch.Tensor) or constant.is_complex() or constant.numel() > CONSTANT_VALUE_LIMIT:
+        return None  # a closed-over weight is not widened only to be refused
     wide = constant.detach().cpu()
     return constant_value((wide.double() if wide.is_floating_point() else wide).numpy())
 
